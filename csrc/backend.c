@@ -1,0 +1,20 @@
+/* backend.c: the data-plane registry. Backends are listed in priority order; the first that
+ * accepts a collective runs it. Only this file knows which backends were compiled in. bg thread. */
+#include <stddef.h>
+#include "internal.h"
+
+static const hvl_backend *const registry[] = {
+    /* NCCL (GPU buffers) and shared memory (one host) plug in here, before MPI. */
+    &hvl__backend_mpi,
+};
+
+const hvl_backend *hvl__backend_for(const hvl_engine *e, int op, int dtype, int64_t bytes)
+{
+    for (size_t i = 0; i < sizeof(registry) / sizeof(registry[0]); i++)
+        if (registry[i]->can_run(e, op, dtype, bytes)) return registry[i];
+    return NULL;
+}
+
+int hvl_mpi_built(void) { return 1; }
+int hvl_nccl_built(void) { return 0; }
+int hvl_shm_built(void) { return 0; }

@@ -1,0 +1,201 @@
+/* coordinator.c: rank 0's readiness table. Each full round, rank 0 feeds every rank's newly
+ * submitted requests in; a tensor that every rank has submitted leaves the table as one
+ * response: the agreed parameters, or an error naming the field and the ranks that disagree
+ * (built once here, delivered to every rank). It also finds tensors that some ranks never
+ * submitted (stalls). bg thread of rank 0 only. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "internal.h"
+
+typedef struct {
+    hvl_response *by_rank;     /* by_rank[r].name != NULL once rank r submitted */
+    int count;
+    double first_seen;
+    int warned;
+} record_t;
+
+struct hvl_coordinator {
+    int size;
+    hvl_strmap table;          /* name -> record_t (key: by_rank[first submitter].name) */
+};
+
+enum { F_OP, F_DTYPE, F_SHAPE, F_REDUCE, F_ROOT, F_PRESCALE, F_POSTSCALE, F_COUNT };
+static const char *field_names[F_COUNT] = {"op", "dtype", "shape", "reduce op", "root rank",
+                                           "prescale factor", "postscale factor"};
+
+int hvl__coordinator_create(hvl_coordinator **out, int size)
+{
+    hvl_coordinator *c = calloc(1, sizeof(*c));
+    if (!c) return HVL_ERR_NO_MEMORY;
+    c->size = size;
+    *out = c;
+    return HVL_OK;
+}
+
+static void record_free(hvl_coordinator *c, record_t *rec)
+{
+    for (int r = 0; r < c->size; r++) free(rec->by_rank[r].name);
+    free(rec->by_rank);
+    free(rec);
+}
+
+void hvl__coordinator_destroy(hvl_coordinator *c)
+{
+    if (!c) return;
+    for (size_t i = 0; i < c->table.cap; i++)
+        if (hvl__strmap_live(&c->table, i)) record_free(c, c->table.slots[i].value);
+    hvl__strmap_free(&c->table);
+    free(c);
+}
+
+/* Does field f apply to this op, and how does rank's value read? */
+static int field_applies(int f, int op)
+{
+    int reducing = op == HVL_ALLREDUCE || op == HVL_REDUCESCATTER;
+    switch (f) {
+    case F_OP: return 1;
+    case F_DTYPE: case F_SHAPE: return op != HVL_BARRIER;
+    case F_REDUCE: case F_PRESCALE: case F_POSTSCALE: return reducing;
+    case F_ROOT: return op == HVL_BROADCAST;
+    default: return 0;
+    }
+}
+
+static void describe(int f, const hvl_response *q, char *out, size_t n)
+{
+    switch (f) {
+    case F_OP: snprintf(out, n, "%s", hvl__op_name(q->op)); break;
+    case F_DTYPE: snprintf(out, n, "%s", hvl__dtype_name(q->dtype)); break;
+    case F_REDUCE: snprintf(out, n, "%s", hvl__reduce_name(q->reduce_op)); break;
+    case F_ROOT: snprintf(out, n, "root %d", q->root_rank); break;
+    case F_PRESCALE: snprintf(out, n, "%.17g", q->prescale); break;
+    case F_POSTSCALE: snprintf(out, n, "%.17g", q->postscale); break;
+    case F_SHAPE: {
+        int free_dim0 = q->op == HVL_ALLGATHER || q->op == HVL_ALLTOALL;
+        size_t len = (size_t)snprintf(out, n, "[");
+        for (int i = 0; i < q->ndim && len < n; i++) {
+            if (i == 0 && free_dim0) len += (size_t)snprintf(out + len, n - len, "*");
+            else len += (size_t)snprintf(out + len, n - len, "%s%lld", "", (long long)q->shape[i]);
+            if (i + 1 < q->ndim && len < n) len += (size_t)snprintf(out + len, n - len, ", ");
+        }
+        if (len < n) snprintf(out + len, n - len, "]");
+        break;
+    }
+    }
+}
+
+/* Appends "VALUE on ranks a,b" groups for field f to msg; returns 1 if ranks disagree. */
+static int disagreement(const record_t *rec, int size, int f, char *msg, size_t n)
+{
+    char (*vals)[96] = malloc((size_t)size * 96);
+    if (!vals) return 0;
+    int differ = 0;
+    for (int r = 0; r < size; r++) {
+        describe(f, &rec->by_rank[r], vals[r], 96);
+        differ |= strcmp(vals[r], vals[0]) != 0;
+    }
+    size_t len = strlen(msg);
+    for (int r = 0; differ && r < size; r++) {
+        int seen = 0;
+        for (int p = 0; p < r && !seen; p++) seen = strcmp(vals[p], vals[r]) == 0;
+        if (seen) continue;
+        int many = 0;
+        for (int p = r + 1; p < size; p++) many |= strcmp(vals[p], vals[r]) == 0;
+        len += (size_t)snprintf(msg + len, len < n ? n - len : 0, "%s%s on rank%s %d", r ? "; " : "", vals[r], many ? "s" : "", r);
+        for (int p = r + 1; p < size; p++)
+            if (strcmp(vals[p], vals[r]) == 0) len += (size_t)snprintf(msg + len, len < n ? n - len : 0, ",%d", p);
+    }
+    free(vals);
+    return differ;
+}
+
+/* The response for a tensor every rank submitted. */
+static int decide(hvl_coordinator *c, record_t *rec, hvl_response *out)
+{
+    const hvl_response *first = &rec->by_rank[0];
+    *out = *first;
+    out->name = strdup(first->name);
+    out->error = NULL;
+    out->status = HVL_OK;
+    if (!out->name) return HVL_ERR_NO_MEMORY;
+    for (int f = 0; f < F_COUNT; f++) {
+        if (!field_applies(f, first->op)) continue;
+        char msg[900];
+        int head = snprintf(msg, sizeof(msg), "tensor '%s': ranks disagree on the %s: ", first->name, field_names[f]);
+        if (head < (int)sizeof(msg) && disagreement(rec, c->size, f, msg, sizeof(msg))) {
+            out->status = HVL_ERR_MISMATCH;
+            out->error = strdup(msg);
+            break;   /* later fields may not even compare once the op differs */
+        }
+    }
+    return HVL_OK;
+}
+
+static int add_one(hvl_coordinator *c, int rank, hvl_response *q, hvl_response_list *ready)
+{
+    record_t *rec = hvl__strmap_get(&c->table, q->name);
+    if (!rec) {
+        rec = calloc(1, sizeof(*rec));
+        if (rec) rec->by_rank = calloc((size_t)c->size, sizeof(hvl_response));
+        if (!rec || !rec->by_rank) { free(rec); free(q->name); return HVL_ERR_NO_MEMORY; }
+        rec->first_seen = hvl__now();
+        HVL_CHECK(hvl__strmap_put(&c->table, q->name, rec));
+    }
+    if (rec->by_rank[rank].name) {   /* enqueue rejects duplicates, so this is a bug */
+        hvl__fail(HVL_ERR_SYSTEM, "coordinator: rank %d sent tensor '%s' twice", rank, q->name);
+        free(q->name);
+        return HVL_ERR_SYSTEM;
+    }
+    rec->by_rank[rank] = *q;
+    if (++rec->count < c->size) return HVL_OK;
+    hvl_response resp;
+    int rc = decide(c, rec, &resp);
+    hvl__strmap_del(&c->table, q->name);
+    record_free(c, rec);
+    if (rc == HVL_OK) rc = hvl__responses_push(ready, &resp);
+    return rc;
+}
+
+int hvl__coordinator_add(hvl_coordinator *c, int rank, hvl_buf *requests, hvl_response_list *ready)
+{
+    while (requests->pos < requests->len) {
+        hvl_response q;
+        if (hvl__wire_get_common(requests, &q) != HVL_OK) {
+            free(q.name);
+            return hvl__fail(HVL_ERR_SYSTEM, "coordinator: corrupt request list from rank %d", rank);
+        }
+        HVL_CHECK(add_one(c, rank, &q, ready));
+    }
+    return HVL_OK;
+}
+
+/* "0,2" for the ranks that have (want == 1) or have not (want == 0) submitted. */
+static void rank_list(const hvl_coordinator *c, const record_t *rec, int want, char *out, size_t n)
+{
+    size_t len = 0;
+    out[0] = 0;
+    for (int r = 0; r < c->size && len < n; r++)
+        if ((rec->by_rank[r].name != NULL) == want)
+            len += (size_t)snprintf(out + len, n - len, "%s%d", len ? "," : "", r);
+}
+
+int hvl__coordinator_stall_check(hvl_coordinator *c, double stall_s)
+{
+    if (stall_s <= 0) return HVL_OK;
+    double now = hvl__now();
+    for (size_t i = 0; i < c->table.cap; i++) {
+        if (!hvl__strmap_live(&c->table, i)) continue;
+        record_t *rec = c->table.slots[i].value;
+        if (rec->warned || now - rec->first_seen < stall_s) continue;
+        char have[256], missing[256];
+        rank_list(c, rec, 1, have, sizeof(have));
+        rank_list(c, rec, 0, missing, sizeof(missing));
+        hvl_log(HVL_LOG_WARNING, "stall: tensor '%s' was submitted by ranks %s %.0f s ago but not "
+                "yet by ranks %s; those ranks may have skipped it or be stuck (missing ranks: %s)",
+                c->table.slots[i].key, have, now - rec->first_seen, missing, missing);
+        rec->warned = 1;
+        hvl__count(&hvl__engine.counters.stall_warnings, 1);
+    }
+    return HVL_OK;
+}

@@ -1,0 +1,197 @@
+/* execute.c: runs the cycle's agreed responses on this rank: error responses finish their
+ * requests at once; the rest are fused into batches and each batch runs on the backend the
+ * registry picks. For a fused allreduce: copy in (applying the prescale), one collective in
+ * place, copy out (applying average and postscale). A lone tensor skips the fusion buffer.
+ * Engine-owned results (allgather, alltoall) move into the handle. bg thread only. */
+#include <stdlib.h>
+#include <string.h>
+#include "internal.h"
+
+static int is_integer(int dtype) { return dtype <= HVL_INT64; }
+
+/* Average and postscale on a reduced buffer, src -> dst (may be equal). Integer averages use
+ * exact integer division (toward zero). */
+static void finish_values(const hvl_engine *e, const hvl_batch *b, void *dst, const void *src, int64_t count)
+{
+    double post = b->postscale;
+    if (b->reduce_op == HVL_AVERAGE && is_integer(b->dtype)) {
+        hvl__scale(dst, src, count, b->dtype, 1.0);   /* copy */
+        switch (b->dtype) {
+#define DIV(T) { T *d = dst; for (int64_t i = 0; i < count; i++) d[i] = (T)(d[i] / e->size); } break
+        case HVL_UINT8: DIV(uint8_t);
+        case HVL_INT8: DIV(int8_t);
+        case HVL_UINT16: DIV(uint16_t);
+        case HVL_INT16: DIV(int16_t);
+        case HVL_INT32: DIV(int32_t);
+        case HVL_INT64: DIV(int64_t);
+#undef DIV
+        }
+        src = dst;
+    } else if (b->reduce_op == HVL_AVERAGE) {
+        post /= e->size;
+    }
+    if (post != 1.0 || dst != src) hvl__scale(dst, src, count, b->dtype, post);
+}
+
+static int64_t entry_elems(const hvl_entry *en) { return hvl__shape_elems(en->req.ndim, en->shape); }
+
+static int run_allreduce(hvl_engine *e, const hvl_backend *be, hvl_batch *b)
+{
+    int esize = hvl_dtype_size(b->dtype);
+    if (b->count == 1) {
+        hvl_entry *en = b->entries[0];
+        int64_t n = entry_elems(en);
+        const void *src = en->req.input;
+        void *dst = en->req.output;
+        if (b->prescale != 1.0) { hvl__scale(dst, src, n, b->dtype, b->prescale); src = dst; }
+        HVL_CHECK(be->allreduce(e, src, dst, n, b->dtype, b->reduce_op));
+        finish_values(e, b, dst, dst, n);
+        return HVL_OK;
+    }
+    HVL_CHECK(hvl__grow(&e->fusion_buf, &e->fusion_cap, b->bytes));
+    int64_t off = 0;
+    for (int i = 0; i < b->count; i++) {
+        int64_t n = entry_elems(b->entries[i]);
+        hvl__scale(e->fusion_buf + off, b->entries[i]->req.input, n, b->dtype, b->prescale);
+        off += n * esize;
+    }
+    HVL_CHECK(be->allreduce(e, e->fusion_buf, e->fusion_buf, b->bytes / esize, b->dtype, b->reduce_op));
+    off = 0;
+    for (int i = 0; i < b->count; i++) {
+        int64_t n = entry_elems(b->entries[i]);
+        finish_values(e, b, b->entries[i]->req.output, e->fusion_buf + off, n);
+        off += n * esize;
+    }
+    return HVL_OK;
+}
+
+static int64_t row_bytes(const hvl_entry *en)
+{
+    int ndim = en->req.ndim;
+    return (ndim ? hvl__shape_elems(ndim - 1, en->shape + 1) : 1) * hvl_dtype_size(en->req.dtype);
+}
+
+/* Allgather (one tensor): exchange dim 0 of every rank, then gather into an engine buffer. */
+static int run_allgather(hvl_engine *e, const hvl_backend *be, hvl_entry *en, hvl_outcome *o)
+{
+    int64_t rows = en->req.ndim ? en->shape[0] : 1, rb = row_bytes(en), total = 0;
+    int64_t *bytes = malloc(sizeof(int64_t) * (size_t)e->size);
+    if (!bytes) return HVL_ERR_NO_MEMORY;
+    int rc = hvl__allgather_i64(e, rows, bytes);
+    for (int r = 0; r < e->size && rc == HVL_OK; r++) {
+        o->shape[0] += bytes[r];
+        bytes[r] *= rb;
+        total += bytes[r];
+    }
+    if (rc == HVL_OK && !(o->result = malloc((size_t)total + 1))) rc = HVL_ERR_NO_MEMORY;
+    if (rc == HVL_OK) rc = be->allgatherv(e, en->req.input, o->result, bytes);
+    o->result_bytes = total;
+    o->ndim = en->req.ndim ? en->req.ndim : 1;
+    for (int i = 1; i < en->req.ndim; i++) o->shape[i] = en->shape[i];
+    free(bytes);
+    return rc;
+}
+
+/* Alltoall (one tensor): exchange the splits, then send each rank its rows. */
+static int run_alltoall(hvl_engine *e, const hvl_backend *be, hvl_entry *en, hvl_outcome *o)
+{
+    int64_t rb = row_bytes(en), total = 0;
+    int64_t *v = malloc(sizeof(int64_t) * 2 * (size_t)e->size);
+    o->recv_splits = malloc(sizeof(int64_t) * (size_t)e->size);
+    if (!v || !o->recv_splits) { free(v); return HVL_ERR_NO_MEMORY; }
+    int64_t *send_bytes = v, *recv_bytes = v + e->size;
+    int rc = hvl__alltoall_i64(e, en->splits, o->recv_splits);
+    for (int r = 0; r < e->size && rc == HVL_OK; r++) {
+        send_bytes[r] = en->splits[r] * rb;
+        recv_bytes[r] = o->recv_splits[r] * rb;
+        o->shape[0] += o->recv_splits[r];
+        total += recv_bytes[r];
+    }
+    if (rc == HVL_OK && !(o->result = malloc((size_t)total + 1))) rc = HVL_ERR_NO_MEMORY;
+    if (rc == HVL_OK) rc = be->alltoallv(e, en->req.input, send_bytes, o->result, recv_bytes);
+    o->result_bytes = total;
+    o->ndim = en->req.ndim;
+    for (int i = 1; i < en->req.ndim; i++) o->shape[i] = en->shape[i];
+    free(v);
+    return rc;
+}
+
+static int run_reducescatter(hvl_engine *e, const hvl_backend *be, hvl_batch *b, hvl_entry *en)
+{
+    int64_t row_elems = row_bytes(en) / hvl_dtype_size(b->dtype), total = entry_elems(en);
+    int64_t *counts = malloc(sizeof(int64_t) * (size_t)e->size);
+    if (!counts) return HVL_ERR_NO_MEMORY;
+    for (int r = 0; r < e->size; r++) counts[r] = hvl_reducescatter_rows(en->shape[0], r, e->size) * row_elems;
+    const void *src = en->req.input;
+    int rc = HVL_OK;
+    if (b->prescale != 1.0) {
+        rc = hvl__grow(&e->scratch_buf, &e->scratch_cap, total * hvl_dtype_size(b->dtype));
+        if (rc == HVL_OK) hvl__scale(e->scratch_buf, src, total, b->dtype, b->prescale);
+        src = e->scratch_buf;
+    }
+    if (rc == HVL_OK) rc = be->reducescatter(e, src, en->req.output, counts, b->dtype, b->reduce_op);
+    if (rc == HVL_OK) finish_values(e, b, en->req.output, en->req.output, counts[e->rank]);
+    free(counts);
+    return rc;
+}
+
+static int run_batch(hvl_engine *e, hvl_batch *b, hvl_outcome *o)
+{
+    const hvl_backend *be = hvl__backend_for(e, b->op, b->dtype, b->bytes);
+    hvl_entry *en = b->entries[0];
+    hvl__count(&e->counters.collectives, b->op == HVL_BARRIER ? 0 : 1);
+    switch (b->op) {
+    case HVL_ALLREDUCE: return run_allreduce(e, be, b);
+    case HVL_ALLGATHER: return run_allgather(e, be, en, o);
+    case HVL_ALLTOALL: return run_alltoall(e, be, en, o);
+    case HVL_REDUCESCATTER: return run_reducescatter(e, be, b, en);
+    case HVL_BROADCAST:
+        if (e->rank == b->entries[0]->req.root_rank && en->req.output != en->req.input)
+            memcpy(en->req.output, en->req.input, (size_t)b->bytes);
+        return be->broadcast(e, en->req.output, b->bytes, en->req.root_rank);
+    case HVL_BARRIER: return HVL_OK;   /* negotiation already brought every rank here */
+    default: return hvl__fail(HVL_ERR_SYSTEM, "unknown op %d", b->op);
+    }
+}
+
+static void finish_batch(hvl_engine *e, hvl_batch *b, int rc, hvl_outcome *o)
+{
+    for (int i = 0; i < b->count; i++) {
+        hvl_outcome done = i == 0 ? *o : (hvl_outcome){0};
+        done.status = rc;
+        if (rc != HVL_OK) done.message = strdup(hvl_last_error());
+        hvl__entry_finish(e, b->entries[i], &done);
+    }
+}
+
+int hvl__execute(hvl_engine *e, hvl_response_list *agreed)
+{
+    int n = agreed->count, k = 0, rc = HVL_OK;
+    hvl_response **resps = malloc(sizeof(void *) * (size_t)(n ? n : 1));
+    hvl_entry **entries = malloc(sizeof(void *) * (size_t)(n ? n : 1));
+    hvl_batch_list batches = {0};
+    if (!resps || !entries) { rc = HVL_ERR_NO_MEMORY; goto out; }
+    for (int i = 0; i < n; i++) {
+        hvl_response *r = &agreed->items[i];
+        hvl_entry *en = hvl__strmap_get(&e->pending, r->name);
+        if (!en) { rc = hvl__fail(HVL_ERR_SYSTEM, "agreed tensor '%s' is not pending on rank %d", r->name, e->rank); goto out; }
+        if (r->status != HVL_OK) {
+            hvl_outcome o = {.status = r->status, .message = strdup(r->error ? r->error : "")};
+            hvl__entry_finish(e, en, &o);
+            continue;
+        }
+        resps[k] = r;
+        entries[k++] = en;
+    }
+    HVL_CHECK_GOTO(hvl__fuse(e, resps, entries, k, &batches), rc, out);
+    for (int i = 0; i < batches.count && rc == HVL_OK; i++) {
+        hvl_outcome o = {0};
+        rc = run_batch(e, &batches.items[i], &o);
+        finish_batch(e, &batches.items[i], rc, &o);
+    }
+out:
+    hvl__batches_free(&batches);
+    free(resps);
+    free(entries);
+    return rc;
+}

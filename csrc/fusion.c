@@ -1,0 +1,61 @@
+/* fusion.c: groups the cycle's agreed responses into batches that share one collective.
+ * Allreduces with the same dtype, reduce op and scale factors are packed, in agreement order,
+ * until the next would pass the fusion threshold (a tensor larger than it runs alone). Other
+ * ops run one per batch. Every rank sees the same responses in the same order and the same
+ * threshold (rank 0's, broadcast at start), so every rank builds the same batches.
+ * bg thread only. */
+#include <stdlib.h>
+#include "internal.h"
+
+static int same_key(const hvl_response *a, const hvl_response *b)
+{
+    return a->op == b->op && a->dtype == b->dtype && a->reduce_op == b->reduce_op &&
+           a->prescale == b->prescale && a->postscale == b->postscale;
+}
+
+static int64_t response_bytes(const hvl_response *r)
+{
+    return hvl__shape_elems(r->ndim, r->shape) * hvl_dtype_size(r->dtype);
+}
+
+int hvl__fuse(hvl_engine *e, hvl_response **resps, hvl_entry **entries, int n, hvl_batch_list *out)
+{
+    out->count = 0;
+    out->items = calloc((size_t)(n ? n : 1), sizeof(hvl_batch));
+    out->entry_store = calloc((size_t)(n ? n : 1), sizeof(hvl_entry *));
+    char *taken = calloc((size_t)(n ? n : 1), 1);
+    if (!out->items || !out->entry_store || !taken) { free(taken); hvl__batches_free(out); return HVL_ERR_NO_MEMORY; }
+    int64_t threshold = e->params.fusion_threshold;
+    hvl_entry **store = out->entry_store;
+    for (int i = 0; i < n; i++) {
+        if (taken[i]) continue;
+        const hvl_response *r = resps[i];
+        hvl_batch *b = &out->items[out->count++];
+        *b = (hvl_batch){r->op, r->dtype, r->reduce_op, r->prescale, r->postscale, 0, store, 0};
+        b->entries[b->count++] = entries[i];
+        b->bytes = response_bytes(r);
+        for (int j = i + 1; r->op == HVL_ALLREDUCE && j < n; j++) {
+            int64_t bytes = response_bytes(resps[j]);
+            if (taken[j] || !same_key(r, resps[j]) || b->bytes + bytes > threshold) continue;
+            b->entries[b->count++] = entries[j];
+            b->bytes += bytes;
+            taken[j] = 1;
+        }
+        store += b->count;
+        if (b->count > 1) {
+            hvl__count(&e->counters.tensors_fused, b->count);
+            hvl__count(&e->counters.bytes_fused, b->bytes);
+        }
+    }
+    free(taken);
+    return HVL_OK;
+}
+
+void hvl__batches_free(hvl_batch_list *l)
+{
+    free(l->items);
+    free(l->entry_store);
+    l->items = NULL;
+    l->entry_store = NULL;
+    l->count = 0;
+}

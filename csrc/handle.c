@@ -1,0 +1,200 @@
+/* handle.c: the handle table. A handle is born pending at enqueue, completed once by the bg
+ * thread with an outcome (status, message, engine-owned result), and freed by hvl_release.
+ * Any thread; everything here is guarded by handle_lock (taken after queue_lock, never before).
+ * Waiters sleep on one condition variable that every completion broadcasts. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "internal.h"
+
+enum { SLOT_FREE = 0, SLOT_PENDING, SLOT_DONE };
+
+typedef struct {
+    int state;
+    uint32_t generation;      /* bumps on reuse, so a stale id never finds a new handle */
+    hvl_outcome outcome;
+} slot_t;
+
+static pthread_mutex_t handle_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t done_cond;
+static pthread_once_t cond_once = PTHREAD_ONCE_INIT;
+static slot_t *slots;          /* handle_lock */
+static int64_t nslots;         /* handle_lock */
+static int64_t free_hint;      /* handle_lock */
+
+static void make_cond(void)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&done_cond, &a);
+    pthread_condattr_destroy(&a);
+}
+
+static int64_t make_id(int64_t index, uint32_t gen) { return ((int64_t)gen << 32) | (index + 1); }
+
+/* The slot of a live handle id, or NULL. handle_lock held. */
+static slot_t *lookup(int64_t id)
+{
+    int64_t index = (id & 0xffffffff) - 1;
+    if (index < 0 || index >= nslots) return NULL;
+    slot_t *s = &slots[index];
+    if (s->state == SLOT_FREE || s->generation != (uint32_t)(id >> 32)) return NULL;
+    return s;
+}
+
+int hvl__handle_new(int64_t *id)
+{
+    pthread_once(&cond_once, make_cond);
+    pthread_mutex_lock(&handle_lock);
+    int64_t i = free_hint;
+    while (i < nslots && slots[i].state != SLOT_FREE) i++;
+    if (i == nslots) {
+        int64_t n = nslots ? nslots * 2 : 256;
+        slot_t *grown = realloc(slots, (size_t)n * sizeof(slot_t));
+        if (!grown) { pthread_mutex_unlock(&handle_lock); return HVL_ERR_NO_MEMORY; }
+        memset(grown + nslots, 0, (size_t)(n - nslots) * sizeof(slot_t));
+        slots = grown;
+        i = nslots;
+        nslots = n;
+    }
+    slots[i].state = SLOT_PENDING;
+    slots[i].generation++;
+    memset(&slots[i].outcome, 0, sizeof(hvl_outcome));
+    free_hint = i + 1;
+    *id = make_id(i, slots[i].generation);
+    pthread_mutex_unlock(&handle_lock);
+    return HVL_OK;
+}
+
+void hvl__handle_complete(int64_t id, hvl_outcome *o)
+{
+    pthread_mutex_lock(&handle_lock);
+    slot_t *s = lookup(id);
+    if (s && s->state == SLOT_PENDING) {
+        s->outcome = *o;
+        s->state = SLOT_DONE;
+        memset(o, 0, sizeof(*o));   /* moved */
+    }
+    pthread_cond_broadcast(&done_cond);
+    pthread_mutex_unlock(&handle_lock);
+    free(o->message);               /* only non-NULL if the handle was gone */
+    free(o->result);
+    free(o->recv_splits);
+}
+
+void hvl__handles_fail_all(int status, const char *message)
+{
+    pthread_mutex_lock(&handle_lock);
+    for (int64_t i = 0; i < nslots; i++) {
+        if (slots[i].state != SLOT_PENDING) continue;
+        slots[i].outcome.status = status;
+        slots[i].outcome.message = strdup(message);
+        slots[i].state = SLOT_DONE;
+    }
+    pthread_cond_broadcast(&done_cond);
+    pthread_mutex_unlock(&handle_lock);
+}
+
+static void deadline_after(struct timespec *ts, double seconds)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    double t = (double)ts->tv_nsec * 1e-9 + seconds;
+    ts->tv_sec += (time_t)t;
+    ts->tv_nsec = (long)((t - (double)(time_t)t) * 1e9);
+}
+
+int hvl_wait(int64_t id, double timeout_s)
+{
+    pthread_once(&cond_once, make_cond);
+    struct timespec deadline;
+    if (timeout_s >= 0) deadline_after(&deadline, timeout_s);
+    pthread_mutex_lock(&handle_lock);
+    slot_t *s;
+    while ((s = lookup(id)) && s->state == SLOT_PENDING) {
+        int rc = timeout_s >= 0 ? pthread_cond_timedwait(&done_cond, &handle_lock, &deadline)
+                                : pthread_cond_wait(&done_cond, &handle_lock);
+        if (rc == ETIMEDOUT && (s = lookup(id)) && s->state == SLOT_PENDING) {
+            pthread_mutex_unlock(&handle_lock);
+            return hvl__fail(HVL_ERR_IN_PROGRESS, "still in progress after %.3f s", timeout_s);
+        }
+    }
+    int status = HVL_ERR_INVALID_ARG;
+    if (!s) hvl__fail(status, "unknown or released handle %lld", (long long)id);
+    else if ((status = s->outcome.status) != HVL_OK)
+        hvl__fail(status, "%s", s->outcome.message ? s->outcome.message : hvl__status_name(status));
+    pthread_mutex_unlock(&handle_lock);
+    return status;
+}
+
+int hvl_poll(int64_t id, int *done)
+{
+    pthread_mutex_lock(&handle_lock);
+    slot_t *s = lookup(id);
+    if (s) *done = s->state == SLOT_DONE;
+    pthread_mutex_unlock(&handle_lock);
+    return s ? HVL_OK : hvl__fail(HVL_ERR_INVALID_ARG, "unknown or released handle %lld", (long long)id);
+}
+
+/* Copies what the caller asked for out of a completed handle's outcome. */
+static int read_done(int64_t id, hvl_outcome *copy)
+{
+    pthread_mutex_lock(&handle_lock);
+    slot_t *s = lookup(id);
+    int rc = !s ? HVL_ERR_INVALID_ARG : s->state != SLOT_DONE ? HVL_ERR_IN_PROGRESS : HVL_OK;
+    if (rc == HVL_OK) *copy = s->outcome;   /* shallow: pointers stay owned by the slot */
+    pthread_mutex_unlock(&handle_lock);
+    if (rc != HVL_OK) return hvl__fail(rc, "handle %lld is %s", (long long)id, rc == HVL_ERR_IN_PROGRESS ? "not complete" : "unknown or released");
+    return HVL_OK;
+}
+
+int hvl_result_shape(int64_t id, int *ndim, int64_t *shape)
+{
+    hvl_outcome o;
+    HVL_CHECK(read_done(id, &o));
+    *ndim = o.ndim;
+    memcpy(shape, o.shape, sizeof(int64_t) * (size_t)o.ndim);
+    return HVL_OK;
+}
+
+int hvl_result_copy(int64_t id, void *dst, int64_t nbytes)
+{
+    hvl_outcome o;
+    HVL_CHECK(read_done(id, &o));
+    if (nbytes != o.result_bytes)
+        return hvl__fail(HVL_ERR_INVALID_ARG, "result has %lld bytes, destination %lld",
+                         (long long)o.result_bytes, (long long)nbytes);
+    /* The result buffer does not move until hvl_release, which only the caller does. */
+    if (nbytes) memcpy(dst, o.result, (size_t)nbytes);
+    return HVL_OK;
+}
+
+int hvl_received_splits(int64_t id, int64_t *splits)
+{
+    hvl_outcome o;
+    HVL_CHECK(read_done(id, &o));
+    if (!o.recv_splits) return hvl__fail(HVL_ERR_INVALID_ARG, "handle %lld is not an alltoall", (long long)id);
+    memcpy(splits, o.recv_splits, sizeof(int64_t) * (size_t)hvl_size());
+    return HVL_OK;
+}
+
+int hvl_release(int64_t id)
+{
+    pthread_mutex_lock(&handle_lock);
+    slot_t *s = lookup(id);
+    hvl_outcome o = {0};
+    int rc = !s ? HVL_ERR_INVALID_ARG : s->state != SLOT_DONE ? HVL_ERR_IN_PROGRESS : HVL_OK;
+    if (rc == HVL_OK) {
+        o = s->outcome;
+        s->state = SLOT_FREE;
+        int64_t index = (id & 0xffffffff) - 1;
+        if (index < free_hint) free_hint = index;
+    }
+    pthread_mutex_unlock(&handle_lock);
+    free(o.message);
+    free(o.result);
+    free(o.recv_splits);
+    if (rc != HVL_OK) return hvl__fail(rc, "cannot release handle %lld: %s", (long long)id, rc == HVL_ERR_IN_PROGRESS ? "still pending" : "unknown");
+    return HVL_OK;
+}

@@ -1,0 +1,140 @@
+/* hvlite.h: the engine's public C API, and exactly the surface the cffi binding sees.
+ *
+ * hvlite runs one background thread per process. Framework threads only enqueue requests and
+ * wait on handles; the background thread negotiates with the other ranks, fuses, and runs the
+ * collectives. This header is read by hvlite/_build.py: keep it to plain declarations (enums,
+ * structs, prototypes, integer #defines); no other preprocessor logic between the markers.
+ *
+ * Thread safety: every function here may be called from any thread once hvl_init() returned OK
+ * (hvl_init and hvl_shutdown themselves are serialised internally). Nothing here calls back into
+ * the caller.
+ *
+ * Errors: every fallible function returns an hvl_status. On failure, hvl_last_error() returns a
+ * message for the calling thread that stays valid until that thread's next hvlite call.
+ */
+#ifndef HVLITE_H
+#define HVLITE_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+/* --- cffi cdef begins --- */
+#define HVL_MAX_DIMS 16
+
+typedef enum {
+    HVL_OK = 0,
+    HVL_ERR_INVALID_ARG = 1,   /* caller's mistake, caught locally (bad dtype, duplicate name) */
+    HVL_ERR_MISMATCH = 2,      /* ranks disagree on a tensor's op, dtype, shape, root, ... */
+    HVL_ERR_TIMEOUT = 3,       /* a peer or a stalled tensor did not answer in time */
+    HVL_ERR_MPI = 4,           /* the MPI library returned an error */
+    HVL_ERR_NCCL = 5,
+    HVL_ERR_SYSTEM = 6,        /* errno-style failure (threads, memory mapping) */
+    HVL_ERR_NO_MEMORY = 7,
+    HVL_ERR_SHUT_DOWN = 8,     /* engine not running, or shut down while the request was pending */
+    HVL_ERR_IN_PROGRESS = 9    /* hvl_wait timed out; the request is still pending */
+} hvl_status;
+
+typedef enum {
+    HVL_UINT8 = 0, HVL_INT8 = 1, HVL_UINT16 = 2, HVL_INT16 = 3, HVL_INT32 = 4, HVL_INT64 = 5,
+    HVL_FLOAT16 = 6, HVL_BFLOAT16 = 7, HVL_FLOAT32 = 8, HVL_FLOAT64 = 9, HVL_BOOL = 10,
+    HVL_DTYPE_COUNT = 11
+} hvl_dtype;
+
+typedef enum {
+    HVL_ALLREDUCE = 0, HVL_ALLGATHER = 1, HVL_BROADCAST = 2, HVL_ALLTOALL = 3,
+    HVL_REDUCESCATTER = 4, HVL_BARRIER = 5, HVL_OP_COUNT = 6
+} hvl_op;
+
+typedef enum {
+    HVL_SUM = 0, HVL_AVERAGE = 1, HVL_MIN = 2, HVL_MAX = 3, HVL_PRODUCT = 4, HVL_REDUCE_COUNT = 5
+} hvl_reduce_op;
+
+/* One collective request. hvl_enqueue copies the struct, the name, shape and splits; the
+ * caller keeps `input` and `output` alive and untouched until the handle completes.
+ *   allreduce, broadcast: output has the input's shape (may equal input: in place).
+ *   reducescatter: output holds this rank's slice of dim 0 (hvl_reducescatter_rows()).
+ *   allgather, alltoall: output must be NULL; the engine owns the result (hvl_result_*).
+ *   barrier: input, output NULL, ndim 0.
+ * splits (alltoall only, may be NULL = equal split): nsplits == size entries, rows of dim 0
+ * sent to each rank. */
+typedef struct {
+    int op;                 /* hvl_op */
+    int dtype;              /* hvl_dtype */
+    int reduce_op;          /* hvl_reduce_op (allreduce, reducescatter) */
+    int root_rank;          /* broadcast */
+    int process_set;        /* 0 = every rank (the only set so far) */
+    int ndim;
+    const char *name;       /* unique among this process's in-flight requests */
+    const int64_t *shape;   /* ndim entries */
+    const void *input;
+    void *output;
+    double prescale;        /* applied to the input before the reduction */
+    double postscale;       /* applied to the result (after averaging) */
+    const int64_t *splits;
+    int nsplits;
+} hvl_request;
+
+/* Engine counters, monotonic since hvl_init. */
+typedef struct {
+    int64_t cycles;             /* negotiation rounds run (each is one collective bit AND) */
+    int64_t full_rounds;        /* rounds that also went through the rank-0 coordinator */
+    int64_t tensors_done;       /* requests completed (ok or error) */
+    int64_t collectives;        /* data-plane collectives issued (one per fused batch) */
+    int64_t tensors_fused;      /* tensors that shared a collective with at least one other */
+    int64_t bytes_fused;        /* payload bytes of those tensors */
+    int64_t cache_hits;         /* responses agreed by the bit-vector fast path */
+    int64_t cache_misses;       /* responses agreed through the coordinator */
+    int64_t stall_warnings;     /* stall warnings issued (rank 0 only) */
+} hvl_counters;
+
+/* Start the engine: initialise MPI if nobody has (else reuse it), start the background thread.
+ * Idempotent while running. Fails with HVL_ERR_SHUT_DOWN after MPI was finalized. */
+int hvl_init(void);
+/* Stop the engine on every rank: the first rank to call it ends the job's engine; requests still
+ * pending anywhere fail with HVL_ERR_SHUT_DOWN. Finalizes MPI only if hvl_init initialised it.
+ * Blocks until the background thread has exited. Safe to call when not running. */
+int hvl_shutdown(void);
+int hvl_is_initialized(void);          /* cannot fail */
+
+/* Topology; valid after hvl_init, -1 before. Cannot fail. */
+int hvl_rank(void);
+int hvl_size(void);
+int hvl_local_rank(void);
+int hvl_local_size(void);
+int hvl_cross_rank(void);
+int hvl_cross_size(void);
+int hvl_mpi_threads_supported(void);   /* 1 if MPI granted MPI_THREAD_MULTIPLE */
+
+/* Build facts (constant). Cannot fail. */
+int hvl_mpi_built(void);
+int hvl_nccl_built(void);
+int hvl_shm_built(void);
+const char *hvl_mpi_vendor(void);      /* static string owned by the engine */
+
+/* Enqueue a request; *handle_out identifies it until hvl_release. Checks arguments locally:
+ * HVL_ERR_INVALID_ARG for a bad op/dtype/shape or a name already in flight. */
+int hvl_enqueue(const hvl_request *req, int64_t *handle_out);
+/* Wait for completion. timeout_s < 0 waits for ever (but returns if the engine fails).
+ * Returns the request's final status (its message via hvl_last_error), or HVL_ERR_IN_PROGRESS. */
+int hvl_wait(int64_t handle, double timeout_s);
+/* *done = 1 if the request finished (wait will not block). */
+int hvl_poll(int64_t handle, int *done);
+/* Engine-owned result (allgather, alltoall) of a completed handle: its shape, then a copy of it
+ * into dst (nbytes must equal the result's size). Valid until hvl_release. */
+int hvl_result_shape(int64_t handle, int *ndim, int64_t *shape);
+int hvl_result_copy(int64_t handle, void *dst, int64_t nbytes);
+/* Alltoall of a completed handle: rows of dim 0 received from each rank (size entries). */
+int hvl_received_splits(int64_t handle, int64_t *splits);
+/* Forget the handle and free what the engine owned for it. */
+int hvl_release(int64_t handle);
+
+/* Rows of dim 0 that `rank` receives from a reducescatter of `dim0` rows (the first
+ * dim0 % size ranks get one extra). Cannot fail. */
+int64_t hvl_reducescatter_rows(int64_t dim0, int rank, int size);
+int hvl_dtype_size(int dtype);         /* bytes per element, 0 for an unknown dtype */
+
+int hvl_get_counters(hvl_counters *out);
+const char *hvl_last_error(void);      /* thread-local; never NULL */
+/* --- cffi cdef ends --- */
+
+#endif /* HVLITE_H */

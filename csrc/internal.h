@@ -1,0 +1,244 @@
+/* internal.h: the engine's private types and the functions its files share (hvl__ prefix).
+ *
+ * Threads: "user" threads call hvl_enqueue/hvl_wait/...; the one background ("bg") thread runs
+ * the cycle. Each shared field below names the lock that guards it. Lock order, written once:
+ * queue_lock before handle_lock; never take queue_lock while holding handle_lock.
+ * Atomic flags (shutdown_requested, fatal) use acquire/release: a reader that sees the flag set
+ * also sees what was written before it.
+ */
+#ifndef HVLITE_INTERNAL_H
+#define HVLITE_INTERNAL_H
+
+#include <mpi.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stddef.h>
+#include "hvlite.h"
+
+/* One error path: return an hvl_status, jump to one cleanup label. */
+#define HVL_CHECK(expr) do { int hvl__rc_ = (expr); if (hvl__rc_ != HVL_OK) return hvl__rc_; } while (0)
+#define HVL_CHECK_GOTO(expr, rc, label) do { (rc) = (expr); if ((rc) != HVL_OK) goto label; } while (0)
+
+enum { HVL_LOG_TRACE = 0, HVL_LOG_DEBUG, HVL_LOG_INFO, HVL_LOG_WARNING, HVL_LOG_ERROR };
+
+/* ---- settings (param.c) ---- */
+typedef struct {
+    int64_t fusion_threshold;   /* bytes; one fused collective carries at most this much */
+    double cycle_time_ms;       /* bg thread tick when no work arrives */
+    int cache_capacity;         /* response cache entries; 0 disables the cache */
+    double stall_check_s;       /* warn about tensors some ranks have not submitted; 0 = off */
+    double stall_shutdown_s;    /* 0 = off (issue 5) */
+    double peer_timeout_s;      /* a negotiation round that takes longer fails the engine */
+    int log_level;
+} hvl_params;
+
+void hvl__params_load(hvl_params *p);           /* reads HVLITE_* (and HOROVOD_*); cannot fail */
+void hvl__params_log(const hvl_params *p);
+
+/* ---- logging and errors (log.c) ---- */
+void hvl__log_set(int level, int rank);
+void hvl_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Sets the calling thread's last-error message; returns rc so callers can `return hvl__fail(...)`. */
+int hvl__fail(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+const char *hvl__status_name(int rc);
+double hvl__now(void);                           /* monotonic seconds */
+
+/* ---- string-keyed hash map (strmap.c); the map does not own keys or values ---- */
+typedef struct { const char *key; void *value; } hvl_strmap_slot;
+typedef struct { hvl_strmap_slot *slots; size_t cap, count, tombstones; } hvl_strmap;
+int hvl__strmap_put(hvl_strmap *m, const char *key, void *value);  /* replaces; HVL_ERR_NO_MEMORY */
+void *hvl__strmap_get(const hvl_strmap *m, const char *key);        /* NULL if absent */
+void *hvl__strmap_del(hvl_strmap *m, const char *key);              /* returns the old value */
+void hvl__strmap_free(hvl_strmap *m);
+/* Iterate: for (size_t i = 0; i < m->cap; i++) if (hvl__strmap_live(m, i)) ... */
+int hvl__strmap_live(const hvl_strmap *m, size_t i);
+
+/* ---- growable byte buffer and wire codec (wire.c) ---- */
+typedef struct { char *data; size_t len, cap; size_t pos; int bad; } hvl_buf;
+void hvl__buf_i32(hvl_buf *b, int32_t v);
+void hvl__buf_i64(hvl_buf *b, int64_t v);
+void hvl__buf_f64(hvl_buf *b, double v);
+void hvl__buf_str(hvl_buf *b, const char *s);
+int32_t hvl__buf_get_i32(hvl_buf *b);
+int64_t hvl__buf_get_i64(hvl_buf *b);
+double hvl__buf_get_f64(hvl_buf *b);
+char *hvl__buf_get_str(hvl_buf *b);              /* malloc'd copy; NULL and b->bad on error */
+void hvl__buf_free(hvl_buf *b);
+
+/* ---- one in-flight request of this process (queue.c); owned by the engine ---- */
+typedef struct hvl_entry {
+    hvl_request req;            /* req.name/shape/splits point at the fields below */
+    char *name;
+    int64_t shape[HVL_MAX_DIMS];
+    int64_t *splits;            /* NULL or nsplits entries */
+    int64_t handle;
+    int sent;                   /* bg only: sent in full to the coordinator */
+    int cache_slot;             /* bg only: this cycle's cache slot, or -1 */
+    double enqueued_at;
+    struct hvl_entry *next;     /* queue link (queue_lock) */
+    struct hvl_entry *prev_pending, *next_pending;   /* bg only: pending list, enqueue order */
+} hvl_entry;
+
+/* What every rank agreed to run for one tensor (or the error every rank reports for it). */
+typedef struct {
+    int op, dtype, reduce_op, root_rank, ndim;
+    int64_t shape[HVL_MAX_DIMS];
+    double prescale, postscale;
+    char *name;                 /* owned */
+    int status;                 /* HVL_OK, or the error below applies */
+    char *error;                /* owned; NULL when status is HVL_OK */
+} hvl_response;
+
+typedef struct { hvl_response *items; int count, cap; } hvl_response_list;
+int hvl__responses_push(hvl_response_list *l, const hvl_response *r);  /* takes ownership */
+void hvl__responses_clear(hvl_response_list *l);
+void hvl__response_from_request(hvl_response *r, const hvl_request *q);  /* copies the name */
+int hvl__request_matches(const hvl_response *r, const hvl_request *q);  /* cache rule */
+
+void hvl__wire_put_request(hvl_buf *b, const hvl_request *q);
+void hvl__wire_put_response(hvl_buf *b, const hvl_response *r);
+int hvl__wire_get_response(hvl_buf *b, hvl_response *r);            /* r is zeroed first */
+int hvl__wire_get_common(hvl_buf *b, hvl_response *r);              /* a request, as a response */
+
+/* ---- response cache (cache.c); bg thread only, identical on every rank ---- */
+typedef struct hvl_cache hvl_cache;
+int hvl__cache_create(hvl_cache **out, int capacity);
+void hvl__cache_destroy(hvl_cache *c);
+int hvl__cache_capacity(const hvl_cache *c);
+int hvl__cache_find(const hvl_cache *c, const hvl_request *q);       /* slot or -1 */
+const hvl_response *hvl__cache_slot(const hvl_cache *c, int slot);  /* NULL if empty */
+void hvl__cache_touch(hvl_cache *c, int slot);
+int hvl__cache_put(hvl_cache *c, const hvl_response *r);            /* copies r */
+void hvl__cache_erase(hvl_cache *c, const char *name);
+
+/* ---- handles (handle.c) ---- */
+int hvl__handle_new(int64_t *id);                                   /* under queue_lock */
+typedef struct {
+    int status;
+    char *message;              /* moved into the handle */
+    void *result;               /* moved into the handle (allgather, alltoall) */
+    int64_t result_bytes;
+    int ndim;
+    int64_t shape[HVL_MAX_DIMS];
+    int64_t *recv_splits;       /* moved into the handle */
+} hvl_outcome;
+void hvl__handle_complete(int64_t id, hvl_outcome *o);              /* bg; wakes waiters */
+void hvl__handles_fail_all(int status, const char *message);        /* every pending handle */
+
+/* ---- coordinator (coordinator.c); rank 0's table of tensors and who submitted them ---- */
+typedef struct hvl_coordinator hvl_coordinator;
+int hvl__coordinator_create(hvl_coordinator **out, int size);
+void hvl__coordinator_destroy(hvl_coordinator *c);
+/* Parses one rank's requests; tensors now submitted by every rank go to `ready`, in order. */
+int hvl__coordinator_add(hvl_coordinator *c, int rank, hvl_buf *requests, hvl_response_list *ready);
+/* Warns (once per tensor) about tensors some ranks submitted stall_s seconds ago. */
+int hvl__coordinator_stall_check(hvl_coordinator *c, double stall_s);
+
+/* ---- reductions and scaling (reduce.c) ---- */
+int hvl__reduce_setup(void);                                         /* creates MPI ops/types */
+void hvl__reduce_teardown(void);
+MPI_Datatype hvl__mpi_dtype(int dtype);
+MPI_Op hvl__mpi_op(int reduce_op, int dtype);
+/* dst[i] = src[i] * factor (dst may equal src). Integers round toward zero. Cannot fail. */
+void hvl__scale(void *dst, const void *src, int64_t count, int dtype, double factor);
+const char *hvl__dtype_name(int dtype);
+const char *hvl__op_name(int op);
+const char *hvl__reduce_name(int reduce_op);
+
+/* ---- data planes (backend.c registry, backend_mpi.c) ---- */
+typedef struct hvl_engine hvl_engine;
+typedef struct {
+    const char *name;
+    /* 1 if this backend runs `op` on `dtype` for `bytes` of payload in this engine. */
+    int (*can_run)(const hvl_engine *e, int op, int dtype, int64_t bytes);
+    /* In place when src == dst. count elements. */
+    int (*allreduce)(hvl_engine *e, const void *src, void *dst, int64_t count, int dtype, int reduce_op);
+    /* dst receives rank r's rank_bytes[r] bytes at the sum of the earlier ranks' bytes. */
+    int (*allgatherv)(hvl_engine *e, const void *src, void *dst, const int64_t *rank_bytes);
+    int (*broadcast)(hvl_engine *e, void *buf, int64_t bytes, int root);
+    /* send_bytes[r] bytes go to rank r; recv_bytes[r] come from rank r; blocks back to back. */
+    int (*alltoallv)(hvl_engine *e, const void *src, const int64_t *send_bytes, void *dst,
+                     const int64_t *recv_bytes);
+    /* dst receives this rank's counts[rank] elements of the reduction of src. */
+    int (*reducescatter)(hvl_engine *e, const void *src, void *dst, const int64_t *counts,
+                         int dtype, int reduce_op);
+} hvl_backend;
+const hvl_backend *hvl__backend_for(const hvl_engine *e, int op, int dtype, int64_t bytes);
+extern const hvl_backend hvl__backend_mpi;
+
+/* ---- MPI helpers (mpi_util.c) ---- */
+int hvl__mpi_check(int mpi_rc, const char *what);                    /* MPI code -> status */
+/* Waits for a nonblocking request without burning a core: short spin, then sleeps. */
+int hvl__mpi_wait(hvl_engine *e, MPI_Request *req, const char *what);
+int hvl__allgather_i64(hvl_engine *e, int64_t mine, int64_t *all);   /* blocking, small */
+int hvl__alltoall_i64(hvl_engine *e, const int64_t *mine, int64_t *theirs);
+
+/* ---- the engine (engine.c) ---- */
+struct hvl_engine {
+    /* set once by the bg thread before init completes, read-only afterwards */
+    MPI_Comm comm;              /* dup of COMM_WORLD, MPI_ERRORS_RETURN */
+    MPI_Comm local_comm, cross_comm;
+    int rank, size, local_rank, local_size, cross_rank, cross_size;
+    int thread_multiple;
+    int mpi_initialized_here;
+    hvl_params params;          /* rank 0's fusion/cache values are broadcast at start */
+
+    /* queue_lock */
+    pthread_mutex_t queue_lock;
+    pthread_cond_t wake_cond;   /* signalled on enqueue and shutdown */
+    hvl_entry *queue_head, *queue_tail;
+    hvl_strmap inflight;        /* name -> entry, for the duplicate-name check */
+    int running;                /* accepting requests */
+
+    /* atomics */
+    int shutdown_requested;
+    int fatal;                  /* sticky hvl_status of a fatal engine error */
+
+    /* bg thread only */
+    hvl_strmap pending;         /* name -> entry taken from the queue, not yet done */
+    hvl_entry *pending_head, *pending_tail;   /* the same entries, in enqueue order */
+    hvl_cache *cache;
+    hvl_coordinator *coordinator;   /* rank 0 only */
+    uint64_t *bits_mine, *bits_all;
+    int bit_words;
+    char *fusion_buf;
+    int64_t fusion_cap;
+    char *scratch_buf;
+    int64_t scratch_cap;
+
+    hvl_counters counters;      /* written by bg with relaxed atomics, read by anyone */
+};
+
+extern hvl_engine hvl__engine;
+void hvl__count(int64_t *counter, int64_t delta);                   /* relaxed atomic add */
+int hvl__grow(char **buf, int64_t *cap, int64_t need);             /* HVL_ERR_NO_MEMORY */
+
+/* queue.c */
+int hvl__queue_drain(hvl_engine *e);                                 /* queue -> pending */
+void hvl__entry_finish(hvl_engine *e, hvl_entry *en, hvl_outcome *o);  /* completes + frees */
+void hvl__entries_fail_all(hvl_engine *e, int status, const char *message);
+
+/* negotiate.c: agree with every rank on what runs this cycle, in order. */
+int hvl__negotiate(hvl_engine *e, hvl_response_list *out);
+
+/* fusion.c: groups agreed responses into batches that share one collective. */
+typedef struct {
+    int op, dtype, reduce_op;
+    double prescale, postscale;
+    int count;                  /* entries in this batch */
+    hvl_entry **entries;        /* borrowed from the pending map */
+    int64_t bytes;
+} hvl_batch;
+typedef struct { hvl_batch *items; int count; hvl_entry **entry_store; } hvl_batch_list;
+/* Groups the agreed OK responses (resps[i] is entries[i]'s) in order; same result on every rank. */
+int hvl__fuse(hvl_engine *e, hvl_response **resps, hvl_entry **entries, int n, hvl_batch_list *out);
+void hvl__batches_free(hvl_batch_list *l);
+
+/* execute.c: runs this cycle's agreed responses and finishes their entries. A failed collective
+ * is fatal (ranks may be out of step); its status is returned. */
+int hvl__execute(hvl_engine *e, hvl_response_list *agreed);
+
+int64_t hvl__shape_elems(int ndim, const int64_t *shape);
+int64_t hvl__request_bytes(const hvl_request *q);
+
+#endif /* HVLITE_INTERNAL_H */

@@ -1,0 +1,61 @@
+/* log.c: rank-tagged log lines on stderr, the thread-local last-error message, and the clock.
+ * Any thread. Logging never fails and never allocates; lines longer than 1 KiB are cut. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#include "internal.h"
+
+static int log_level = HVL_LOG_WARNING;
+static int log_rank = -1;
+static __thread char last_error[1024];
+
+static const char *level_names[] = {"TRACE", "DEBUG", "INFO", "WARNING", "ERROR"};
+
+void hvl__log_set(int level, int rank) { log_level = level; log_rank = rank; }
+
+void hvl_log(int level, const char *fmt, ...)
+{
+    if (level < log_level) return;
+    char line[1200];
+    int n = snprintf(line, 160, "[hvlite rank %d tid %ld] %s: ", log_rank,
+                     (long)syscall(SYS_gettid), level_names[level]);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line + n, sizeof(line) - (size_t)n - 2, fmt, ap);
+    va_end(ap);
+    strcat(line, "\n");
+    fputs(line, stderr);  /* one call per line so ranks' lines do not interleave mid-line */
+    fflush(stderr);
+}
+
+int hvl__fail(int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+const char *hvl_last_error(void) { return last_error; }
+
+const char *hvl__status_name(int rc)
+{
+    static const char *names[] = {"ok", "invalid argument", "mismatch", "timeout", "MPI error",
+                                  "NCCL error", "system error", "out of memory", "shut down",
+                                  "in progress"};
+    return rc >= 0 && rc <= HVL_ERR_IN_PROGRESS ? names[rc] : "unknown status";
+}
+
+double hvl__now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}

@@ -1,0 +1,50 @@
+/* mpi_util.c: MPI error translation and the polite wait. Negotiation waits on ranks that may
+ * still be busy in Python; a blocking MPI call would spin a core the training thread needs, so
+ * rounds use nonblocking calls completed here: a short spin, then sleeps that grow to 200 us,
+ * bounded by the peer timeout and cut short when the engine fails. bg thread only. */
+#include <stdio.h>
+#include <time.h>
+#include "internal.h"
+
+int hvl__mpi_check(int mpi_rc, const char *what)
+{
+    if (mpi_rc == MPI_SUCCESS) return HVL_OK;
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(mpi_rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof(text), "code %d", mpi_rc);
+    return hvl__fail(HVL_ERR_MPI, "%s failed: %s", what, text);
+}
+
+int hvl__mpi_wait(hvl_engine *e, MPI_Request *req, const char *what)
+{
+    const double spin_s = 20e-6, max_sleep_s = 200e-6;
+    double start = hvl__now(), sleep_s = 5e-6;
+    for (;;) {
+        int done = 0;
+        HVL_CHECK(hvl__mpi_check(MPI_Test(req, &done, MPI_STATUS_IGNORE), what));
+        if (done) return HVL_OK;
+        double now = hvl__now();
+        if (now - start < spin_s) continue;
+        if (e->params.peer_timeout_s > 0 && now - start > e->params.peer_timeout_s)
+            return hvl__fail(HVL_ERR_TIMEOUT, "%s: no answer from the other ranks for %.0f s "
+                             "(HVLITE_PEER_TIMEOUT_SECONDS); a rank has died or hangs outside hvlite",
+                             what, e->params.peer_timeout_s);
+        if (__atomic_load_n(&e->fatal, __ATOMIC_ACQUIRE))
+            return hvl__fail(HVL_ERR_SHUT_DOWN, "%s: engine failed", what);
+        struct timespec ts = {0, (long)(sleep_s * 1e9)};
+        nanosleep(&ts, NULL);
+        if (sleep_s < max_sleep_s) sleep_s *= 2;
+    }
+}
+
+int hvl__allgather_i64(hvl_engine *e, int64_t mine, int64_t *all)
+{
+    return hvl__mpi_check(MPI_Allgather(&mine, 1, MPI_INT64_T, all, 1, MPI_INT64_T, e->comm),
+                          "MPI_Allgather (sizes)");
+}
+
+int hvl__alltoall_i64(hvl_engine *e, const int64_t *mine, int64_t *theirs)
+{
+    return hvl__mpi_check(MPI_Alltoall(mine, 1, MPI_INT64_T, theirs, 1, MPI_INT64_T, e->comm),
+                          "MPI_Alltoall (splits)");
+}

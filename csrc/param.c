@@ -1,0 +1,103 @@
+/* param.c: the one table of HVLITE_* settings (name, type, default, doc). Read once at init on
+ * the caller's thread. HOROVOD_<same suffix> is accepted as an alias so migrating users keep
+ * their settings; an unknown HVLITE_* variable gets a warning (a typo must not pass silently). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include "internal.h"
+
+extern char **environ;
+
+typedef enum { P_INT64, P_INT, P_DOUBLE, P_LEVEL, P_OTHER } ptype;
+typedef struct {
+    const char *suffix;     /* after HVLITE_ / HOROVOD_ */
+    ptype type;
+    size_t offset;          /* into hvl_params; unused for P_OTHER */
+    const char *deflt;
+    const char *doc;
+} param_def;
+
+#define F(field) offsetof(hvl_params, field)
+static const param_def table[] = {
+    {"FUSION_THRESHOLD", P_INT64, F(fusion_threshold), "134217728",
+     "bytes one fused collective may carry (0 disables fusion)"},
+    {"CYCLE_TIME", P_DOUBLE, F(cycle_time_ms), "1", "ms between engine cycles when idle"},
+    {"CACHE_CAPACITY", P_INT, F(cache_capacity), "1024", "response cache entries (0 = off)"},
+    {"STALL_CHECK_TIME_SECONDS", P_DOUBLE, F(stall_check_s), "60",
+     "warn about tensors not submitted by every rank after this long (0 = off)"},
+    {"STALL_SHUTDOWN_TIME_SECONDS", P_DOUBLE, F(stall_shutdown_s), "0",
+     "fail stalled tensors after this long (0 = off)"},
+    {"PEER_TIMEOUT_SECONDS", P_DOUBLE, F(peer_timeout_s), "120",
+     "fail the engine when a negotiation round gets no answer for this long"},
+    {"LOG_LEVEL", P_LEVEL, F(log_level), "warning", "trace, debug, info, warning or error"},
+    /* read elsewhere, listed so they are documented and not warned about */
+    {"TIMELINE", P_OTHER, 0, "", "Chrome trace output path (issue 5)"},
+    {"AUTOTUNE", P_OTHER, 0, "0", "search fusion threshold and cycle time (issue 5)"},
+    {"AUTOTUNE_LOG", P_OTHER, 0, "", "autotune samples CSV (issue 5)"},
+    {"SHM_DISABLE", P_OTHER, 0, "0", "disable the shared-memory backend (issue 6)"},
+    {"HIERARCHICAL_ALLREDUCE", P_OTHER, 0, "0", "hierarchical allreduce (issue 6)"},
+    {"MPICC", P_OTHER, 0, "", "build time: the MPI compiler wrapper to build against"},
+    {"MPIEXEC", P_OTHER, 0, "", "hvlrun: the mpiexec to launch with"},
+};
+#undef F
+#define NPARAMS (sizeof(table) / sizeof(table[0]))
+
+static int parse_level(const char *s)
+{
+    static const char *names[] = {"trace", "debug", "info", "warning", "error"};
+    for (int i = 0; i < 5; i++)
+        if (strcasecmp(s, names[i]) == 0) return i;
+    if (strcasecmp(s, "warn") == 0) return HVL_LOG_WARNING;
+    return -1;
+}
+
+static void set_value(hvl_params *p, const param_def *d, const char *value, const char *from)
+{
+    char *end = NULL;
+    void *field = (char *)p + d->offset;
+    switch (d->type) {
+    case P_INT64: { long long v = strtoll(value, &end, 10); if (*end == 0 && v >= 0) { *(int64_t *)field = v; return; } break; }
+    case P_INT: { long v = strtol(value, &end, 10); if (*end == 0 && v >= 0) { *(int *)field = (int)v; return; } break; }
+    case P_DOUBLE: { double v = strtod(value, &end); if (*end == 0 && v >= 0) { *(double *)field = v; return; } break; }
+    case P_LEVEL: { int v = parse_level(value); if (v >= 0) { *(int *)field = v; return; } break; }
+    case P_OTHER: return;
+    }
+    hvl_log(HVL_LOG_WARNING, "ignoring %s=%s: not a valid value (%s)", from, value, d->doc);
+}
+
+static const param_def *find(const char *suffix, size_t len)
+{
+    for (size_t i = 0; i < NPARAMS; i++)
+        if (strlen(table[i].suffix) == len && strncmp(table[i].suffix, suffix, len) == 0) return &table[i];
+    return NULL;
+}
+
+void hvl__params_load(hvl_params *p)
+{
+    memset(p, 0, sizeof(*p));
+    for (size_t i = 0; i < NPARAMS; i++) set_value(p, &table[i], table[i].deflt, "default");
+    char name[128];
+    for (size_t i = 0; i < NPARAMS; i++) {      /* HOROVOD_* first, so HVLITE_* wins */
+        snprintf(name, sizeof(name), "HOROVOD_%s", table[i].suffix);
+        if (getenv(name)) set_value(p, &table[i], getenv(name), name);
+        snprintf(name, sizeof(name), "HVLITE_%s", table[i].suffix);
+        if (getenv(name)) set_value(p, &table[i], getenv(name), name);
+    }
+    for (char **env = environ; *env; env++) {
+        if (strncmp(*env, "HVLITE_", 7) != 0) continue;
+        const char *eq = strchr(*env, '=');
+        if (eq && !find(*env + 7, (size_t)(eq - *env - 7)))
+            hvl_log(HVL_LOG_WARNING, "unknown setting %.*s ignored", (int)(eq - *env), *env);
+    }
+}
+
+void hvl__params_log(const hvl_params *p)
+{
+    hvl_log(HVL_LOG_DEBUG, "settings: fusion_threshold=%lld B cycle_time=%.3f ms cache_capacity=%d "
+            "stall_check=%.1f s stall_shutdown=%.1f s peer_timeout=%.1f s",
+            (long long)p->fusion_threshold, p->cycle_time_ms, p->cache_capacity, p->stall_check_s,
+            p->stall_shutdown_s, p->peer_timeout_s);
+    for (size_t i = 0; i < NPARAMS; i++)
+        hvl_log(HVL_LOG_TRACE, "HVLITE_%s (default %s): %s", table[i].suffix, table[i].deflt, table[i].doc);
+}

@@ -1,0 +1,157 @@
+/* queue.c: the door into the engine. hvl_enqueue (any thread) checks a request, copies it into
+ * an entry, and hands it to the bg thread through the queue; the bg thread drains the queue into
+ * its pending map and finishes entries when their collective completes. The queue and the
+ * in-flight name set are guarded by queue_lock. */
+#include <stdlib.h>
+#include <string.h>
+#include "internal.h"
+
+static int check_request(const hvl_engine *e, const hvl_request *q)
+{
+    const char *name = q->name ? q->name : "(null)";
+    if (!q->name || !q->name[0]) return hvl__fail(HVL_ERR_INVALID_ARG, "a tensor name is required");
+    if (q->op < 0 || q->op >= HVL_OP_COUNT)
+        return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': unknown op %d", name, q->op);
+    if (q->op == HVL_BARRIER) return HVL_OK;
+    if (q->dtype < 0 || q->dtype >= HVL_DTYPE_COUNT)
+        return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': unknown dtype %d", name, q->dtype);
+    if (q->ndim < 0 || q->ndim > HVL_MAX_DIMS)
+        return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': %d dimensions (at most %d)", name, q->ndim, HVL_MAX_DIMS);
+    for (int i = 0; i < q->ndim; i++)
+        if (q->shape[i] < 0) return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': negative dimension", name);
+    if (q->process_set != 0)
+        return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': unknown process set %d", name, q->process_set);
+    int reducing = q->op == HVL_ALLREDUCE || q->op == HVL_REDUCESCATTER;
+    if (reducing && (q->reduce_op < 0 || q->reduce_op >= HVL_REDUCE_COUNT))
+        return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': unknown reduce op %d", name, q->reduce_op);
+    if (reducing && q->dtype == HVL_BOOL && (q->reduce_op == HVL_AVERAGE || q->prescale != 1.0 || q->postscale != 1.0))
+        return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': bool tensors support Sum, Min, Max and Product without scaling", name);
+    if (q->op == HVL_BROADCAST && (q->root_rank < 0 || q->root_rank >= e->size))
+        return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': root rank %d is not in [0, %d)", name, q->root_rank, e->size);
+    if ((q->op == HVL_ALLTOALL || q->op == HVL_REDUCESCATTER) && q->ndim == 0)
+        return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': %s needs at least one dimension", name, hvl__op_name(q->op));
+    if (q->op == HVL_ALLTOALL) {
+        if (!q->splits) {
+            if (q->shape[0] % e->size)
+                return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': alltoall without splits needs dim 0 (%lld) divisible by size %d", name, (long long)q->shape[0], e->size);
+            return HVL_OK;
+        }
+        if (q->nsplits != e->size)
+            return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': %d splits for %d ranks", name, q->nsplits, e->size);
+        int64_t total = 0;
+        for (int i = 0; i < q->nsplits; i++) {
+            if (q->splits[i] < 0) return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': negative split", name);
+            total += q->splits[i];
+        }
+        if (total != q->shape[0])
+            return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': splits sum to %lld, dim 0 is %lld", name, (long long)total, (long long)q->shape[0]);
+    }
+    return HVL_OK;
+}
+
+static hvl_entry *entry_new(const hvl_engine *e, const hvl_request *q)
+{
+    hvl_entry *en = calloc(1, sizeof(*en));
+    if (!en) return NULL;
+    en->req = *q;
+    en->name = strdup(q->name);
+    memcpy(en->shape, q->shape, sizeof(int64_t) * (size_t)(q->op == HVL_BARRIER ? 0 : q->ndim));
+    if (q->op == HVL_BARRIER) en->req.ndim = 0, en->req.dtype = HVL_UINT8;
+    if (q->op == HVL_ALLTOALL) {
+        en->splits = malloc(sizeof(int64_t) * (size_t)e->size);
+        for (int i = 0; en->splits && i < e->size; i++)
+            en->splits[i] = q->splits ? q->splits[i] : q->shape[0] / e->size;
+    }
+    if (!en->name || (q->op == HVL_ALLTOALL && !en->splits)) {
+        free(en->name); free(en->splits); free(en);
+        return NULL;
+    }
+    en->req.name = en->name;
+    en->req.shape = en->shape;
+    en->req.splits = en->splits;
+    en->req.nsplits = q->op == HVL_ALLTOALL ? e->size : 0;
+    en->enqueued_at = hvl__now();
+    return en;
+}
+
+static void entry_free(hvl_entry *en)
+{
+    free(en->name);
+    free(en->splits);
+    free(en);
+}
+
+int hvl_enqueue(const hvl_request *q, int64_t *handle_out)
+{
+    hvl_engine *e = &hvl__engine;
+    if (!hvl_is_initialized()) return hvl__fail(HVL_ERR_SHUT_DOWN, "hvlite is not initialized: call init() first");
+    HVL_CHECK(check_request(e, q));
+    hvl_entry *en = entry_new(e, q);
+    if (!en) return hvl__fail(HVL_ERR_NO_MEMORY, "out of memory enqueuing '%s'", q->name);
+    int rc = HVL_OK;
+    pthread_mutex_lock(&e->queue_lock);
+    if (!e->running)
+        rc = hvl__fail(HVL_ERR_SHUT_DOWN, "hvlite has been shut down (a rank called shutdown() or the engine failed); cannot run '%s'", q->name);
+    else if (hvl__strmap_get(&e->inflight, en->name))
+        rc = hvl__fail(HVL_ERR_INVALID_ARG, "tensor name '%s' is already in flight on this rank; names must be unique among pending requests", q->name);
+    else if ((rc = hvl__handle_new(&en->handle)) != HVL_OK)
+        hvl__fail(rc, "out of memory allocating a handle");
+    else if ((rc = hvl__strmap_put(&e->inflight, en->name, en)) != HVL_OK)
+        hvl__fail(rc, "out of memory");
+    if (rc == HVL_OK) {
+        if (e->queue_tail) e->queue_tail->next = en; else e->queue_head = en;
+        e->queue_tail = en;
+        *handle_out = en->handle;
+        pthread_cond_signal(&e->wake_cond);
+    }
+    pthread_mutex_unlock(&e->queue_lock);
+    if (rc != HVL_OK) entry_free(en);
+    return rc;
+}
+
+int hvl__queue_drain(hvl_engine *e)
+{
+    pthread_mutex_lock(&e->queue_lock);
+    hvl_entry *en = e->queue_head;
+    e->queue_head = e->queue_tail = NULL;
+    pthread_mutex_unlock(&e->queue_lock);
+    int rc = HVL_OK;
+    for (hvl_entry *next; en; en = next) {
+        next = en->next;
+        if (rc == HVL_OK) rc = hvl__strmap_put(&e->pending, en->name, en);
+        en->prev_pending = e->pending_tail;
+        en->next_pending = NULL;
+        if (e->pending_tail) e->pending_tail->next_pending = en; else e->pending_head = en;
+        e->pending_tail = en;
+    }
+    return rc;
+}
+
+void hvl__entry_finish(hvl_engine *e, hvl_entry *en, hvl_outcome *o)
+{
+    hvl__strmap_del(&e->pending, en->name);
+    if (en->prev_pending) en->prev_pending->next_pending = en->next_pending; else e->pending_head = en->next_pending;
+    if (en->next_pending) en->next_pending->prev_pending = en->prev_pending; else e->pending_tail = en->prev_pending;
+    pthread_mutex_lock(&e->queue_lock);
+    hvl__strmap_del(&e->inflight, en->name);
+    pthread_mutex_unlock(&e->queue_lock);
+    hvl__handle_complete(en->handle, o);
+    hvl__count(&e->counters.tensors_done, 1);
+    entry_free(en);
+}
+
+void hvl__entries_fail_all(hvl_engine *e, int status, const char *message)
+{
+    pthread_mutex_lock(&e->queue_lock);
+    e->running = 0;
+    hvl_entry *queued = e->queue_head;
+    e->queue_head = e->queue_tail = NULL;
+    for (size_t i = 0; i < e->inflight.cap; i++)
+        if (hvl__strmap_live(&e->inflight, i)) entry_free(e->inflight.slots[i].value);
+    hvl__strmap_free(&e->inflight);
+    pthread_mutex_unlock(&e->queue_lock);
+    (void)queued;   /* every queued entry is also in the in-flight set, freed above */
+    hvl__strmap_free(&e->pending);
+    e->pending_head = e->pending_tail = NULL;
+    hvl__handles_fail_all(status, message);
+}

@@ -1,0 +1,51 @@
+"""cffi builder for ``hvlite._core`` (API mode), used by setup.py.
+
+Contract: ``ffibuilder`` compiles every ``csrc/*.c`` file into one extension module whose cdef is
+the part of ``csrc/hvlite.h`` between the cffi markers, so constants and prototypes come from C
+and no Python copy needs keeping in sync. MPI compile/link flags come from ``hvlite._mpi_find``
+(``HVLITE_MPICC`` -> ``mpicc`` on PATH -> the PyPI ``mpich`` wheel). Raises ``RuntimeError``
+when no MPI can be found, naming what was tried.
+"""
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _mpi_find  # noqa: E402  (a sibling file, importable without the package)
+
+from cffi import FFI  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CSRC = os.path.join(ROOT, "csrc")
+
+
+def read_cdef():
+    """The declarations between the cffi markers of csrc/hvlite.h, minus C-only syntax."""
+    text = open(os.path.join(CSRC, "hvlite.h")).read()
+    body = text.split("/* --- cffi cdef begins --- */")[1].split("/* --- cffi cdef ends --- */")[0]
+    body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+    return body
+
+
+def make_builder():
+    mpi = _mpi_find.find_mpi()
+    sources = sorted(os.path.relpath(os.path.join(CSRC, f)) for f in os.listdir(CSRC) if f.endswith(".c"))
+    ffi = FFI()
+    ffi.cdef(read_cdef())
+    ffi.set_source(
+        "hvlite._core",
+        '#include "hvlite.h"\n',
+        sources=sources,
+        include_dirs=[CSRC] + mpi.include_dirs,
+        library_dirs=mpi.library_dirs,
+        libraries=mpi.libraries,
+        extra_compile_args=["-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Wextra"] + mpi.compile_args,
+        extra_link_args=mpi.link_args + ["-lpthread"],
+    )
+    return ffi, mpi
+
+
+ffibuilder, MPI_FOUND = make_builder()
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

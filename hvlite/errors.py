@@ -1,0 +1,49 @@
+"""Exceptions raised by hvlite, and the one place C status codes become them.
+
+Contract: every engine call that returns an ``hvl_status`` goes through ``_check(rc)``, which
+returns on ``HVL_OK`` and otherwise raises the class mapped below with the engine's message
+(``hvl_last_error()``, which names the tensor and, for mismatches, the ranks).
+"""
+from ._lib import ffi, lib
+
+__all__ = ["HvliteError", "HorovodInternalError", "HvliteInvalidArgument", "MismatchError",
+           "HvliteTimeoutError", "HvliteShutdownError"]
+
+
+class HvliteError(RuntimeError):
+    """Base class of every error hvlite raises from the engine."""
+
+
+#: Horovod's name for the same thing, so ``except hvd.HorovodInternalError`` keeps working.
+HorovodInternalError = HvliteError
+
+
+class HvliteInvalidArgument(HvliteError, ValueError):
+    """A request was rejected on this rank before any communication (e.g. a duplicate name)."""
+
+
+class MismatchError(HvliteError):
+    """Ranks submitted the same tensor name with different op, dtype, shape, root or scaling."""
+
+
+class HvliteTimeoutError(HvliteError):
+    """Other ranks did not answer in time (a dead or hung peer, or a stalled tensor)."""
+
+
+class HvliteShutdownError(HvliteError):
+    """The engine is not running: not initialised, shut down by a rank, or failed."""
+
+
+_BY_STATUS = {
+    lib.HVL_ERR_INVALID_ARG: HvliteInvalidArgument,
+    lib.HVL_ERR_MISMATCH: MismatchError,
+    lib.HVL_ERR_TIMEOUT: HvliteTimeoutError,
+    lib.HVL_ERR_SHUT_DOWN: HvliteShutdownError,
+}
+
+
+def _check(rc):
+    """Raise the exception for a non-OK engine status, with the engine's message."""
+    if rc != lib.HVL_OK:
+        message = ffi.string(lib.hvl_last_error()).decode("utf-8", "replace")
+        raise _BY_STATUS.get(rc, HvliteError)(message or "hvlite error %d" % rc)

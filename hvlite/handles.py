@@ -1,0 +1,114 @@
+"""Submitting requests to the engine and waiting for them: the machinery every adapter shares.
+
+Contract:
+- ``submit(op, name, dtype, shape, in_ptr, out_ptr, keep, finish, ...) -> Handle`` enqueues one
+  request. Pointers are plain integers (NumPy ``.ctypes.data``, torch ``.data_ptr()``) so the
+  adapters need no cffi. ``keep`` holds whatever must stay alive until completion (the arrays);
+  ``finish(handle)`` builds the caller's result once the engine is done. Raises ``HvliteError``
+  subclasses (e.g. ``HvliteInvalidArgument`` for a duplicate in-flight name).
+- ``Handle.wait()`` blocks (with the GIL released, and Ctrl-C still works) and returns
+  ``finish``'s result, or raises the engine's error for that tensor on every rank it affects.
+- ``result_array(handle, dtype)`` copies an engine-owned result (allgather, alltoall) out.
+- ``auto_name(kind)`` generates ``"<kind>.noname.<n>"``; every rank must call collectives in the
+  same order, so the counters agree.
+"""
+import itertools
+
+import numpy as np
+
+from ._lib import ffi, lib
+from .errors import _check
+
+_counters = {}
+
+
+def auto_name(kind):
+    """A name for an unnamed collective, the same on every rank that calls in the same order."""
+    counter = _counters.setdefault(kind, itertools.count())
+    return "%s.noname.%d" % (kind, next(counter))
+
+
+class Handle:
+    """An in-flight collective; ``hvlite.poll``/``hvlite.synchronize`` take these."""
+
+    __slots__ = ("_id", "_keep", "_finish", "_done", "_result", "name")
+
+    def __init__(self, hid, keep, finish, name):
+        self._id = hid
+        self._keep = keep
+        self._finish = finish
+        self._done = False
+        self._result = None
+        self.name = name
+
+    def poll(self):
+        """True once the collective finished (``wait`` will not block)."""
+        if self._done:
+            return True
+        done = ffi.new("int *")
+        _check(lib.hvl_poll(self._id, done))
+        return bool(done[0])
+
+    def wait(self):
+        """Block until done; return the result or raise the tensor's error."""
+        if self._done:
+            return self._result
+        while True:
+            rc = lib.hvl_wait(self._id, 1.0)   # wakes each second so Ctrl-C is seen
+            if rc != lib.HVL_ERR_IN_PROGRESS:
+                break
+        try:
+            _check(rc)
+            self._result = self._finish(self) if self._finish else None
+        finally:
+            lib.hvl_release(self._id)
+            self._done = True
+            self._keep = None
+        return self._result
+
+    def __repr__(self):
+        return "<hvlite.Handle %s%s>" % (self.name, " done" if self._done else "")
+
+
+def submit(op, name, dtype, shape, in_ptr, out_ptr, keep, finish, reduce_op=0, root_rank=0,
+           prescale=1.0, postscale=1.0, splits=None, process_set=0):
+    """Enqueue one request; see the module docstring."""
+    c_name = ffi.new("char[]", name.encode())
+    c_shape = ffi.new("int64_t[]", list(shape) or [0])
+    req = ffi.new("hvl_request *")
+    req.op = op
+    req.dtype = dtype
+    req.reduce_op = reduce_op
+    req.root_rank = root_rank
+    req.process_set = process_set
+    req.ndim = len(shape)
+    req.name = c_name
+    req.shape = c_shape
+    req.input = ffi.cast("void *", in_ptr)
+    req.output = ffi.cast("void *", out_ptr)
+    req.prescale = prescale
+    req.postscale = postscale
+    if splits is not None:
+        c_splits = ffi.new("int64_t[]", [int(s) for s in splits] or [0])
+        req.splits = c_splits
+        req.nsplits = len(splits)
+    hid = ffi.new("int64_t *")
+    _check(lib.hvl_enqueue(req, hid))
+    return Handle(hid[0], keep, finish, name)
+
+
+def result_array(handle, dtype):
+    """Copy the engine-owned result of a finished allgather/alltoall into a new NumPy array."""
+    ndim = ffi.new("int *")
+    shape = ffi.new("int64_t[%d]" % lib.HVL_MAX_DIMS)
+    _check(lib.hvl_result_shape(handle._id, ndim, shape))
+    out = np.empty(tuple(shape[i] for i in range(ndim[0])), dtype=dtype)
+    _check(lib.hvl_result_copy(handle._id, ffi.cast("void *", out.ctypes.data), out.nbytes))
+    return out
+
+
+def received_splits(handle, size):
+    """Rows received from each rank by a finished alltoall."""
+    splits = ffi.new("int64_t[]", size)
+    _check(lib.hvl_received_splits(handle._id, splits))
+    return np.array([splits[i] for i in range(size)], dtype=np.int64)

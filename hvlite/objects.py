@@ -1,0 +1,40 @@
+"""Collectives on picklable Python objects (Horovod's ``broadcast_object``/``allgather_object``).
+
+Contract: both are collectives (every rank calls, same order). Objects travel as pickles in
+uint8 arrays; only unpickle data from ranks of your own job. Errors as in ``hvlite.ops``.
+"""
+import pickle
+
+import numpy as np
+
+from .basics import rank
+from .handles import auto_name
+from .ops import allgather, broadcast
+
+__all__ = ["broadcast_object", "allgather_object"]
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+    """Return root_rank's ``obj`` on every rank (the root gets its own object back)."""
+    name = name or auto_name("broadcast_object")
+    if rank() == root_rank:
+        payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+        length = np.array([payload.size], dtype=np.int64)
+    else:
+        payload, length = None, np.zeros(1, dtype=np.int64)
+    length = broadcast(length, root_rank, name=name + ".size", process_set=process_set)
+    if payload is None:
+        payload = np.empty(int(length[0]), dtype=np.uint8)
+    data = broadcast(payload, root_rank, name=name + ".data", process_set=process_set)
+    return obj if rank() == root_rank else pickle.loads(data.tobytes())
+
+
+def allgather_object(obj, name=None, process_set=None):
+    """Return the list of every rank's ``obj``, in rank order."""
+    name = name or auto_name("allgather_object")
+    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+    sizes = allgather(np.array([payload.size], dtype=np.int64), name=name + ".size",
+                      process_set=process_set)
+    data = allgather(payload, name=name + ".data", process_set=process_set)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    return [pickle.loads(data[offsets[i]:offsets[i + 1]].tobytes()) for i in range(len(sizes))]

@@ -1,0 +1,283 @@
+"""Collectives on NumPy arrays: Horovod's torch API, applied to ``numpy.ndarray``.
+
+Contract: every function here is a collective: every rank must call it, in the same order,
+with the same name (or every rank with no name), dtype, and the shape rules of its op. Inputs
+may be non-contiguous (a contiguous copy is sent); outputs are new C-contiguous arrays, except
+the in-place ``*_`` forms, which write into (and return) their argument. ``*_async`` forms
+return a handle for ``poll``/``synchronize``. Errors: ``TypeError`` for a non-array or an
+unsupported dtype, ``ValueError`` for bad arguments, ``HvliteError`` subclasses for what the
+engine or the other ranks report (``MismatchError`` names the tensor and the ranks).
+"""
+import numpy as np
+
+from ._lib import lib
+from .basics import rank, size
+from .dtypes import to_engine
+from .handles import Handle, auto_name, received_splits, result_array, submit
+from .process_sets import _set_id
+
+__all__ = ["Sum", "Average", "Min", "Max", "Product", "allreduce", "allreduce_async",
+           "allreduce_", "allreduce_async_", "grouped_allreduce", "grouped_allreduce_async",
+           "grouped_allreduce_", "grouped_allreduce_async_", "allgather", "allgather_async",
+           "grouped_allgather", "broadcast", "broadcast_async", "broadcast_",
+           "broadcast_async_", "alltoall", "alltoall_async", "reducescatter",
+           "reducescatter_async", "grouped_reducescatter", "barrier", "poll", "synchronize"]
+
+Sum, Average, Min, Max, Product = (lib.HVL_SUM, lib.HVL_AVERAGE, lib.HVL_MIN, lib.HVL_MAX,
+                                   lib.HVL_PRODUCT)
+
+
+def _array(tensor):
+    if not isinstance(tensor, np.ndarray):
+        raise TypeError("hvlite expects a numpy.ndarray, got %s" % type(tensor).__name__)
+    return tensor if tensor.flags.c_contiguous else np.array(tensor, order="C")
+
+
+def _writable(tensor):
+    _array(tensor)
+    if not tensor.flags.writeable:
+        raise ValueError("in-place collective on a read-only array")
+    return tensor
+
+
+def _reduce_op(average, op):
+    if op is None:
+        return Sum if average is False else Average
+    if average is not None:
+        raise ValueError("pass either op= or the deprecated average=, not both")
+    if op not in (Sum, Average, Min, Max, Product):
+        raise ValueError("unsupported reduce op %r (use hvlite.Sum, Average, Min, Max, Product)" % (op,))
+    return op
+
+
+def _ptr(a):
+    return a.__array_interface__["data"][0]
+
+
+class _Group:
+    """Handle of a grouped collective: ``wait`` returns the list of results."""
+
+    def __init__(self, handles):
+        self.handles = handles
+
+    def poll(self):
+        return all(h.poll() for h in self.handles)
+
+    def wait(self):
+        return [h.wait() for h in self.handles]
+
+
+def _group_names(name, kind, n):
+    return ["%s.%d" % (name, i) for i in range(n)] if name else [auto_name(kind) for _ in range(n)]
+
+
+# ---- allreduce ----
+
+def _allreduce(src, out, name, op, prescale, postscale, process_set, finish):
+    return submit(lib.HVL_ALLREDUCE, name or auto_name("allreduce"), to_engine(src.dtype),
+                  src.shape, _ptr(src), _ptr(out), (src, out), finish, reduce_op=op,
+                  prescale=float(prescale), postscale=float(postscale),
+                  process_set=_set_id(process_set))
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=None):
+    """Start an allreduce of ``tensor``; returns a handle whose result is a new array."""
+    src = _array(tensor)
+    out = np.empty_like(src, order="C")
+    return _allreduce(src, out, name, _reduce_op(average, op), prescale_factor,
+                      postscale_factor, process_set, lambda h: out)
+
+
+def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=None):
+    """Reduce ``tensor`` over every rank (default op: Average) and return the result.
+
+    Args:
+        tensor: numpy.ndarray, same shape and dtype on every rank.
+        average: deprecated; False means Sum. Use op=.
+        name: unique among this rank's pending collectives; generated if None.
+        op: hvlite.Sum, Average, Min, Max or Product.
+        prescale_factor, postscale_factor: multiply the input before / the result after.
+        process_set: None (all ranks).
+    Returns:
+        A new array with the reduced values.
+    Raises:
+        MismatchError: ranks disagree on dtype, shape, op or factors (every rank raises).
+    """
+    return allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
+                           process_set).wait()
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=None):
+    """In-place ``allreduce_async``: the result is written into ``tensor``."""
+    target = _writable(tensor)
+    buf = _array(target)
+    finish = (lambda h: target) if buf is target else (lambda h: _copy_back(target, buf))
+    return _allreduce(buf, buf, name, _reduce_op(average, op), prescale_factor,
+                      postscale_factor, process_set, finish)
+
+
+def _copy_back(target, buf):
+    target[...] = buf
+    return target
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=None):
+    """In-place ``allreduce``; returns ``tensor``."""
+    return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
+                            process_set).wait()
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=None):
+    """Start allreduces of a list of arrays, submitted together so they fuse."""
+    names = _group_names(name, "grouped_allreduce", len(tensors))
+    return _Group([allreduce_async(t, average, n, op, prescale_factor, postscale_factor,
+                                   process_set) for t, n in zip(tensors, names)])
+
+
+def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, process_set=None):
+    """Allreduce a list of arrays; returns the list of results."""
+    return grouped_allreduce_async(tensors, average, name, op, prescale_factor,
+                                   postscale_factor, process_set).wait()
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=None):
+    names = _group_names(name, "grouped_allreduce", len(tensors))
+    return _Group([allreduce_async_(t, average, n, op, prescale_factor, postscale_factor,
+                                    process_set) for t, n in zip(tensors, names)])
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=None):
+    return grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                    postscale_factor, process_set).wait()
+
+
+# ---- allgather ----
+
+def allgather_async(tensor, name=None, process_set=None):
+    """Start an allgather; the result concatenates every rank's array along dim 0."""
+    src = _array(tensor)
+    return submit(lib.HVL_ALLGATHER, name or auto_name("allgather"), to_engine(src.dtype),
+                  src.shape, _ptr(src), 0, (src,), lambda h: result_array(h, src.dtype),
+                  process_set=_set_id(process_set))
+
+
+def allgather(tensor, name=None, process_set=None):
+    """Concatenate every rank's ``tensor`` along dim 0 (which may differ per rank; the other
+    dims must agree). A 0-d array counts as one row. Returns the new array."""
+    return allgather_async(tensor, name, process_set).wait()
+
+
+def grouped_allgather(tensors, name=None, process_set=None):
+    names = _group_names(name, "grouped_allgather", len(tensors))
+    return _Group([allgather_async(t, n, process_set) for t, n in zip(tensors, names)]).wait()
+
+
+# ---- broadcast ----
+
+def broadcast_async(tensor, root_rank, name=None, process_set=None):
+    """Start a broadcast of root_rank's ``tensor``; the result is a new array."""
+    src = _array(tensor)
+    out = np.empty_like(src, order="C")
+    return submit(lib.HVL_BROADCAST, name or auto_name("broadcast"), to_engine(src.dtype),
+                  src.shape, _ptr(src), _ptr(out), (src, out), lambda h: out,
+                  root_rank=int(root_rank), process_set=_set_id(process_set))
+
+
+def broadcast(tensor, root_rank, name=None, process_set=None):
+    """Return root_rank's ``tensor`` on every rank (same shape and dtype everywhere)."""
+    return broadcast_async(tensor, root_rank, name, process_set).wait()
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=None):
+    target = _writable(tensor)
+    buf = _array(target)
+    finish = (lambda h: target) if buf is target else (lambda h: _copy_back(target, buf))
+    return submit(lib.HVL_BROADCAST, name or auto_name("broadcast"), to_engine(buf.dtype),
+                  buf.shape, _ptr(buf), _ptr(buf), (buf, target), finish,
+                  root_rank=int(root_rank), process_set=_set_id(process_set))
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=None):
+    """In-place broadcast: ``tensor`` takes root_rank's values; returns it."""
+    return broadcast_async_(tensor, root_rank, name, process_set).wait()
+
+
+# ---- alltoall ----
+
+def alltoall_async(tensor, splits=None, name=None, process_set=None):
+    src = _array(tensor)
+    if splits is not None:
+        splits = [int(s) for s in np.asarray(splits).reshape(-1)]
+    n = size()
+
+    def finish(h):
+        out = result_array(h, src.dtype)
+        return out if splits is None else (out, received_splits(h, n))
+    return submit(lib.HVL_ALLTOALL, name or auto_name("alltoall"), to_engine(src.dtype),
+                  src.shape, _ptr(src), 0, (src,), finish, splits=splits,
+                  process_set=_set_id(process_set))
+
+
+def alltoall(tensor, splits=None, name=None, process_set=None):
+    """Send ``splits[r]`` rows of dim 0 to rank r (equal parts if None) and concatenate what
+    every rank sent here, in rank order. Returns the array, or (array, received_splits) when
+    ``splits`` was given, as Horovod does."""
+    return alltoall_async(tensor, splits, name, process_set).wait()
+
+
+# ---- reducescatter ----
+
+def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_factor=1.0,
+                        postscale_factor=1.0):
+    src = _array(tensor)
+    if src.ndim == 0:
+        raise ValueError("reducescatter needs an array with at least one dimension")
+    rows = lib.hvl_reducescatter_rows(src.shape[0], rank(), size())
+    out = np.empty((rows,) + src.shape[1:], dtype=src.dtype)
+    return submit(lib.HVL_REDUCESCATTER, name or auto_name("reducescatter"),
+                  to_engine(src.dtype), src.shape, _ptr(src), _ptr(out), (src, out),
+                  lambda h: out, reduce_op=_reduce_op(None, op), prescale=float(prescale_factor),
+                  postscale=float(postscale_factor), process_set=_set_id(process_set))
+
+
+def reducescatter(tensor, name=None, op=None, process_set=None, prescale_factor=1.0,
+                  postscale_factor=1.0):
+    """Reduce ``tensor`` over every rank (default Average) and return this rank's slice of
+    dim 0: rank r gets dim0 // size rows, plus one if r < dim0 % size."""
+    return reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                               postscale_factor).wait()
+
+
+def grouped_reducescatter(tensors, name=None, op=None, process_set=None, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    names = _group_names(name, "grouped_reducescatter", len(tensors))
+    return _Group([reducescatter_async(t, n, op, process_set, prescale_factor, postscale_factor)
+                   for t, n in zip(tensors, names)]).wait()
+
+
+# ---- barrier, handles ----
+
+def barrier(process_set=None):
+    """Return once every rank has called barrier()."""
+    submit(lib.HVL_BARRIER, auto_name("barrier"), lib.HVL_UINT8, (), 0, 0, None, None,
+           process_set=_set_id(process_set)).wait()
+
+
+def poll(handle):
+    """True if the async collective behind ``handle`` has finished."""
+    return handle.poll()
+
+
+def synchronize(handle):
+    """Wait for an async collective and return its result (raises its error)."""
+    if not isinstance(handle, (Handle, _Group)):
+        raise TypeError("synchronize() expects a handle from an *_async call")
+    return handle.wait()
