@@ -1,0 +1,34 @@
+"""Shared helpers for the single-process test drivers.
+
+Multi-process jobs always run through ``run_job`` with a hard timeout (scaled by
+``HVLITE_TEST_TIMEOUT_MULTIPLIER`` for slow machines), so a hang fails instead of blocking CI.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MULTIPLIER = float(os.environ.get("HVLITE_TEST_TIMEOUT_MULTIPLIER", "1"))
+
+
+def job_env(extra=None):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("HVLITE_LOG_LEVEL", "warning")
+    env.update(extra or {})
+    return env
+
+
+def run_job(np_, args, timeout, env=None, hvlrun_args=()):
+    """Run ``hvlrun -np np_ [hvlrun_args] args...``; returns CompletedProcess (text)."""
+    cmd = [sys.executable, "-m", "hvlite.runner", "-np", str(np_), *hvlrun_args, *args]
+    try:
+        return subprocess.run(cmd, cwd=ROOT, env=job_env(env), capture_output=True, text=True,
+                              timeout=timeout * MULTIPLIER, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        pytest.fail("job timed out after %.0f s (a hang): %s\n--- stdout\n%s\n--- stderr\n%s"
+                    % (timeout * MULTIPLIER, " ".join(cmd), out[-4000:], err[-4000:]))

@@ -1,0 +1,100 @@
+"""Errors every rank must see: mismatched shape/dtype/op/reduce op/root raise MismatchError on
+every rank, naming the tensor and the rank groups; a duplicate in-flight name is rejected on
+the rank that reuses it; local mistakes raise TypeError/ValueError before any communication.
+The engine keeps working after each error. SPMD: run by hvlrun."""
+import time
+
+import numpy as np
+import pytest
+
+import hvlite as hvd
+
+RANK, SIZE = hvd.rank(), hvd.size()
+ODD = 1   # the rank that disagrees
+
+
+def others():
+    return ",".join(str(r) for r in range(SIZE) if r != ODD)
+
+
+def expect_mismatch(fn, name, field, mine, odd):
+    with pytest.raises(hvd.MismatchError) as info:
+        fn()
+    msg = str(info.value)
+    assert "'%s'" % name in msg and field in msg, msg
+    ranks_word = "ranks" if SIZE > 2 else "rank"
+    assert "%s on %s %s" % (mine, ranks_word, others()) in msg, msg
+    assert "%s on rank %d" % (odd, ODD) in msg, msg
+
+
+def test_shape_mismatch():
+    shape = (4,) if RANK == ODD else (3,)
+    expect_mismatch(lambda: hvd.allreduce(np.zeros(shape, np.float32), name="shape.x"),
+                    "shape.x", "shape", "[3]", "[4]")
+
+
+def test_dtype_mismatch():
+    dtype = np.float16 if RANK == ODD else np.float32
+    expect_mismatch(lambda: hvd.allreduce(np.zeros(3, dtype), name="dtype.x"),
+                    "dtype.x", "dtype", "float32", "float16")
+
+
+def test_op_mismatch():
+    x = np.zeros((2, 2), np.float32)
+    fn = (lambda: hvd.allgather(x, name="op.x")) if RANK == ODD else (lambda: hvd.allreduce(x, name="op.x"))
+    expect_mismatch(fn, "op.x", "op", "allreduce", "allgather")
+
+
+def test_reduce_op_mismatch():
+    op = hvd.Max if RANK == ODD else hvd.Sum
+    expect_mismatch(lambda: hvd.allreduce(np.zeros(2, np.int32), name="rop.x", op=op),
+                    "rop.x", "reduce op", "Sum", "Max")
+
+
+def test_root_mismatch():
+    root = 1 if RANK == ODD else 0
+    expect_mismatch(lambda: hvd.broadcast(np.zeros(2, np.int32), root, name="root.x"),
+                    "root.x", "root rank", "root 0", "root 1")
+
+
+def test_allgather_trailing_dims_mismatch():
+    shape = (RANK + 1, 3 if RANK == ODD else 2)
+    expect_mismatch(lambda: hvd.allgather(np.zeros(shape, np.int64), name="ag.x"),
+                    "ag.x", "shape", "[*, 2]", "[*, 3]")
+
+
+def test_engine_still_works_after_errors():
+    got = hvd.allreduce(np.full(3, RANK, np.int64), op=hvd.Sum, name="after.errors")
+    assert (got == sum(range(SIZE))).all()
+
+
+def test_duplicate_in_flight_name():
+    if RANK == 0:
+        first = hvd.allreduce_async(np.ones(2, np.float32), name="dup", op=hvd.Sum)
+        with pytest.raises(hvd.HvliteInvalidArgument, match="'dup' is already in flight"):
+            hvd.allreduce_async(np.ones(2, np.float32), name="dup")
+        assert (hvd.synchronize(first) == SIZE).all()
+    else:
+        time.sleep(0.3)    # keep rank 0's first 'dup' in flight while it retries the name
+        assert (hvd.allreduce(np.ones(2, np.float32), name="dup", op=hvd.Sum) == SIZE).all()
+    # the name is free again once the first one completed
+    assert (hvd.allreduce(np.ones(2, np.float32), name="dup", op=hvd.Sum) == SIZE).all()
+
+
+def test_local_argument_errors():
+    with pytest.raises(TypeError, match="numpy.ndarray"):
+        hvd.allreduce([1, 2, 3])
+    with pytest.raises(TypeError, match="complex64"):
+        hvd.allreduce(np.zeros(2, np.complex64))
+    with pytest.raises(ValueError, match="reduce op"):
+        hvd.allreduce(np.zeros(2), op=42)
+    with pytest.raises(hvd.HvliteInvalidArgument, match="root rank"):
+        hvd.broadcast(np.zeros(2), root_rank=SIZE)
+    with pytest.raises(hvd.HvliteInvalidArgument, match="splits"):
+        hvd.alltoall(np.zeros(SIZE + 1), splits=[1] * SIZE)
+    with pytest.raises(hvd.HvliteInvalidArgument, match="bool"):
+        hvd.allreduce(np.zeros(2, bool), op=hvd.Average)
+    with pytest.raises(ValueError, match="read-only"):
+        a = np.zeros(2)
+        a.flags.writeable = False
+        hvd.allreduce_(a)

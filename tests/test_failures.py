@@ -1,0 +1,46 @@
+"""Whole-job scenarios (tests/scenarios/*.py) under hvlrun or plain mpiexec, each with a hard
+timeout: stall warning, a rank killed by SIGKILL, mpi4py initialising MPI first, and running
+without hvlrun."""
+import os
+import subprocess
+import sys
+import time
+
+from conftest import MULTIPLIER, ROOT, job_env, run_job
+
+
+def test_stall_warning_names_tensor_and_missing_rank():
+    for np_ in (2, 3):
+        job = run_job(np_, ["python", "tests/scenarios/stall.py"], timeout=60,
+                      env={"HVLITE_STALL_CHECK_TIME_SECONDS": "1"})
+        out = job.stdout + job.stderr
+        assert job.returncode == 0, out
+        assert "stall: tensor 'lonely'" in out, out
+        assert "missing ranks: %d" % (np_ - 1) in out, out
+        assert out.count("stall scenario done") == np_, out
+
+
+def test_killed_rank_ends_job_with_its_name():
+    start = time.monotonic()
+    job = run_job(2, ["python", "tests/scenarios/kill_rank.py"], timeout=60)
+    elapsed = time.monotonic() - start
+    out = job.stdout + job.stderr
+    assert job.returncode != 0, out
+    assert elapsed < 30 * MULTIPLIER, "job took %.1f s to end after a rank died" % elapsed
+    assert "rank 1" in out and "SIGKILL" in out, out
+    assert "unreachable" not in out
+
+
+def test_mpi4py_initialises_first():
+    job = run_job(2, ["python", "tests/scenarios/mpi4py_first.py"], timeout=60)
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert job.stdout.count("mpi4py scenario OK") == 2
+
+
+def test_plain_mpiexec_without_hvlrun():
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    job = subprocess.run([mpiexec, "-n", "2", sys.executable, "examples/data_stats.py"], cwd=ROOT,
+                         env=job_env(), capture_output=True, text=True, timeout=60 * MULTIPLIER,
+                         stdin=subprocess.DEVNULL)
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert "matches the single-process answer" in job.stdout

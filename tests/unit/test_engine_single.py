@@ -1,0 +1,117 @@
+"""Single-process tests of the engine through the Python layer (a one-rank MPI job): argument
+checks, name generation, one-rank semantics of every collective, and the float16/bfloat16
+conversion kernels over every 16-bit pattern (via scale factors) against NumPy/ml_dtypes."""
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import hvlite as hvd
+from hvlite import dtypes
+from hvlite.handles import auto_name
+
+ROOT = __file__.rsplit("/tests/", 1)[0]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def engine():
+    hvd.init()
+    yield
+    c = hvd.engine_counters()
+    assert c["tensors_submitted"] == c["tensors_done"]
+
+
+def test_dtype_mapping():
+    assert dtypes.to_engine(np.float32) == hvd._lib.lib.HVL_FLOAT32
+    assert dtypes.to_engine(ml_dtypes.bfloat16) == hvd._lib.lib.HVL_BFLOAT16
+    for bad in (np.complex64, np.uint32, np.uint64, object):
+        with pytest.raises(TypeError, match="does not support dtype"):
+            dtypes.to_engine(bad)
+
+
+def test_auto_names_count_per_kind():
+    a, b = auto_name("unit"), auto_name("unit")
+    assert a.startswith("unit.noname.") and int(b.rsplit(".", 1)[1]) == int(a.rsplit(".", 1)[1]) + 1
+
+
+def test_one_rank_semantics():
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert hvd.size() == 1 and hvd.rank() == 0
+    assert np.array_equal(hvd.allreduce(x), x)
+    assert np.array_equal(hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5), x)
+    assert np.array_equal(hvd.allgather(x), x)
+    assert np.array_equal(hvd.broadcast(x, 0), x)
+    out, recv = hvd.alltoall(x, splits=[3])
+    assert np.array_equal(out, x) and list(recv) == [3]
+    assert np.array_equal(hvd.reducescatter(x, op=hvd.Sum), x)
+    assert np.array_equal(hvd.allreduce(np.array([7, -7, 5], np.int32), op=hvd.Average), [7, -7, 5])
+    hvd.barrier()
+
+
+def test_reducescatter_rows_split():
+    lib = hvd._lib.lib
+    assert [lib.hvl_reducescatter_rows(7, r, 3) for r in range(3)] == [3, 2, 2]
+    assert [lib.hvl_reducescatter_rows(2, r, 3) for r in range(3)] == [1, 1, 0]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("factor", [0.5, 3.0, 1e-3])
+def test_half_kernels_round_like_numpy(dtype, factor):
+    """Every 16-bit pattern, scaled in float32 and rounded back, as NumPy/ml_dtypes do."""
+    x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(dtype)
+    got = hvd.allreduce(x, op=hvd.Sum, postscale_factor=factor)
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = (x.astype(np.float32) * np.float32(factor)).astype(dtype)
+    g, e = got.astype(np.float32), expected.astype(np.float32)
+    same = (g == e) | (np.isnan(g) & np.isnan(e))
+    assert same.all(), "first differences: %r vs %r" % (got[~same][:5], expected[~same][:5])
+
+
+def run_py(code, env=None):
+    import os
+    full_env = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env=full_env, cwd=ROOT)
+
+
+def test_queries_before_init_raise():
+    r = run_py("import hvlite\ntry:\n    hvlite.rank()\nexcept ValueError as e:\n    print('VE', e)")
+    assert "VE hvlite has not been initialized" in r.stdout, r.stderr
+
+
+def test_collective_before_init_and_after_shutdown():
+    code = """
+import numpy as np, hvlite
+try:
+    hvlite.allreduce(np.ones(2))
+except hvlite.HvliteShutdownError as e:
+    print('before:', e)
+hvlite.init(); hvlite.init()   # idempotent
+hvlite.shutdown()
+try:
+    hvlite.allreduce(np.ones(2))
+except hvlite.HvliteShutdownError as e:
+    print('after:', e)
+try:
+    hvlite.init()
+except hvlite.HvliteError as e:
+    print('reinit:', e)
+"""
+    r = run_py(code)
+    assert "before: hvlite is not initialized" in r.stdout, r.stdout + r.stderr
+    assert "after: hvlite is not initialized" in r.stdout, r.stdout + r.stderr
+    assert "reinit:" in r.stdout and "finalized" in r.stdout, r.stdout + r.stderr
+
+
+def test_unknown_setting_warns_and_horovod_alias_is_read():
+    r = run_py("import hvlite; hvlite.init(); hvlite.shutdown()",
+               env={"HVLITE_FUSION_TRESHOLD": "1", "HOROVOD_LOG_LEVEL": "debug"})
+    assert "unknown setting HVLITE_FUSION_TRESHOLD" in r.stderr, r.stderr
+    assert "settings: fusion_threshold=134217728" in r.stderr, r.stderr   # debug via the alias
+
+
+def test_init_rejects_unsupported_arguments():
+    with pytest.raises(ValueError, match="comm"):
+        hvd.init(comm=object())
