@@ -78,7 +78,8 @@ typedef struct {
 typedef struct {
     int64_t cycles;             /* negotiation rounds run (each is one collective bit AND) */
     int64_t full_rounds;        /* rounds that also went through the rank-0 coordinator */
-    int64_t tensors_done;       /* requests completed (ok or error) */
+    int64_t tensors_submitted;  /* requests accepted by hvl_enqueue */
+    int64_t tensors_done;       /* requests completed (ok or error); in flight = the difference */
     int64_t collectives;        /* data-plane collectives issued (one per fused batch) */
     int64_t tensors_fused;      /* tensors that shared a collective with at least one other */
     int64_t bytes_fused;        /* payload bytes of those tensors */
@@ -114,6 +115,12 @@ const char *hvl_mpi_vendor(void);      /* static string owned by the engine */
 /* Enqueue a request; *handle_out identifies it until hvl_release. Checks arguments locally:
  * HVL_ERR_INVALID_ARG for a bad op/dtype/shape or a name already in flight. */
 int hvl_enqueue(const hvl_request *req, int64_t *handle_out);
+/* The same as hvl_enqueue with flat arguments (what the Python binding calls: no struct to
+ * build per call). Returns the handle (> 0), or minus an hvl_status on failure. */
+int64_t hvl_submit(int op, int dtype, int reduce_op, int root_rank, int process_set,
+                   const char *name, int ndim, const int64_t *shape, const void *input,
+                   void *output, double prescale, double postscale, const int64_t *splits,
+                   int nsplits);
 /* Wait for completion. timeout_s < 0 waits for ever (but returns if the engine fails).
  * Returns the request's final status (its message via hvl_last_error), or HVL_ERR_IN_PROGRESS. */
 int hvl_wait(int64_t handle, double timeout_s);

@@ -22,6 +22,10 @@ typedef struct {
 static const param_def table[] = {
     {"FUSION_THRESHOLD", P_INT64, F(fusion_threshold), "134217728",
      "bytes one fused collective may carry (0 disables fusion)"},
+    {"FUSION_MAX_TENSOR", P_INT64, F(fusion_max_tensor), "65536",
+     "tensors larger than this many bytes are not fused: their copy in and out costs more than the call it saves"},
+    {"ALLREDUCE_PIECE", P_INT64, F(allreduce_piece), "4194304",
+     "bytes per allreduce call; pieces stay in cache through copy-in, reduce and copy-out (0 = whole)"},
     {"CYCLE_TIME", P_DOUBLE, F(cycle_time_ms), "1", "ms between engine cycles when idle"},
     {"CACHE_CAPACITY", P_INT, F(cache_capacity), "1024", "response cache entries (0 = off)"},
     {"STALL_CHECK_TIME_SECONDS", P_DOUBLE, F(stall_check_s), "60",

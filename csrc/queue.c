@@ -102,6 +102,7 @@ int hvl_enqueue(const hvl_request *q, int64_t *handle_out)
         if (e->queue_tail) e->queue_tail->next = en; else e->queue_head = en;
         e->queue_tail = en;
         *handle_out = en->handle;
+        hvl__count(&e->counters.tensors_submitted, 1);
         pthread_cond_signal(&e->wake_cond);
     }
     pthread_mutex_unlock(&e->queue_lock);
@@ -135,8 +136,8 @@ void hvl__entry_finish(hvl_engine *e, hvl_entry *en, hvl_outcome *o)
     pthread_mutex_lock(&e->queue_lock);
     hvl__strmap_del(&e->inflight, en->name);
     pthread_mutex_unlock(&e->queue_lock);
+    hvl__count(&e->counters.tensors_done, 1);   /* before the waiter can wake and read it */
     hvl__handle_complete(en->handle, o);
-    hvl__count(&e->counters.tensors_done, 1);
     entry_free(en);
 }
 
@@ -146,6 +147,7 @@ void hvl__entries_fail_all(hvl_engine *e, int status, const char *message)
     e->running = 0;
     hvl_entry *queued = e->queue_head;
     e->queue_head = e->queue_tail = NULL;
+    hvl__count(&e->counters.tensors_done, (int64_t)e->inflight.count);
     for (size_t i = 0; i < e->inflight.cap; i++)
         if (hvl__strmap_live(&e->inflight, i)) entry_free(e->inflight.slots[i].value);
     hvl__strmap_free(&e->inflight);
@@ -154,4 +156,16 @@ void hvl__entries_fail_all(hvl_engine *e, int status, const char *message)
     hvl__strmap_free(&e->pending);
     e->pending_head = e->pending_tail = NULL;
     hvl__handles_fail_all(status, message);
+}
+
+int64_t hvl_submit(int op, int dtype, int reduce_op, int root_rank, int process_set,
+                   const char *name, int ndim, const int64_t *shape, const void *input,
+                   void *output, double prescale, double postscale, const int64_t *splits,
+                   int nsplits)
+{
+    hvl_request q = {op, dtype, reduce_op, root_rank, process_set, ndim, name, shape,
+                     input, output, prescale, postscale, splits, nsplits};
+    int64_t handle = 0;
+    int rc = hvl_enqueue(&q, &handle);
+    return rc == HVL_OK ? handle : -rc;
 }

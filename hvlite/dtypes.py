@@ -16,13 +16,21 @@ _BY_NAME = {
 }
 
 SUPPORTED = tuple(_BY_NAME)
+_BY_DTYPE = {}      # np.dtype -> code, filled on first use (a dict hit is the hot path)
 
 
 def to_engine(dtype):
     """The engine's code for a NumPy dtype (or anything ``np.dtype`` accepts)."""
+    try:
+        return _BY_DTYPE[dtype]
+    except (KeyError, TypeError):
+        pass
     name = np.dtype(dtype).name
     try:
-        return _BY_NAME[name]
+        code = _BY_NAME[name]
     except KeyError:
         raise TypeError("hvlite does not support dtype %s (supported: %s)"
                         % (name, ", ".join(SUPPORTED))) from None
+    if isinstance(dtype, np.dtype):
+        _BY_DTYPE[dtype] = code
+    return code

@@ -2,8 +2,8 @@
 
 Contract:
 - ``submit(op, name, dtype, shape, in_ptr, out_ptr, keep, finish, ...) -> Handle`` enqueues one
-  request. Pointers are plain integers (NumPy ``.ctypes.data``, torch ``.data_ptr()``) so the
-  adapters need no cffi. ``keep`` holds whatever must stay alive until completion (the arrays);
+  request. Pointers come from ``address(numpy_array)`` or ``pointer(int_address)`` (torch's
+  ``data_ptr()``), or are ``NULL``, so the adapters need no cffi of their own. ``keep`` holds whatever must stay alive until completion (the arrays);
   ``finish(handle)`` builds the caller's result once the engine is done. Raises ``HvliteError``
   subclasses (e.g. ``HvliteInvalidArgument`` for a duplicate in-flight name).
 - ``Handle.wait()`` blocks (with the GIL released, and Ctrl-C still works) and returns
@@ -20,6 +20,22 @@ from ._lib import ffi, lib
 from .errors import _check
 
 _counters = {}
+
+
+NULL = ffi.NULL
+
+
+def address(array):
+    """A pointer to a C-contiguous NumPy array's data (keeps the array alive while held)."""
+    try:
+        return ffi.from_buffer(array)
+    except (TypeError, ValueError, BufferError):   # dtypes without a buffer format
+        return ffi.cast("void *", array.__array_interface__["data"][0])
+
+
+def pointer(address_int):
+    """A pointer from an integer address (e.g. torch's ``data_ptr()``)."""
+    return ffi.cast("void *", address_int)
 
 
 def auto_name(kind):
@@ -73,28 +89,16 @@ class Handle:
 def submit(op, name, dtype, shape, in_ptr, out_ptr, keep, finish, reduce_op=0, root_rank=0,
            prescale=1.0, postscale=1.0, splits=None, process_set=0):
     """Enqueue one request; see the module docstring."""
-    c_name = ffi.new("char[]", name.encode())
-    c_shape = ffi.new("int64_t[]", list(shape) or [0])
-    req = ffi.new("hvl_request *")
-    req.op = op
-    req.dtype = dtype
-    req.reduce_op = reduce_op
-    req.root_rank = root_rank
-    req.process_set = process_set
-    req.ndim = len(shape)
-    req.name = c_name
-    req.shape = c_shape
-    req.input = ffi.cast("void *", in_ptr)
-    req.output = ffi.cast("void *", out_ptr)
-    req.prescale = prescale
-    req.postscale = postscale
-    if splits is not None:
-        c_splits = ffi.new("int64_t[]", [int(s) for s in splits] or [0])
-        req.splits = c_splits
-        req.nsplits = len(splits)
-    hid = ffi.new("int64_t *")
-    _check(lib.hvl_enqueue(req, hid))
-    return Handle(hid[0], keep, finish, name)
+    hid = lib.hvl_submit(op, dtype, reduce_op, root_rank, process_set, name.encode(),
+                         len(shape), list(shape) or _NO_SHAPE, in_ptr, out_ptr, prescale,
+                         postscale, NULL if splits is None else (splits or _NO_SHAPE),
+                         0 if splits is None else len(splits))
+    if hid < 0:
+        _check(-hid)
+    return Handle(hid, keep, finish, name)
+
+
+_NO_SHAPE = [0]
 
 
 def result_array(handle, dtype):

@@ -13,7 +13,7 @@ import numpy as np
 from ._lib import lib
 from .basics import rank, size
 from .dtypes import to_engine
-from .handles import Handle, auto_name, received_splits, result_array, submit
+from .handles import NULL, Handle, address, auto_name, received_splits, result_array, submit
 from .process_sets import _set_id
 
 __all__ = ["Sum", "Average", "Min", "Max", "Product", "allreduce", "allreduce_async",
@@ -50,10 +50,6 @@ def _reduce_op(average, op):
     return op
 
 
-def _ptr(a):
-    return a.__array_interface__["data"][0]
-
-
 class _Group:
     """Handle of a grouped collective: ``wait`` returns the list of results."""
 
@@ -75,7 +71,7 @@ def _group_names(name, kind, n):
 
 def _allreduce(src, out, name, op, prescale, postscale, process_set, finish):
     return submit(lib.HVL_ALLREDUCE, name or auto_name("allreduce"), to_engine(src.dtype),
-                  src.shape, _ptr(src), _ptr(out), (src, out), finish, reduce_op=op,
+                  src.shape, address(src), address(out), (src, out), finish, reduce_op=op,
                   prescale=float(prescale), postscale=float(postscale),
                   process_set=_set_id(process_set))
 
@@ -165,7 +161,7 @@ def allgather_async(tensor, name=None, process_set=None):
     """Start an allgather; the result concatenates every rank's array along dim 0."""
     src = _array(tensor)
     return submit(lib.HVL_ALLGATHER, name or auto_name("allgather"), to_engine(src.dtype),
-                  src.shape, _ptr(src), 0, (src,), lambda h: result_array(h, src.dtype),
+                  src.shape, address(src), NULL, (src,), lambda h: result_array(h, src.dtype),
                   process_set=_set_id(process_set))
 
 
@@ -187,7 +183,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None):
     src = _array(tensor)
     out = np.empty_like(src, order="C")
     return submit(lib.HVL_BROADCAST, name or auto_name("broadcast"), to_engine(src.dtype),
-                  src.shape, _ptr(src), _ptr(out), (src, out), lambda h: out,
+                  src.shape, address(src), address(out), (src, out), lambda h: out,
                   root_rank=int(root_rank), process_set=_set_id(process_set))
 
 
@@ -201,7 +197,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     buf = _array(target)
     finish = (lambda h: target) if buf is target else (lambda h: _copy_back(target, buf))
     return submit(lib.HVL_BROADCAST, name or auto_name("broadcast"), to_engine(buf.dtype),
-                  buf.shape, _ptr(buf), _ptr(buf), (buf, target), finish,
+                  buf.shape, address(buf), address(buf), (buf, target), finish,
                   root_rank=int(root_rank), process_set=_set_id(process_set))
 
 
@@ -222,7 +218,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
         out = result_array(h, src.dtype)
         return out if splits is None else (out, received_splits(h, n))
     return submit(lib.HVL_ALLTOALL, name or auto_name("alltoall"), to_engine(src.dtype),
-                  src.shape, _ptr(src), 0, (src,), finish, splits=splits,
+                  src.shape, address(src), NULL, (src,), finish, splits=splits,
                   process_set=_set_id(process_set))
 
 
@@ -243,7 +239,7 @@ def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_f
     rows = lib.hvl_reducescatter_rows(src.shape[0], rank(), size())
     out = np.empty((rows,) + src.shape[1:], dtype=src.dtype)
     return submit(lib.HVL_REDUCESCATTER, name or auto_name("reducescatter"),
-                  to_engine(src.dtype), src.shape, _ptr(src), _ptr(out), (src, out),
+                  to_engine(src.dtype), src.shape, address(src), address(out), (src, out),
                   lambda h: out, reduce_op=_reduce_op(None, op), prescale=float(prescale_factor),
                   postscale=float(postscale_factor), process_set=_set_id(process_set))
 
@@ -267,7 +263,7 @@ def grouped_reducescatter(tensors, name=None, op=None, process_set=None, prescal
 
 def barrier(process_set=None):
     """Return once every rank has called barrier()."""
-    submit(lib.HVL_BARRIER, auto_name("barrier"), lib.HVL_UINT8, (), 0, 0, None, None,
+    submit(lib.HVL_BARRIER, auto_name("barrier"), lib.HVL_UINT8, (), NULL, NULL, None, None,
            process_set=_set_id(process_set)).wait()
 
 
