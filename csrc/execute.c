@@ -217,8 +217,10 @@ int hvl__execute(hvl_engine *e, hvl_response_list *agreed)
         hvl_outcome o = {0};
         rc = run_batch(e, &batches.items[i], &o);
         finish_batch(e, &batches.items[i], rc, &o);
+        hvl__handles_notify();   /* one wake-up per batch, not per tensor */
     }
 out:
+    if (n) hvl__handles_notify();
     hvl__batches_free(&batches);
     free(resps);
     free(entries);

@@ -77,11 +77,17 @@ void hvl__handle_complete(int64_t id, hvl_outcome *o)
         s->state = SLOT_DONE;
         memset(o, 0, sizeof(*o));   /* moved */
     }
-    pthread_cond_broadcast(&done_cond);
     pthread_mutex_unlock(&handle_lock);
     free(o->message);               /* only non-NULL if the handle was gone */
     free(o->result);
     free(o->recv_splits);
+}
+
+void hvl__handles_notify(void)
+{
+    pthread_mutex_lock(&handle_lock);
+    pthread_cond_broadcast(&done_cond);
+    pthread_mutex_unlock(&handle_lock);
 }
 
 void hvl__handles_fail_all(int status, const char *message)

@@ -124,7 +124,10 @@ typedef struct {
     int64_t shape[HVL_MAX_DIMS];
     int64_t *recv_splits;       /* moved into the handle */
 } hvl_outcome;
-void hvl__handle_complete(int64_t id, hvl_outcome *o);              /* bg; wakes waiters */
+/* bg: completes a handle; waiters see it at the next hvl__handles_notify (once per batch, so a
+ * fused batch of many tensors wakes a waiting thread once, not once per tensor). */
+void hvl__handle_complete(int64_t id, hvl_outcome *o);
+void hvl__handles_notify(void);
 void hvl__handles_fail_all(int status, const char *message);        /* every pending handle */
 
 /* ---- coordinator (coordinator.c); rank 0's table of tensors and who submitted them ---- */

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from conftest import MULTIPLIER, ROOT, job_env, run_job
+from jobs import MULTIPLIER, ROOT, job_env, run_job
 
 
 def test_stall_warning_names_tensor_and_missing_rank():

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from conftest import ROOT, run_job
+from jobs import ROOT, run_job
 
 FILES = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "tests/parallel/test_*.py")))
 
@@ -13,7 +13,7 @@ FILES = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "t
 @pytest.mark.parametrize("np_", [2, 3])
 @pytest.mark.parametrize("path", FILES)
 def test_spmd_file(path, np_):
-    job = run_job(np_, ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", path],
+    job = run_job(np_, ["python", "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", path],
                   timeout=240, env={"HVLITE_SPMD": "1"})
     assert job.returncode == 0, "hvlrun -np %d pytest %s failed (rc %d)\n--- stdout\n%s\n--- stderr\n%s" % (
         np_, path, job.returncode, job.stdout[-6000:], job.stderr[-3000:])

@@ -1,4 +1,5 @@
-"""Shared helpers for the single-process test drivers.
+"""Helpers for the single-process test drivers (imported as `jobs`; not a conftest, so the SPMD
+conftest in tests/parallel cannot shadow it).
 
 Multi-process jobs always run through ``run_job`` with a hard timeout (scaled by
 ``HVLITE_TEST_TIMEOUT_MULTIPLIER`` for slow machines), so a hang fails instead of blocking CI.
@@ -22,7 +23,10 @@ def job_env(extra=None):
 
 
 def run_job(np_, args, timeout, env=None, hvlrun_args=()):
-    """Run ``hvlrun -np np_ [hvlrun_args] args...``; returns CompletedProcess (text)."""
+    """Run ``hvlrun -np np_ [hvlrun_args] args...``; returns CompletedProcess (text).
+    A leading "python" means this interpreter (the venv's, whatever PATH says)."""
+    if args and args[0] == "python":
+        args = [sys.executable, *args[1:]]
     cmd = [sys.executable, "-m", "hvlite.runner", "-np", str(np_), *hvlrun_args, *args]
     try:
         return subprocess.run(cmd, cwd=ROOT, env=job_env(env), capture_output=True, text=True,

@@ -1,0 +1,13 @@
+"""CI smoke run of the benchmark at tiny sizes: it must run end to end and every result must be
+right (#wrong column 0). Times are printed, never asserted."""
+from jobs import run_job
+
+
+def test_allreduce_bench_smoke():
+    job = run_job(2, ["python", "bench/allreduce.py", "--smoke"], timeout=180)
+    out = job.stdout + job.stderr
+    assert job.returncode == 0, out
+    rows = [line for line in job.stdout.splitlines() if "KiB" in line and "x" in line]
+    assert len(rows) >= 3, out
+    for line in rows:
+        assert line.rstrip().endswith(" 0"), "wrong results in: " + line
