@@ -14,8 +14,6 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
-import sysconfig
 from dataclasses import dataclass, field
 
 
@@ -31,12 +29,18 @@ class MpiBuild:
 
 
 def _wheel_mpicc():
-    """mpicc of the mpich wheel in this interpreter's prefixes (venv, build env, user)."""
-    prefixes = [sys.prefix, sys.exec_prefix, sysconfig.get_paths()["scripts"] + "/.."]
-    for p in prefixes:
-        cand = os.path.join(os.path.abspath(p), "bin", "mpicc")
-        if os.path.isfile(cand) and os.path.isfile(os.path.join(os.path.abspath(p), "include", "mpi.h")):
-            return os.path.abspath(cand)
+    """mpicc of the installed mpich wheel, found through the wheel's own file list, so it is
+    recognised wherever pip put it (a venv, pip's isolated build environment, ~/.local)."""
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+        dist = distribution("mpich")
+    except (ImportError, PackageNotFoundError):
+        return None
+    for f in dist.files or ():
+        if str(f).replace("\\", "/").endswith("bin/mpicc"):
+            path = os.path.realpath(str(dist.locate_file(f)))
+            if os.path.isfile(path):
+                return path
     return None
 
 
