@@ -61,10 +61,8 @@ static int make_comms(hvl_engine *e)
 /* Settings that must agree for every rank to build the same batches come from rank 0. */
 static int agree_settings(hvl_engine *e)
 {
-    int64_t v[4] = {e->params.fusion_threshold, e->params.cache_capacity, e->params.allreduce_piece,
-                    e->params.fusion_max_tensor};
-    HVL_CHECK(hvl__mpi_check(MPI_Bcast(v, 4, MPI_INT64_T, 0, e->comm), "MPI_Bcast (settings)"));
-    e->params.fusion_max_tensor = v[3];
+    int64_t v[3] = {e->params.fusion_threshold, e->params.cache_capacity, e->params.allreduce_piece};
+    HVL_CHECK(hvl__mpi_check(MPI_Bcast(v, 3, MPI_INT64_T, 0, e->comm), "MPI_Bcast (settings)"));
     e->params.fusion_threshold = v[0];
     e->params.cache_capacity = (int)v[1];
     e->params.allreduce_piece = v[2];

@@ -215,7 +215,10 @@ int hvl__execute(hvl_engine *e, hvl_response_list *agreed)
     HVL_CHECK_GOTO(hvl__fuse(e, resps, entries, k, &batches), rc, out);
     for (int i = 0; i < batches.count && rc == HVL_OK; i++) {
         hvl_outcome o = {0};
+        double t0 = hvl__now();
         rc = run_batch(e, &batches.items[i], &o);
+        hvl_log(HVL_LOG_TRACE, "batch: %s of %d tensors, %lld bytes, %.1f us", hvl__op_name(batches.items[i].op),
+                batches.items[i].count, (long long)batches.items[i].bytes, (hvl__now() - t0) * 1e6);
         finish_batch(e, &batches.items[i], rc, &o);
         hvl__handles_notify();   /* one wake-up per batch, not per tensor */
     }

@@ -1,8 +1,6 @@
 /* fusion.c: groups the cycle's agreed responses into batches that share one collective.
  * Allreduces with the same dtype, reduce op and scale factors are packed, in agreement order,
- * until the next would pass the fusion threshold. Tensors above HVLITE_FUSION_MAX_TENSOR run
- * alone: fusing costs a copy in and out of every byte, which beats the per-call latency it
- * saves only for small tensors (break-even measured on one host: see bench/README). Other
+ * until the next would pass the fusion threshold (a tensor larger than it runs alone). Other
  * ops run one per batch. Every rank sees the same responses in the same order and the same
  * threshold (rank 0's, broadcast at start), so every rank builds the same batches.
  * bg thread only. */
@@ -36,12 +34,9 @@ int hvl__fuse(hvl_engine *e, hvl_response **resps, hvl_entry **entries, int n, h
         *b = (hvl_batch){r->op, r->dtype, r->reduce_op, r->prescale, r->postscale, 0, store, 0};
         b->entries[b->count++] = entries[i];
         b->bytes = response_bytes(r);
-        int64_t max_tensor = e->params.fusion_max_tensor;
-        int fusible = r->op == HVL_ALLREDUCE && b->bytes <= max_tensor;
-        for (int j = i + 1; fusible && j < n; j++) {
+        for (int j = i + 1; r->op == HVL_ALLREDUCE && j < n; j++) {
             int64_t bytes = response_bytes(resps[j]);
-            if (taken[j] || !same_key(r, resps[j]) || bytes > max_tensor || b->bytes + bytes > threshold)
-                continue;
+            if (taken[j] || !same_key(r, resps[j]) || b->bytes + bytes > threshold) continue;
             b->entries[b->count++] = entries[j];
             b->bytes += bytes;
             taken[j] = 1;

@@ -24,7 +24,6 @@ enum { HVL_LOG_TRACE = 0, HVL_LOG_DEBUG, HVL_LOG_INFO, HVL_LOG_WARNING, HVL_LOG_
 /* ---- settings (param.c) ---- */
 typedef struct {
     int64_t fusion_threshold;   /* bytes; one fused collective carries at most this much */
-    int64_t fusion_max_tensor;  /* bytes; larger tensors run alone (no copy in/out) */
     int64_t allreduce_piece;    /* bytes an allreduce moves per collective call (0 = all) */
     double cycle_time_ms;       /* bg thread tick when no work arrives */
     int cache_capacity;         /* response cache entries; 0 disables the cache */

@@ -152,6 +152,7 @@ static int full_round(hvl_engine *e, hvl_response_list *out)
 
 int hvl__negotiate(hvl_engine *e, hvl_response_list *out)
 {
+    double t0 = hvl__now();
     mark_ready(e);
     MPI_Request req;
     HVL_CHECK(hvl__mpi_check(MPI_Iallreduce(e->bits_mine, e->bits_all, e->bit_words, MPI_UINT64_T,
@@ -163,5 +164,6 @@ int hvl__negotiate(hvl_engine *e, hvl_response_list *out)
                          "exited; collectives still pending then cannot complete");
     HVL_CHECK(take_cached(e, out));
     if (!(e->bits_all[0] & FLAG_NO_FULL_ROUND)) HVL_CHECK(full_round(e, out));
+    if (out->count) hvl_log(HVL_LOG_TRACE, "round: %d agreed, %.1f us", out->count, (hvl__now() - t0) * 1e6);
     return HVL_OK;
 }

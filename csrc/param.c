@@ -22,8 +22,6 @@ typedef struct {
 static const param_def table[] = {
     {"FUSION_THRESHOLD", P_INT64, F(fusion_threshold), "134217728",
      "bytes one fused collective may carry (0 disables fusion)"},
-    {"FUSION_MAX_TENSOR", P_INT64, F(fusion_max_tensor), "65536",
-     "tensors larger than this many bytes are not fused: their copy in and out costs more than the call it saves"},
     {"ALLREDUCE_PIECE", P_INT64, F(allreduce_piece), "4194304",
      "bytes per allreduce call; pieces stay in cache through copy-in, reduce and copy-out (0 = whole)"},
     {"CYCLE_TIME", P_DOUBLE, F(cycle_time_ms), "1", "ms between engine cycles when idle"},
@@ -43,6 +41,8 @@ static const param_def table[] = {
     {"HIERARCHICAL_ALLREDUCE", P_OTHER, 0, "0", "hierarchical allreduce (issue 6)"},
     {"MPICC", P_OTHER, 0, "", "build time: the MPI compiler wrapper to build against"},
     {"MPIEXEC", P_OTHER, 0, "", "hvlrun: the mpiexec to launch with"},
+    {"TEST_TIMEOUT_MULTIPLIER", P_OTHER, 0, "1", "tests: stretch every job timeout"},
+    {"SPMD", P_OTHER, 0, "0", "tests: set inside SPMD test jobs"},
 };
 #undef F
 #define NPARAMS (sizeof(table) / sizeof(table[0]))

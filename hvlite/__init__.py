@@ -2,29 +2,44 @@
 
 ``import hvlite`` gives the framework-neutral API on NumPy arrays (names and semantics of
 Horovod's torch API); ``hvlite.torch`` and ``hvlite.tensorflow`` adapt it to the frameworks.
-The launcher lives in ``hvlite.runner`` and imports no engine code, so ``hvlrun`` works even
-where the engine is not built; then importing an engine name here raises the ImportError.
+
+The engine (and libmpi) load on first use of an API name, not at ``import hvlite``: the launcher
+``hvlite.runner`` lives in this package and must start fast and work where the engine was never
+built. A missing engine surfaces as an ImportError naming the build command.
 """
+import importlib
+
 __version__ = "0.1.0"
 
-try:
-    from . import _lib  # noqa: F401  (loads the compiled engine)
-except ImportError as _engine_missing:     # pragma: no cover - exercised without a build
-    _ENGINE_ERROR = _engine_missing
+_API_MODULES = ("basics", "errors", "objects", "ops", "process_sets")
+_api_names = None
 
-    def __getattr__(name):
-        raise ImportError("hvlite.%s needs the compiled engine: %s" % (name, _ENGINE_ERROR))
-else:
-    from .basics import *  # noqa: F401,F403
-    from .basics import __all__ as _basics_all
-    from .basics import mpi_vendor  # noqa: F401
-    from .errors import *  # noqa: F401,F403
-    from .errors import __all__ as _errors_all
-    from .objects import *  # noqa: F401,F403
-    from .objects import __all__ as _objects_all
-    from .ops import *  # noqa: F401,F403
-    from .ops import __all__ as _ops_all
-    from .process_sets import *  # noqa: F401,F403
-    from .process_sets import __all__ as _ps_all
 
-    __all__ = _basics_all + _errors_all + _objects_all + _ops_all + _ps_all
+def _load_api():
+    """Import the engine-backed modules and publish their ``__all__`` here (once)."""
+    global _api_names
+    if _api_names is None:
+        names = []
+        for module_name in _API_MODULES:
+            module = importlib.import_module("." + module_name, __name__)
+            for name in module.__all__:
+                globals()[name] = getattr(module, name)
+            names += module.__all__
+        globals()["mpi_vendor"] = importlib.import_module(".basics", __name__).mpi_vendor
+        _api_names = names
+    return _api_names
+
+
+def __getattr__(name):
+    if name.startswith("__") and name != "__all__":
+        raise AttributeError(name)
+    names = _load_api()
+    if name == "__all__":
+        return list(names)
+    if name in globals():
+        return globals()[name]
+    raise AttributeError("module 'hvlite' has no attribute %r" % name)
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_load_api()))

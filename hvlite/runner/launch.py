@@ -1,0 +1,227 @@
+"""``hvlrun``: build and run the ``mpiexec`` command for an hvlite job.
+
+Contract:
+  * ``main(argv) -> int`` parses the flags, builds the command (see ``mpi_command.py``) and, unless
+    ``--dry-run``/``--check-build``, runs it and returns the exit code of the first rank that
+    failed (else ``mpiexec``'s own code; never 0 when ``mpiexec`` failed). It never imports the
+    engine.
+  * Knob flags become ``HVLITE_*`` variables for every rank through the one table :data:`KNOBS`.
+    ``OMP_NUM_THREADS`` is set to cores / ranks on this host unless already set.
+  * Running and supervising the job, and choosing the exit code, is ``job.py``'s part.
+  * Exit code 2 means a usage error, 127 that no ``mpiexec`` could be run.
+"""
+
+import argparse
+import os
+import shlex
+import socket
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from . import hosts as hostlib
+from .build_info import check_build_report, find_mpiexec, load_build_info
+from .control import ENV_CONTROL_ADDR, ENV_OUTPUT_DIR, ControlServer
+from .job import START_TIMEOUT_CODE, run_job
+from .mpi_command import build_command, format_command, launcher_env, query_flavour
+
+__all__ = ["KNOBS", "START_TIMEOUT_CODE", "build_parser", "knob_env", "main", "run"]
+
+# Variables Open MPI must forward explicitly (hydra forwards the whole environment).
+_OPENMPI_PASSTHROUGH = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "OMP_NUM_THREADS")
+
+
+def _number(text: str) -> str:
+    """Argparse type: a number >= 0, returned as a string (``"5"``, ``"0.5"``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a number" % text) from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError("%r must be a finite number >= 0" % text)
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+def _count(text: str) -> str:
+    """Argparse type: an integer >= 0, returned as a string."""
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError("%r is not an integer >= 0" % text)
+    return str(int(text))
+
+
+def _mebibytes(text: str) -> str:
+    """Argparse type: a size in MiB (fractions allowed), returned as whole bytes."""
+    return str(int(float(_number(text)) * 1024 * 1024))
+
+
+# The only flag -> variable table: (option, HVLITE_* variable, argparse type, help).
+# A type of None makes an on/off switch that sets the variable to "1", e.g.
+#   ("--autotune", "HVLITE_AUTOTUNE", None, "tune fusion and cycle time at run time"),
+KNOBS = (
+    ("--fusion-threshold-mb", "HVLITE_FUSION_THRESHOLD", _mebibytes,
+     "tensor fusion buffer size in MiB (sets bytes)"),
+    ("--cycle-time-ms", "HVLITE_CYCLE_TIME", _number, "background cycle time in ms"),
+    ("--cache-capacity", "HVLITE_CACHE_CAPACITY", _count, "response cache entries (0: off)"),
+    ("--timeline-filename", "HVLITE_TIMELINE", str, "write a timeline to this file"),
+    ("--stall-check-seconds", "HVLITE_STALL_CHECK_TIME_SECONDS", _count,
+     "warn about tensors some ranks did not submit after this many seconds"),
+    ("--stall-shutdown-seconds", "HVLITE_STALL_SHUTDOWN_TIME_SECONDS", _count,
+     "shut down after a stall of this many seconds (0: never)"),
+    ("--log-level", "HVLITE_LOG_LEVEL", str, "engine log level, e.g. warning, info, debug"),
+)
+
+
+def _dest(option: str) -> str:
+    """Return the argparse attribute name of ``option``."""
+    return option.lstrip("-").replace("-", "_")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the ``hvlrun`` argument parser. Cannot fail."""
+    parser = argparse.ArgumentParser(
+        prog="hvlrun", allow_abbrev=False,
+        description="Run an hvlite job with the MPI the engine was built with.",
+        epilog="Everything from the command on is passed to it unchanged.")
+    parser.add_argument("-np", "--num-proc", dest="np", type=int,
+                        help="number of ranks (default: all slots of -H/--hostfile)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("-H", "--hosts", help="hosts as host:slots,... (default: localhost)")
+    where.add_argument("--hostfile", help="file of 'host slots=N', 'host:N' or 'host' lines")
+    knobs = parser.add_argument_group("engine settings (HVLITE_* variables)")
+    for option, variable, kind, help_text in KNOBS:
+        if kind is None:
+            knobs.add_argument(option, action="store_true", help="%s [%s]" % (help_text, variable))
+        else:
+            knobs.add_argument(option, type=kind, help="%s [%s]" % (help_text, variable))
+    parser.add_argument("--mpi-args", default="", help="extra mpiexec arguments, one string")
+    parser.add_argument("--mpi-flavour", choices=("auto", "mpich", "openmpi"), default="auto",
+                        help="command syntax to use (default: ask mpiexec --version)")
+    parser.add_argument("--output-filename", metavar="DIR",
+                        help="also write each rank's output to DIR/rank.<N>/{stdout,stderr}")
+    parser.add_argument("--start-timeout", type=float, metavar="SECONDS",
+                        help="seconds for every rank to start; 0 waits forever "
+                             "(default: $HVLRUN_START_TIMEOUT or 30)")
+    parser.add_argument("--verbose", action="store_true", help="print the command before running")
+    parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+    parser.add_argument("--check-build", action="store_true",
+                        help="report what the engine was built with, then exit")
+    parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE ...",
+                        help="run `<hvlrun's python> -m MODULE ...` on every rank")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
+    return parser
+
+
+def knob_env(args: argparse.Namespace) -> Dict[str, str]:
+    """Return the ``HVLITE_*`` variables for the knob flags that were given."""
+    env = {}
+    for option, variable, kind, _ in KNOBS:
+        value = getattr(args, _dest(option))
+        if kind is None and value:
+            env[variable] = "1"
+        elif kind is not None and value is not None:
+            env[variable] = str(value)
+    return env
+
+
+def _resolve_hosts(args: argparse.Namespace) -> List[hostlib.Host]:
+    """Return the host list and set ``args.np`` (ValueError on bad hosts or -np)."""
+    if args.hosts is not None:
+        hosts = hostlib.parse_hosts(args.hosts)
+    elif args.hostfile is not None:
+        hosts = hostlib.parse_hostfile(args.hostfile)
+    else:
+        if args.np is None:
+            raise ValueError("-np is required unless -H or --hostfile is given")
+        hosts = hostlib.localhost_only(max(args.np, 1))
+    if args.np is None:
+        args.np = hostlib.total_slots(hosts)
+    hostlib.check_np(hosts, args.np)
+    return hosts
+
+
+def _rank_env(args: argparse.Namespace, hosts: Sequence[hostlib.Host]) -> Dict[str, str]:
+    """Return the variables hvlrun sets for every rank (knobs, threads, output directory)."""
+    rank_env = knob_env(args)
+    if "OMP_NUM_THREADS" not in os.environ:
+        local = hostlib.local_rank_count(hosts, args.np)
+        rank_env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // local))
+    if args.output_filename:
+        rank_env[ENV_OUTPUT_DIR] = os.path.abspath(args.output_filename)
+    return rank_env
+
+
+def _start_server(hosts: Sequence[hostlib.Host]) -> Tuple[ControlServer, str]:
+    """Start the control server; return it and the ``host:port`` the ranks should use."""
+    server = ControlServer().start()
+    local_only = all(hostlib.is_local(h.name) for h in hosts)
+    host = "127.0.0.1" if local_only else socket.gethostname()
+    return server, "%s:%d" % (host, server.port)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run ``hvlrun``.
+
+    Args:
+        argv: the arguments; ``sys.argv[1:]`` when omitted.
+
+    Returns:
+        The exit code: 0, the first failing rank's code, mpiexec's code, 2 for usage errors,
+        127 when mpiexec cannot be run, :data:`START_TIMEOUT_CODE` after a start timeout.
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
+    try:
+        info = load_build_info()
+    except ValueError as e:
+        sys.stderr.write("hvlrun: warning: ignoring build info: %s\n" % e)
+        info = None
+    mpiexec, how = find_mpiexec(info)
+    if args.check_build:
+        sys.stdout.write(check_build_report(info, mpiexec, how))
+        return 0
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.module:
+        command = [sys.executable, "-m"] + args.module
+    try:
+        if not command:
+            raise ValueError("no command given")
+        hosts = _resolve_hosts(args)
+        shlex.split(args.mpi_args)
+        if args.start_timeout is None:
+            args.start_timeout = float(os.environ.get("HVLRUN_START_TIMEOUT", "30"))
+    except ValueError as e:
+        parser.print_usage(sys.stderr)
+        sys.stderr.write("hvlrun: error: %s\n" % e)
+        return 2
+    if mpiexec is None and not args.dry_run:
+        sys.stderr.write("hvlrun: no mpiexec found; set HVLITE_MPIEXEC or put it on PATH\n")
+        return 127
+    mpiexec = mpiexec or "mpiexec"
+    flavour = args.mpi_flavour if args.mpi_flavour != "auto" else query_flavour(mpiexec)
+
+    rank_env = _rank_env(args, hosts)
+    server = None
+    if not args.dry_run:
+        server, rank_env[ENV_CONTROL_ADDR] = _start_server(hosts)
+    passthrough = [n for n in os.environ
+                   if n in _OPENMPI_PASSTHROUGH or n.startswith(("HVLITE_", "HVLRUN_"))]
+    cmd = build_command(flavour, mpiexec, args.np, hosts, rank_env, args.mpi_args, command,
+                        export_names=passthrough)
+    added = dict(rank_env, **launcher_env(flavour, os.geteuid()))
+    if args.dry_run or args.verbose:
+        stream = sys.stdout if args.dry_run else sys.stderr
+        stream.write(format_command(cmd, added))
+        stream.flush()
+    if server is None:
+        return 0
+    try:
+        return run_job(cmd, dict(os.environ, **added), server, args.np, args.start_timeout)
+    finally:
+        server.close()
+
+
+def run() -> None:
+    """Console-script entry point: ``sys.exit(main())``."""
+    sys.exit(main())

@@ -1,0 +1,257 @@
+"""Per-rank wrapper: ``python -m hvlite.runner.rank_exec -- command...``.
+
+Contract:
+  * The rank comes from the launcher's environment: the first of ``PMI_RANK``,
+    ``OMPI_COMM_WORLD_RANK``, ``PMIX_RANK``, ``SLURM_PROCID``; 0 if none is set.
+  * The command runs as a child; each line it writes is forwarded as ``[rank]<stdout>: line``
+    to this process's stdout (``<stderr>`` likewise), flushed per line. Bytes that are not UTF-8
+    are replaced; a last line without newline gets one; lines over 64 KiB are split.
+  * With ``HVLRUN_OUTPUT_DIR=DIR`` the raw output is also written to ``DIR/rank.<N>/stdout`` and
+    ``DIR/rank.<N>/stderr``.
+  * The child inherits the environment and the descriptors the launcher passed (e.g. hydra's
+    ``PMI_FD``), so it can initialise MPI as if started directly.
+  * The child gets SIGKILL when this wrapper dies (``PR_SET_PDEATHSIG``, Linux); this wrapper gets
+    SIGTERM when the launcher process that started it dies. SIGTERM/SIGINT received here are
+    forwarded to the child.
+  * A child that fails is named in one stderr line (``hvlrun: rank 1 (pid 12 on host) exited
+    with code 3`` or ``... was killed by signal 9 (SIGKILL)``); the wrapper exits with the
+    child's code, 128+signum for a signal, 127 if the command cannot be started.
+  * ``start``/``exit`` are reported over the control channel (see ``control.py``).
+  * Test-only hook: ``HVLRUN_TEST_DELAY_START_RANK=R:S`` makes rank R sleep S seconds before
+    starting its child (used to test ``--start-timeout``).
+"""
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import BinaryIO, Callable, List, Mapping, Optional, Sequence
+
+from .control import ENV_CONTROL_ADDR, ENV_OUTPUT_DIR, ControlClient
+
+__all__ = ["RANK_VARIABLES", "ENV_OUTPUT_DIR", "ENV_TEST_DELAY", "rank_from_env", "run_rank",
+           "describe_exit", "main"]
+
+RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+ENV_TEST_DELAY = "HVLRUN_TEST_DELAY_START_RANK"
+_PR_SET_PDEATHSIG = 1
+_MAX_LINE = 65536
+_JOIN_SECONDS = 5.0
+
+
+def rank_from_env(environ: Mapping[str, str]) -> int:
+    """Return this process's rank from the launcher's variables (first found), else 0.
+
+    Raises:
+        ValueError: if the first variable found is not an integer.
+    """
+    for name in RANK_VARIABLES:
+        if environ.get(name, "").strip():
+            return int(environ[name])
+    return 0
+
+
+def describe_exit(rank: int, pid: int, host: str, returncode: int) -> Optional[str]:
+    """Describe a failed child in one line.
+
+    Args:
+        rank: the rank.
+        pid: the child's pid.
+        host: this host's name.
+        returncode: ``Popen.returncode`` (negative for a signal).
+
+    Returns:
+        The line (no newline), or None if the child exited with code 0.
+    """
+    if returncode == 0:
+        return None
+    who = "hvlrun: rank %d (pid %d on %s)" % (rank, pid, host)
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "unknown signal"
+        return "%s was killed by signal %d (%s)" % (who, -returncode, name)
+    return "%s exited with code %d" % (who, returncode)
+
+
+def _death_signal_setter(signum: int, parent: int) -> Callable[[], None]:
+    """Return a function that asks Linux to send ``signum`` to the caller when its parent dies.
+
+    Everything is resolved now, so the returned function is safe in ``preexec_fn``. It does
+    nothing off Linux or if libc cannot be loaded.
+
+    Args:
+        signum: the signal to receive.
+        parent: the pid the caller's parent should have; if it differs once the request is
+            made, the parent already died and the signal is sent at once.
+
+    Returns:
+        The function, taking no arguments.
+    """
+    if not sys.platform.startswith("linux"):
+        return lambda: None
+    try:
+        prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return lambda: None
+
+    def set_death_signal() -> None:
+        prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signum)
+    return set_death_signal
+
+
+def _pump(source: BinaryIO, prefix: bytes, sink: BinaryIO, copy: Optional[BinaryIO]) -> None:
+    """Forward lines from ``source`` to ``sink`` with ``prefix``; raw copy to ``copy``."""
+    for line in iter(lambda: source.readline(_MAX_LINE), b""):
+        if copy is not None:
+            try:
+                copy.write(line)
+                copy.flush()
+            except OSError as e:  # e.g. disk full: say so once, keep forwarding
+                sys.stderr.write("hvlrun: stopped writing %s: %s\n" % (copy.name, e))
+                copy.close()
+                copy = None
+        text = line.decode("utf-8", "replace").encode("utf-8")
+        if not text.endswith(b"\n"):
+            text += b"\n"
+        try:
+            sink.write(prefix + text)
+            sink.flush()
+        except (OSError, ValueError):
+            pass  # our own output is gone; keep draining so the child does not block
+    source.close()
+    if copy is not None:
+        copy.close()
+
+
+def _open_copies(rank: int) -> List[Optional[BinaryIO]]:
+    """Open ``DIR/rank.<N>/stdout`` and ``stderr`` when ``HVLRUN_OUTPUT_DIR`` is set."""
+    out_dir = os.environ.get(ENV_OUTPUT_DIR)
+    if not out_dir:
+        return [None, None]
+    rank_dir = os.path.join(out_dir, "rank.%d" % rank)
+    os.makedirs(rank_dir, exist_ok=True)
+    return [open(os.path.join(rank_dir, name), "wb") for name in ("stdout", "stderr")]
+
+
+def _test_delay(rank: int) -> None:
+    """Honour ``HVLRUN_TEST_DELAY_START_RANK=R:S`` (test-only): rank R sleeps S seconds."""
+    spec = os.environ.get(ENV_TEST_DELAY, "")
+    target, _, seconds = spec.partition(":")
+    if target.strip() == str(rank) and seconds:
+        time.sleep(float(seconds))
+
+
+def _forward_signals(proc: subprocess.Popen, received: List[int]) -> None:
+    """Pass SIGTERM and SIGINT received by this wrapper on to the child, noting them in
+    ``received``."""
+    def forward(signum, _frame):
+        received.append(signum)
+        try:
+            proc.send_signal(signum)
+        except OSError:
+            pass
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, forward)
+
+
+def _fail_before_start(channel: ControlClient, rank: int, code: int, message: str) -> int:
+    """Report a rank that could not start its command; return ``code``."""
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+    channel.send("exit %d %d" % (rank, code))
+    channel.close()
+    return code
+
+
+def _start_pumps(proc: subprocess.Popen, rank: int,
+                 copies: Sequence[Optional[BinaryIO]]) -> List[threading.Thread]:
+    """Start the threads that forward the child's stdout and stderr."""
+    pumps = [threading.Thread(target=_pump, daemon=True,
+                              args=(src, b"[%d]<%s>: " % (rank, name), sink, copy))
+             for src, name, sink, copy in ((proc.stdout, b"stdout", sys.stdout.buffer, copies[0]),
+                                           (proc.stderr, b"stderr", sys.stderr.buffer, copies[1]))]
+    for pump in pumps:
+        pump.start()
+    return pumps
+
+
+def run_rank(command: Sequence[str]) -> int:
+    """Run ``command`` as this rank's child, forwarding and reporting as the module describes.
+
+    Args:
+        command: the user's command.
+
+    Returns:
+        The exit code for this wrapper: the child's, 128+signum if a signal ended it, 127 if it
+        could not be started, 1 if the output files could not be opened.
+    """
+    rank = rank_from_env(os.environ)
+    host = socket.gethostname()
+    _death_signal_setter(signal.SIGTERM, os.getppid())()  # launcher gone: stop the child
+    _test_delay(rank)
+    channel = ControlClient(os.environ.get(ENV_CONTROL_ADDR))
+    try:
+        copies = _open_copies(rank)
+    except OSError as e:
+        return _fail_before_start(channel, rank, 1, "hvlrun: rank %d on %s cannot write its "
+                                  "output files: %s" % (rank, host, e))
+    try:
+        # close_fds=False: the child needs descriptors the launcher passed on (hydra's PMI_FD);
+        # the wrapper's own files and sockets are not inheritable (PEP 446).
+        proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                close_fds=False,
+                                preexec_fn=_death_signal_setter(signal.SIGKILL, os.getpid()))
+    except OSError as e:
+        for copy in copies:
+            if copy is not None:
+                copy.close()
+        return _fail_before_start(channel, rank, 127, "hvlrun: rank %d on %s cannot run %r: %s"
+                                  % (rank, host, command[0], e))
+    channel.send("start %d %d %s" % (rank, proc.pid, host))
+    received: List[int] = []
+    _forward_signals(proc, received)
+    pumps = _start_pumps(proc, rank, copies)
+    returncode = proc.wait()
+    code = 128 - returncode if returncode < 0 else returncode
+    channel.send("exit %d %d" % (rank, code))
+    channel.close()
+    for pump in pumps:  # a grandchild holding the pipes open must not keep us here
+        pump.join(timeout=_JOIN_SECONDS)
+    message = describe_exit(rank, proc.pid, host, returncode)
+    if message and received:
+        message += "; the launcher stopped it with %s" % signal.Signals(received[0]).name
+    if message:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+    return code
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``python -m hvlite.runner.rank_exec [--] command...``.
+
+    Args:
+        argv: the arguments after the module name; ``sys.argv[1:]`` when omitted.
+
+    Returns:
+        The exit code (2 when no command is given).
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "--":
+        args = args[1:]
+    if not args:
+        sys.stderr.write("usage: python -m hvlite.runner.rank_exec -- command...\n")
+        return 2
+    return run_rank(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

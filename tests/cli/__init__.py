@@ -1,0 +1,1 @@
+"""hvlrun tests (a package so that this conftest does not shadow tests/conftest.py)."""
