@@ -1,7 +1,9 @@
 /* fusion.c: groups the cycle's agreed responses into batches that share one collective.
  * Allreduces with the same dtype, reduce op and scale factors are packed, in agreement order,
- * until the next would pass the fusion threshold (a tensor larger than it runs alone). Other
- * ops run one per batch. Every rank sees the same responses in the same order and the same
+ * until the next would pass the fusion threshold (a tensor larger than it runs alone).
+ * Allgathers of one dtype fuse the same way (sized by the agreed response, i.e. the first
+ * rank's shape, so every rank decides alike). Other ops run one per batch. Every rank sees
+ * the same responses in the same order and the same
  * threshold (rank 0's, broadcast at start), so every rank builds the same batches.
  * bg thread only. */
 #include <stdlib.h>
@@ -34,7 +36,8 @@ int hvl__fuse(hvl_engine *e, hvl_response **resps, hvl_entry **entries, int n, h
         *b = (hvl_batch){r->op, r->dtype, r->reduce_op, r->prescale, r->postscale, 0, store, 0};
         b->entries[b->count++] = entries[i];
         b->bytes = response_bytes(r);
-        for (int j = i + 1; r->op == HVL_ALLREDUCE && j < n; j++) {
+        int fusible = r->op == HVL_ALLREDUCE || r->op == HVL_ALLGATHER;
+        for (int j = i + 1; fusible && j < n; j++) {
             int64_t bytes = response_bytes(resps[j]);
             if (taken[j] || !same_key(r, resps[j]) || b->bytes + bytes > threshold) continue;
             b->entries[b->count++] = entries[j];

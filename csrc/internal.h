@@ -174,7 +174,8 @@ extern const hvl_backend hvl__backend_mpi;
 int hvl__mpi_check(int mpi_rc, const char *what);                    /* MPI code -> status */
 /* Waits for a nonblocking request without burning a core: short spin, then sleeps. */
 int hvl__mpi_wait(hvl_engine *e, MPI_Request *req, const char *what);
-int hvl__allgather_i64(hvl_engine *e, int64_t mine, int64_t *all);   /* blocking, small */
+/* Blocking, small: every rank's `count` values, rank after rank, into all. */
+int hvl__allgather_i64(hvl_engine *e, const int64_t *mine, int count, int64_t *all);
 int hvl__alltoall_i64(hvl_engine *e, const int64_t *mine, int64_t *theirs);
 
 /* ---- the engine (engine.c) ---- */
@@ -237,6 +238,11 @@ typedef struct { hvl_batch *items; int count; hvl_entry **entry_store; } hvl_bat
 /* Groups the agreed OK responses (resps[i] is entries[i]'s) in order; same result on every rank. */
 int hvl__fuse(hvl_engine *e, hvl_response **resps, hvl_entry **entries, int n, hvl_batch_list *out);
 void hvl__batches_free(hvl_batch_list *l);
+
+/* gather.c: allgather (fused batches) and alltoall; results go into o[] (one per entry). */
+int64_t hvl__row_bytes(const hvl_entry *en);
+int hvl__run_allgather(hvl_engine *e, const hvl_backend *be, hvl_batch *b, hvl_outcome *o);
+int hvl__run_alltoall(hvl_engine *e, const hvl_backend *be, hvl_entry *en, hvl_outcome *o);
 
 /* execute.c: runs this cycle's agreed responses and finishes their entries. A failed collective
  * is fatal (ranks may be out of step); its status is returned. */

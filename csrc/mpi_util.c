@@ -37,9 +37,9 @@ int hvl__mpi_wait(hvl_engine *e, MPI_Request *req, const char *what)
     }
 }
 
-int hvl__allgather_i64(hvl_engine *e, int64_t mine, int64_t *all)
+int hvl__allgather_i64(hvl_engine *e, const int64_t *mine, int count, int64_t *all)
 {
-    return hvl__mpi_check(MPI_Allgather(&mine, 1, MPI_INT64_T, all, 1, MPI_INT64_T, e->comm),
+    return hvl__mpi_check(MPI_Allgather(mine, count, MPI_INT64_T, all, count, MPI_INT64_T, e->comm),
                           "MPI_Allgather (sizes)");
 }
 

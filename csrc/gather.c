@@ -1,0 +1,124 @@
+/* gather.c: the collectives whose output size is known only when they run: allgather (dim 0
+ * may differ per rank) and alltoall (splits). Sizes are exchanged first, then the data goes
+ * into buffers the engine allocates and the handle owns. Allgathers of one cycle are fused:
+ * every rank packs its tensors into one block, one allgatherv moves all blocks, and each
+ * tensor's result is cut out of the blocks by a displacement table. bg thread only. */
+#include <stdlib.h>
+#include <string.h>
+#include "internal.h"
+
+int64_t hvl__row_bytes(const hvl_entry *en)
+{
+    int ndim = en->req.ndim;
+    return (ndim ? hvl__shape_elems(ndim - 1, en->shape + 1) : 1) * hvl_dtype_size(en->req.dtype);
+}
+
+static int64_t rows_of(const hvl_entry *en) { return en->req.ndim ? en->shape[0] : 1; }
+
+/* Shape of an allgather result with `rows` rows (a 0-d input counts as one row). */
+static void gathered_shape(const hvl_entry *en, int64_t rows, hvl_outcome *o)
+{
+    o->ndim = en->req.ndim ? en->req.ndim : 1;
+    o->shape[0] = rows;
+    for (int i = 1; i < en->req.ndim; i++) o->shape[i] = en->shape[i];
+}
+
+static int gather_one(hvl_engine *e, const hvl_backend *be, hvl_entry *en, hvl_outcome *o)
+{
+    int64_t rb = hvl__row_bytes(en), total = 0, rows = 0;
+    int64_t *bytes = malloc(sizeof(int64_t) * (size_t)e->size);
+    if (!bytes) return HVL_ERR_NO_MEMORY;
+    int64_t mine = rows_of(en);
+    int rc = hvl__allgather_i64(e, &mine, 1, bytes);
+    for (int r = 0; r < e->size && rc == HVL_OK; r++) {
+        rows += bytes[r];
+        bytes[r] *= rb;
+        total += bytes[r];
+    }
+    if (rc == HVL_OK && !(o->result = malloc((size_t)total + 1))) rc = HVL_ERR_NO_MEMORY;
+    if (rc == HVL_OK) rc = be->allgatherv(e, en->req.input, o->result, bytes);
+    o->result_bytes = total;
+    gathered_shape(en, rows, o);
+    free(bytes);
+    return rc;
+}
+
+/* Cuts tensor t's rows out of every rank's block of the gathered buffer. */
+static int unpack(hvl_engine *e, hvl_batch *b, const int64_t *rows, const int64_t *rb,
+                  const int64_t *block, const char *gathered, hvl_outcome *o)
+{
+    int k = b->count;
+    for (int t = 0; t < k; t++) {
+        int64_t total_rows = 0;
+        for (int r = 0; r < e->size; r++) total_rows += rows[r * k + t];
+        o[t].result_bytes = total_rows * rb[t];
+        if (!(o[t].result = malloc((size_t)o[t].result_bytes + 1))) return HVL_ERR_NO_MEMORY;
+        gathered_shape(b->entries[t], total_rows, &o[t]);
+    }
+    int64_t block_start = 0;
+    for (int r = 0; r < e->size; r++) {
+        const char *src = gathered + block_start;
+        for (int t = 0; t < k; t++) {
+            int64_t n = rows[r * k + t] * rb[t], before = 0;
+            for (int p = 0; p < r; p++) before += rows[p * k + t] * rb[t];
+            memcpy((char *)o[t].result + before, src, (size_t)n);
+            src += n;
+        }
+        block_start += block[r];
+    }
+    return HVL_OK;
+}
+
+int hvl__run_allgather(hvl_engine *e, const hvl_backend *be, hvl_batch *b, hvl_outcome *o)
+{
+    if (b->count == 1) return gather_one(e, be, b->entries[0], o);
+    int k = b->count, n = e->size, rc;
+    int64_t *v = malloc(sizeof(int64_t) * (size_t)(2 * k + n * k + n)), mine_bytes = 0, total = 0;
+    if (!v) return HVL_ERR_NO_MEMORY;
+    int64_t *mine = v, *rb = v + k, *rows = v + 2 * k, *block = v + 2 * k + n * k;
+    for (int t = 0; t < k; t++) {
+        mine[t] = rows_of(b->entries[t]);
+        rb[t] = hvl__row_bytes(b->entries[t]);
+    }
+    HVL_CHECK_GOTO(hvl__allgather_i64(e, mine, k, rows), rc, out);
+    for (int r = 0; r < n; r++) {
+        block[r] = 0;
+        for (int t = 0; t < k; t++) block[r] += rows[r * k + t] * rb[t];
+        total += block[r];
+    }
+    mine_bytes = block[e->rank];
+    HVL_CHECK_GOTO(hvl__grow(&e->fusion_buf, &e->fusion_cap, mine_bytes + 1), rc, out);
+    HVL_CHECK_GOTO(hvl__grow(&e->scratch_buf, &e->scratch_cap, total + 1), rc, out);
+    char *pack = e->fusion_buf;
+    for (int t = 0; t < k; pack += mine[t] * rb[t], t++)
+        memcpy(pack, b->entries[t]->req.input, (size_t)(mine[t] * rb[t]));
+    HVL_CHECK_GOTO(be->allgatherv(e, e->fusion_buf, e->scratch_buf, block), rc, out);
+    rc = unpack(e, b, rows, rb, block, e->scratch_buf, o);
+out:
+    free(v);
+    return rc;
+}
+
+/* Alltoall (one tensor): exchange the splits, then send each rank its rows. */
+int hvl__run_alltoall(hvl_engine *e, const hvl_backend *be, hvl_entry *en, hvl_outcome *o)
+{
+    int64_t rb = hvl__row_bytes(en), total = 0;
+    int64_t *v = malloc(sizeof(int64_t) * 2 * (size_t)e->size);
+    o->recv_splits = malloc(sizeof(int64_t) * (size_t)e->size);
+    if (!v || !o->recv_splits) { free(v); return HVL_ERR_NO_MEMORY; }
+    int64_t *send_bytes = v, *recv_bytes = v + e->size;
+    int rc = hvl__alltoall_i64(e, en->splits, o->recv_splits);
+    for (int r = 0; r < e->size && rc == HVL_OK; r++) {
+        send_bytes[r] = en->splits[r] * rb;
+        recv_bytes[r] = o->recv_splits[r] * rb;
+        o->shape[0] += o->recv_splits[r];
+        total += recv_bytes[r];
+    }
+    if (rc == HVL_OK && !(o->result = malloc((size_t)total + 1))) rc = HVL_ERR_NO_MEMORY;
+    if (rc == HVL_OK) rc = be->alltoallv(e, en->req.input, send_bytes, o->result, recv_bytes);
+    o->result_bytes = total;
+    o->ndim = en->req.ndim;
+    for (int i = 1; i < en->req.ndim; i++) o->shape[i] = en->shape[i];
+    free(v);
+    return rc;
+}
