@@ -1,9 +1,10 @@
 /* execute.c: runs the cycle's agreed responses on this rank: error responses finish their
  * requests at once; the rest are fused into batches and each batch runs on the backend the
- * registry picks. A fused allreduce goes piece by piece (HVLITE_ALLREDUCE_PIECE, 4 MiB): copy
+ * registry picks. A fused allreduce goes piece by piece (HVLITE_ALLREDUCE_PIECE, 1 MiB): copy
  * the piece in (applying the prescale), reduce it in place, copy it out (average, postscale)
  * while it is still in cache; a lone tensor is reduced in its own output, also in pieces.
- * Measured on one host with MPICH: 64 MiB in 4 MiB pieces takes 17 ms, in one call 59 ms.
+ * Measured on one host with MPICH 5: 64 MiB in 1-4 MiB pieces takes 10 ms, in one call 33 ms;
+ * 160 x 100 KiB fused in 1 MiB pieces 5.8 ms, in 4 MiB pieces 6.1 ms, in 256 KiB 8.6 ms.
  * Allgather and alltoall live in gather.c. bg thread only. */
 #include <stdlib.h>
 #include <string.h>

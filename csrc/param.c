@@ -22,7 +22,7 @@ typedef struct {
 static const param_def table[] = {
     {"FUSION_THRESHOLD", P_INT64, F(fusion_threshold), "134217728",
      "bytes one fused collective may carry (0 disables fusion)"},
-    {"ALLREDUCE_PIECE", P_INT64, F(allreduce_piece), "4194304",
+    {"ALLREDUCE_PIECE", P_INT64, F(allreduce_piece), "1048576",
      "bytes per allreduce call; pieces stay in cache through copy-in, reduce and copy-out (0 = whole)"},
     {"CYCLE_TIME", P_DOUBLE, F(cycle_time_ms), "1", "ms between engine cycles when idle"},
     {"CACHE_CAPACITY", P_INT, F(cache_capacity), "1024", "response cache entries (0 = off)"},

@@ -99,11 +99,13 @@ int hvl_enqueue(const hvl_request *q, int64_t *handle_out)
     else if ((rc = hvl__strmap_put(&e->inflight, en->name, en)) != HVL_OK)
         hvl__fail(rc, "out of memory");
     if (rc == HVL_OK) {
+        /* Only the first request of a burst wakes the bg thread: it drains the whole queue,
+         * and it checks the queue under this lock before it sleeps, so no wake-up is lost. */
+        if (!e->queue_head) pthread_cond_signal(&e->wake_cond);
         if (e->queue_tail) e->queue_tail->next = en; else e->queue_head = en;
         e->queue_tail = en;
         *handle_out = en->handle;
         hvl__count(&e->counters.tensors_submitted, 1);
-        pthread_cond_signal(&e->wake_cond);
     }
     pthread_mutex_unlock(&e->queue_lock);
     if (rc != HVL_OK) entry_free(en);
