@@ -62,8 +62,32 @@ static int field_applies(int f, int op)
     }
 }
 
-static void describe(int f, const hvl_response *q, char *out, size_t n)
+/* Do two ranks' requests agree on field f? Compared on the values, never on their text. */
+static int same_value(int f, const hvl_response *a, const hvl_response *b)
 {
+    switch (f) {
+    case F_OP: return a->op == b->op;
+    case F_DTYPE: return a->dtype == b->dtype;
+    case F_REDUCE: return a->reduce_op == b->reduce_op;
+    case F_ROOT: return a->root_rank == b->root_rank;
+    case F_PRESCALE: return a->prescale == b->prescale;
+    case F_POSTSCALE: return a->postscale == b->postscale;
+    case F_SHAPE: {
+        if (a->ndim != b->ndim) return 0;
+        int first = a->op == HVL_ALLGATHER || a->op == HVL_ALLTOALL;   /* dim 0 may differ */
+        for (int i = first; i < a->ndim; i++)
+            if (a->shape[i] != b->shape[i]) return 0;
+        return 1;
+    }
+    default: return 1;
+    }
+}
+
+#define VALUE_TEXT 400   /* enough for 16 dimensions of 20 digits */
+
+static void describe(int f, const hvl_response *q, char *out)
+{
+    size_t n = VALUE_TEXT;
     switch (f) {
     case F_OP: snprintf(out, n, "%s", hvl__op_name(q->op)); break;
     case F_DTYPE: snprintf(out, n, "%s", hvl__dtype_name(q->dtype)); break;
@@ -74,40 +98,37 @@ static void describe(int f, const hvl_response *q, char *out, size_t n)
     case F_SHAPE: {
         int free_dim0 = q->op == HVL_ALLGATHER || q->op == HVL_ALLTOALL;
         size_t len = (size_t)snprintf(out, n, "[");
-        for (int i = 0; i < q->ndim && len < n; i++) {
+        for (int i = 0; i < q->ndim; i++) {
             if (i == 0 && free_dim0) len += (size_t)snprintf(out + len, n - len, "*");
-            else len += (size_t)snprintf(out + len, n - len, "%s%lld", "", (long long)q->shape[i]);
-            if (i + 1 < q->ndim && len < n) len += (size_t)snprintf(out + len, n - len, ", ");
+            else len += (size_t)snprintf(out + len, n - len, "%lld", (long long)q->shape[i]);
+            if (i + 1 < q->ndim) len += (size_t)snprintf(out + len, n - len, ", ");
         }
-        if (len < n) snprintf(out + len, n - len, "]");
+        snprintf(out + len, n - len, "]");
         break;
     }
     }
 }
 
-/* Appends "VALUE on ranks a,b" groups for field f to msg; returns 1 if ranks disagree. */
-static int disagreement(const record_t *rec, int size, int f, char *msg, size_t n)
+/* "tensor 'x': ranks disagree on the F: V1 on ranks a,b; V2 on rank c" (malloc'd; NULL if OOM).
+ * Ranks are grouped by equal values (same_value), in order of first appearance. */
+static char *mismatch_message(const record_t *rec, int size, int f)
 {
-    char (*vals)[96] = malloc((size_t)size * 96);
-    if (!vals) return 0;
-    int differ = 0;
+    const hvl_response *q = rec->by_rank;
+    size_t cap = strlen(q[0].name) + 100 + (size_t)size * (VALUE_TEXT + 24), len;
+    char *msg = malloc(cap), value[VALUE_TEXT];
+    if (!msg) return NULL;
+    len = (size_t)snprintf(msg, cap, "tensor '%s': ranks disagree on the %s: ", q[0].name, field_names[f]);
     for (int r = 0; r < size; r++) {
-        describe(f, &rec->by_rank[r], vals[r], 96);
-        differ |= strcmp(vals[r], vals[0]) != 0;
-    }
-    size_t len = strlen(msg);
-    for (int r = 0; differ && r < size; r++) {
-        int seen = 0;
-        for (int p = 0; p < r && !seen; p++) seen = strcmp(vals[p], vals[r]) == 0;
+        int seen = 0, many = 0;
+        for (int p = 0; p < r && !seen; p++) seen = same_value(f, &q[p], &q[r]);
         if (seen) continue;
-        int many = 0;
-        for (int p = r + 1; p < size; p++) many |= strcmp(vals[p], vals[r]) == 0;
-        len += (size_t)snprintf(msg + len, len < n ? n - len : 0, "%s%s on rank%s %d", r ? "; " : "", vals[r], many ? "s" : "", r);
+        for (int p = r + 1; p < size; p++) many |= same_value(f, &q[p], &q[r]);
+        describe(f, &q[r], value);
+        len += (size_t)snprintf(msg + len, cap - len, "%s%s on rank%s %d", r ? "; " : "", value, many ? "s" : "", r);
         for (int p = r + 1; p < size; p++)
-            if (strcmp(vals[p], vals[r]) == 0) len += (size_t)snprintf(msg + len, len < n ? n - len : 0, ",%d", p);
+            if (same_value(f, &q[p], &q[r])) len += (size_t)snprintf(msg + len, cap - len, ",%d", p);
     }
-    free(vals);
-    return differ;
+    return msg;
 }
 
 /* The response for a tensor every rank submitted. */
@@ -121,13 +142,12 @@ static int decide(hvl_coordinator *c, record_t *rec, hvl_response *out)
     if (!out->name) return HVL_ERR_NO_MEMORY;
     for (int f = 0; f < F_COUNT; f++) {
         if (!field_applies(f, first->op)) continue;
-        char msg[900];
-        int head = snprintf(msg, sizeof(msg), "tensor '%s': ranks disagree on the %s: ", first->name, field_names[f]);
-        if (head < (int)sizeof(msg) && disagreement(rec, c->size, f, msg, sizeof(msg))) {
-            out->status = HVL_ERR_MISMATCH;
-            out->error = strdup(msg);
-            break;   /* later fields may not even compare once the op differs */
-        }
+        int agree = 1;
+        for (int r = 1; r < c->size && agree; r++) agree = same_value(f, first, &rec->by_rank[r]);
+        if (agree) continue;
+        out->status = HVL_ERR_MISMATCH;   /* an error even if the message cannot be built */
+        out->error = mismatch_message(rec, c->size, f);
+        break;   /* later fields may not even compare once the op differs */
     }
     return HVL_OK;
 }
@@ -140,7 +160,10 @@ static int add_one(hvl_coordinator *c, int rank, hvl_response *q, hvl_response_l
         if (rec) rec->by_rank = calloc((size_t)c->size, sizeof(hvl_response));
         if (!rec || !rec->by_rank) { free(rec); free(q->name); return HVL_ERR_NO_MEMORY; }
         rec->first_seen = hvl__now();
-        HVL_CHECK(hvl__strmap_put(&c->table, q->name, rec));
+        if (hvl__strmap_put(&c->table, q->name, rec) != HVL_OK) {
+            free(rec->by_rank); free(rec); free(q->name);
+            return HVL_ERR_NO_MEMORY;
+        }
     }
     if (rec->by_rank[rank].name) {   /* enqueue rejects duplicates, so this is a bug */
         hvl__fail(HVL_ERR_SYSTEM, "coordinator: rank %d sent tensor '%s' twice", rank, q->name);

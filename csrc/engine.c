@@ -4,6 +4,7 @@
  *     wait for work or the cycle tick -> drain queue -> negotiate -> execute -> repeat
  * Requests still pending when it stops fail with the reason. MPI is finalized by the bg thread
  * only if it initialised it. hvl_init/hvl_shutdown are serialised by life_lock. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -19,7 +20,9 @@ static int thread_started;      /* life_lock */
 static int startup_done;        /* life_lock */
 static int startup_status;      /* life_lock */
 static char startup_message[1024];
-static int initialized;         /* atomic: init succeeded and shutdown not called */
+static int initialized;         /* atomic: the engine is running (set and cleared by bg) */
+static int stopped;             /* atomic: it ran and has stopped; stop_message says why */
+static char stop_message[1024]; /* written by bg before `stopped` is released */
 static int mpi_finalized_here;  /* atomic */
 
 void hvl__count(int64_t *counter, int64_t delta) { __atomic_fetch_add(counter, delta, __ATOMIC_RELAXED); }
@@ -162,6 +165,7 @@ static void *bg_main(void *arg)
         pthread_mutex_lock(&e->queue_lock);
         e->running = 1;
         pthread_mutex_unlock(&e->queue_lock);
+        __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);   /* before init returns */
     }
     report_startup(rc);
     if (rc != HVL_OK) { teardown(e, 0); return NULL; }
@@ -174,6 +178,9 @@ static void *bg_main(void *arg)
         hvl_log(HVL_LOG_ERROR, "engine stopped: %s", message);
     }
     hvl__entries_fail_all(e, rc, message);
+    snprintf(stop_message, sizeof(stop_message), "%s", message);
+    __atomic_store_n(&stopped, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&initialized, 0, __ATOMIC_RELEASE);   /* a peer's shutdown stops us too */
     teardown(e, rc == HVL_ERR_SHUT_DOWN);
     return NULL;
 }
@@ -208,6 +215,7 @@ int hvl_init(void)
     }
     reset_engine(&hvl__engine);
     startup_done = 0;
+    __atomic_store_n(&stopped, 0, __ATOMIC_RELEASE);
     if (pthread_create(&bg_thread, NULL, bg_main, &hvl__engine) != 0) {
         rc = hvl__fail(HVL_ERR_SYSTEM, "cannot start the hvlite background thread");
         goto out;
@@ -221,7 +229,6 @@ int hvl_init(void)
         thread_started = 0;
         goto out;
     }
-    __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);
 out:
     pthread_mutex_unlock(&life_lock);
     return rc;
@@ -245,6 +252,13 @@ int hvl_shutdown(void)
 }
 
 int hvl_is_initialized(void) { return __atomic_load_n(&initialized, __ATOMIC_ACQUIRE); }
+
+int hvl__not_running(void)
+{
+    if (__atomic_load_n(&stopped, __ATOMIC_ACQUIRE))
+        return hvl__fail(HVL_ERR_SHUT_DOWN, "%s", stop_message);
+    return hvl__fail(HVL_ERR_SHUT_DOWN, "hvlite is not initialized: call init() first");
+}
 
 #define TOPOLOGY(fn, field) int fn(void) { return hvl_is_initialized() ? hvl__engine.field : -1; }
 TOPOLOGY(hvl_rank, rank)

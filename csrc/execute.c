@@ -164,7 +164,7 @@ int hvl__execute(hvl_engine *e, hvl_response_list *agreed)
         entries[k++] = en;
     }
     HVL_CHECK_GOTO(hvl__fuse(e, resps, entries, k, &batches), rc, out);
-    for (int i = 0; i < batches.count && rc == HVL_OK; i++) {
+    for (int i = 0; i < batches.count && (rc == HVL_OK || rc == HVL_ERR_INVALID_ARG); i++) {
         hvl_outcome *o = calloc((size_t)batches.items[i].count, sizeof(hvl_outcome));
         if (!o) { rc = HVL_ERR_NO_MEMORY; break; }
         double t0 = hvl__now();
@@ -173,6 +173,7 @@ int hvl__execute(hvl_engine *e, hvl_response_list *agreed)
                 batches.items[i].count, (long long)batches.items[i].bytes, (hvl__now() - t0) * 1e6);
         finish_batch(e, &batches.items[i], rc, o);
         free(o);
+        if (rc == HVL_ERR_INVALID_ARG) rc = HVL_OK;   /* agreed by every rank: not fatal */
         hvl__handles_notify();   /* one wake-up per batch, not per tensor */
     }
 out:

@@ -2,7 +2,10 @@
  * may differ per rank) and alltoall (splits). Sizes are exchanged first, then the data goes
  * into buffers the engine allocates and the handle owns. Allgathers of one cycle are fused:
  * every rank packs its tensors into one block, one allgatherv moves all blocks, and each
- * tensor's result is cut out of the blocks by a displacement table. bg thread only. */
+ * tensor's result is cut out of the blocks by a displacement table. Size limits and
+ * allocations are agreed by every rank before the data moves (hvl__agree), so a tensor too big
+ * for one rank fails on all of them instead of leaving the others in the collective.
+ * bg thread only. */
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
@@ -35,7 +38,10 @@ static int gather_one(hvl_engine *e, const hvl_backend *be, hvl_entry *en, hvl_o
         bytes[r] *= rb;
         total += bytes[r];
     }
-    if (rc == HVL_OK && !(o->result = malloc((size_t)total + 1))) rc = HVL_ERR_NO_MEMORY;
+    int local = rc == HVL_OK ? hvl__counts_fit_int(bytes, e->size, en->name) : rc;
+    if (local == HVL_OK && !(o->result = malloc((size_t)total + 1)))
+        local = hvl__fail(HVL_ERR_NO_MEMORY, "allgather '%s': out of memory", en->name);
+    if (rc == HVL_OK) rc = hvl__agree(e, local, "allgather");
     if (rc == HVL_OK) rc = be->allgatherv(e, en->req.input, o->result, bytes);
     o->result_bytes = total;
     gathered_shape(en, rows, o);
@@ -87,8 +93,10 @@ int hvl__run_allgather(hvl_engine *e, const hvl_backend *be, hvl_batch *b, hvl_o
         total += block[r];
     }
     mine_bytes = block[e->rank];
-    HVL_CHECK_GOTO(hvl__grow(&e->fusion_buf, &e->fusion_cap, mine_bytes + 1), rc, out);
-    HVL_CHECK_GOTO(hvl__grow(&e->scratch_buf, &e->scratch_cap, total + 1), rc, out);
+    rc = hvl__counts_fit_int(block, n, "fused allgather");
+    if (rc == HVL_OK) rc = hvl__grow(&e->fusion_buf, &e->fusion_cap, mine_bytes + 1);
+    if (rc == HVL_OK) rc = hvl__grow(&e->scratch_buf, &e->scratch_cap, total + 1);
+    HVL_CHECK_GOTO(hvl__agree(e, rc, "fused allgather"), rc, out);
     char *pack = e->fusion_buf;
     for (int t = 0; t < k; pack += mine[t] * rb[t], t++)
         memcpy(pack, b->entries[t]->req.input, (size_t)(mine[t] * rb[t]));
@@ -105,6 +113,7 @@ int hvl__run_alltoall(hvl_engine *e, const hvl_backend *be, hvl_entry *en, hvl_o
     int64_t rb = hvl__row_bytes(en), total = 0;
     int64_t *v = malloc(sizeof(int64_t) * 2 * (size_t)e->size);
     o->recv_splits = malloc(sizeof(int64_t) * (size_t)e->size);
+    o->nsplits = e->size;
     if (!v || !o->recv_splits) { free(v); return HVL_ERR_NO_MEMORY; }
     int64_t *send_bytes = v, *recv_bytes = v + e->size;
     int rc = hvl__alltoall_i64(e, en->splits, o->recv_splits);
@@ -114,7 +123,11 @@ int hvl__run_alltoall(hvl_engine *e, const hvl_backend *be, hvl_entry *en, hvl_o
         o->shape[0] += o->recv_splits[r];
         total += recv_bytes[r];
     }
-    if (rc == HVL_OK && !(o->result = malloc((size_t)total + 1))) rc = HVL_ERR_NO_MEMORY;
+    int local = rc == HVL_OK ? hvl__counts_fit_int(send_bytes, e->size, en->name) : rc;
+    if (local == HVL_OK) local = hvl__counts_fit_int(recv_bytes, e->size, en->name);
+    if (local == HVL_OK && !(o->result = malloc((size_t)total + 1)))
+        local = hvl__fail(HVL_ERR_NO_MEMORY, "alltoall '%s': out of memory", en->name);
+    if (rc == HVL_OK) rc = hvl__agree(e, local, "alltoall");   /* only this rank knows its sizes */
     if (rc == HVL_OK) rc = be->alltoallv(e, en->req.input, send_bytes, o->result, recv_bytes);
     o->result_bytes = total;
     o->ndim = en->req.ndim;

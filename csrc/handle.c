@@ -60,7 +60,7 @@ int hvl__handle_new(int64_t *id)
         nslots = n;
     }
     slots[i].state = SLOT_PENDING;
-    slots[i].generation++;
+    slots[i].generation = (slots[i].generation % 0x7fffffffu) + 1;   /* 1..2^31-1: ids stay > 0 */
     memset(&slots[i].outcome, 0, sizeof(hvl_outcome));
     free_hint = i + 1;
     *id = make_id(i, slots[i].generation);
@@ -115,6 +115,7 @@ int hvl_wait(int64_t id, double timeout_s)
 {
     pthread_once(&cond_once, make_cond);
     struct timespec deadline;
+    if (timeout_s > 1e9) timeout_s = -1;   /* ~30 years: forever, without time_t overflow */
     if (timeout_s >= 0) deadline_after(&deadline, timeout_s);
     pthread_mutex_lock(&handle_lock);
     slot_t *s;
@@ -181,7 +182,7 @@ int hvl_received_splits(int64_t id, int64_t *splits)
     hvl_outcome o;
     HVL_CHECK(read_done(id, &o));
     if (!o.recv_splits) return hvl__fail(HVL_ERR_INVALID_ARG, "handle %lld is not an alltoall", (long long)id);
-    memcpy(splits, o.recv_splits, sizeof(int64_t) * (size_t)hvl_size());
+    memcpy(splits, o.recv_splits, sizeof(int64_t) * (size_t)o.nsplits);
     return HVL_OK;
 }
 

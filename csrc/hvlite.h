@@ -130,7 +130,8 @@ int hvl_poll(int64_t handle, int *done);
  * into dst (nbytes must equal the result's size). Valid until hvl_release. */
 int hvl_result_shape(int64_t handle, int *ndim, int64_t *shape);
 int hvl_result_copy(int64_t handle, void *dst, int64_t nbytes);
-/* Alltoall of a completed handle: rows of dim 0 received from each rank (size entries). */
+/* Alltoall of a completed handle: rows of dim 0 received from each rank (size entries, the
+ * job's size when it ran). */
 int hvl_received_splits(int64_t handle, int64_t *splits);
 /* Forget the handle and free what the engine owned for it. */
 int hvl_release(int64_t handle);

@@ -122,6 +122,7 @@ typedef struct {
     int ndim;
     int64_t shape[HVL_MAX_DIMS];
     int64_t *recv_splits;       /* moved into the handle */
+    int nsplits;                /* entries of recv_splits */
 } hvl_outcome;
 /* bg: completes a handle; waiters see it at the next hvl__handles_notify (once per batch, so a
  * fused batch of many tensors wakes a waiting thread once, not once per tensor). */
@@ -177,6 +178,13 @@ int hvl__mpi_wait(hvl_engine *e, MPI_Request *req, const char *what);
 /* Blocking, small: every rank's `count` values, rank after rank, into all. */
 int hvl__allgather_i64(hvl_engine *e, const int64_t *mine, int count, int64_t *all);
 int hvl__alltoall_i64(hvl_engine *e, const int64_t *mine, int64_t *theirs);
+/* HVL_ERR_INVALID_ARG unless every per-rank byte count and their running sum fit an int. */
+int hvl__counts_fit_int(const int64_t *bytes, int n, const char *what);
+/* For a step that must fail on every rank or none (a local size check, an allocation before a
+ * collective): one MAX allreduce of the verdicts. HVL_OK if every rank passed; otherwise
+ * HVL_ERR_INVALID_ARG on every rank, with this rank's reason or "failed on another rank".
+ * Errors agreed this way are not fatal: the engine fails the batch and goes on. */
+int hvl__agree(hvl_engine *e, int local_rc, const char *what);
 
 /* ---- the engine (engine.c) ---- */
 struct hvl_engine {
@@ -217,6 +225,7 @@ struct hvl_engine {
 extern hvl_engine hvl__engine;
 void hvl__count(int64_t *counter, int64_t delta);                   /* relaxed atomic add */
 int hvl__grow(char **buf, int64_t *cap, int64_t need);             /* HVL_ERR_NO_MEMORY */
+int hvl__not_running(void);   /* HVL_ERR_SHUT_DOWN, saying why (never started, or why it stopped) */
 
 /* queue.c */
 int hvl__queue_drain(hvl_engine *e);                                 /* queue -> pending */

@@ -5,6 +5,7 @@
 #endif
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -13,7 +14,8 @@
 
 static int log_level = HVL_LOG_WARNING;
 static int log_rank = -1;
-static __thread char last_error[1024];
+static __thread char *last_error;      /* grows to fit; freed never (one per thread) */
+static __thread size_t last_error_cap;
 
 static const char *level_names[] = {"TRACE", "DEBUG", "INFO", "WARNING", "ERROR"};
 
@@ -38,12 +40,21 @@ int hvl__fail(int rc, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    int need = vsnprintf(NULL, 0, fmt, ap) + 1;   /* messages carry whole tensor names */
     va_end(ap);
+    if (need > 0 && (size_t)need > last_error_cap) {
+        char *grown = realloc(last_error, (size_t)need);
+        if (grown) last_error = grown, last_error_cap = (size_t)need;
+    }
+    if (last_error_cap) {
+        va_start(ap, fmt);
+        vsnprintf(last_error, last_error_cap, fmt, ap);
+        va_end(ap);
+    }
     return rc;
 }
 
-const char *hvl_last_error(void) { return last_error; }
+const char *hvl_last_error(void) { return last_error ? last_error : ""; }
 
 const char *hvl__status_name(int rc)
 {

@@ -1,8 +1,11 @@
 /* mpi_util.c: MPI error translation and the polite wait. Negotiation waits on ranks that may
  * still be busy in Python; a blocking MPI call would spin a core the training thread needs, so
  * rounds use nonblocking calls completed here: a short spin, then sleeps that grow to 200 us,
- * bounded by the peer timeout and cut short when the engine fails. bg thread only. */
+ * bounded by the peer timeout. bg thread only. */
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include "internal.h"
 
@@ -29,8 +32,6 @@ int hvl__mpi_wait(hvl_engine *e, MPI_Request *req, const char *what)
             return hvl__fail(HVL_ERR_TIMEOUT, "%s: no answer from the other ranks for %.0f s "
                              "(HVLITE_PEER_TIMEOUT_SECONDS); a rank has died or hangs outside hvlite",
                              what, e->params.peer_timeout_s);
-        if (__atomic_load_n(&e->fatal, __ATOMIC_ACQUIRE))
-            return hvl__fail(HVL_ERR_SHUT_DOWN, "%s: engine failed", what);
         struct timespec ts = {0, (long)(sleep_s * 1e9)};
         nanosleep(&ts, NULL);
         if (sleep_s < max_sleep_s) sleep_s *= 2;
@@ -47,4 +48,28 @@ int hvl__alltoall_i64(hvl_engine *e, const int64_t *mine, int64_t *theirs)
 {
     return hvl__mpi_check(MPI_Alltoall(mine, 1, MPI_INT64_T, theirs, 1, MPI_INT64_T, e->comm),
                           "MPI_Alltoall (splits)");
+}
+
+int hvl__counts_fit_int(const int64_t *bytes, int n, const char *what)
+{
+    int64_t offset = 0;
+    for (int r = 0; r < n; r++) {
+        if (bytes[r] > INT_MAX || offset > INT_MAX)
+            return hvl__fail(HVL_ERR_INVALID_ARG, "%s: more than 2 GiB per rank or in total is not "
+                             "supported by the MPI backend", what);
+        offset += bytes[r];
+    }
+    return HVL_OK;
+}
+
+int hvl__agree(hvl_engine *e, int local_rc, const char *what)
+{
+    int mine = local_rc != HVL_OK, any = 0;
+    char *mine_text = mine ? strdup(hvl_last_error()) : NULL;
+    int rc = hvl__mpi_check(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, e->comm), "MPI_Allreduce (agree)");
+    if (rc == HVL_OK && any)
+        rc = mine ? hvl__fail(HVL_ERR_INVALID_ARG, "%s", mine_text ? mine_text : what)
+                  : hvl__fail(HVL_ERR_INVALID_ARG, "%s failed on another rank (its error says why)", what);
+    free(mine_text);
+    return rc;
 }

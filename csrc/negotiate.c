@@ -50,7 +50,7 @@ static int take_cached(hvl_engine *e, hvl_response_list *out)
         r.name = strdup(r.name);
         if (!r.name) return HVL_ERR_NO_MEMORY;
         hvl__cache_touch(e->cache, slot);
-        HVL_CHECK(hvl__responses_push(out, &r));
+        if (hvl__responses_push(out, &r) != HVL_OK) { free(r.name); return HVL_ERR_NO_MEMORY; }
         hvl__count(&e->counters.cache_hits, 1);
     }
     return HVL_OK;
@@ -120,7 +120,10 @@ static int apply_responses(hvl_engine *e, hvl_buf *reply, hvl_response_list *out
         }
         if (e->cache && r.status == HVL_OK) HVL_CHECK(hvl__cache_put(e->cache, &r));
         else if (e->cache) hvl__cache_erase(e->cache, r.name);
-        HVL_CHECK(hvl__responses_push(out, &r));
+        if (hvl__responses_push(out, &r) != HVL_OK) {
+            free(r.name); free(r.error);
+            return HVL_ERR_NO_MEMORY;
+        }
         hvl__count(&e->counters.cache_misses, 1);
     }
     return HVL_OK;

@@ -84,7 +84,7 @@ static void entry_free(hvl_entry *en)
 int hvl_enqueue(const hvl_request *q, int64_t *handle_out)
 {
     hvl_engine *e = &hvl__engine;
-    if (!hvl_is_initialized()) return hvl__fail(HVL_ERR_SHUT_DOWN, "hvlite is not initialized: call init() first");
+    if (!hvl_is_initialized()) return hvl__not_running();
     HVL_CHECK(check_request(e, q));
     hvl_entry *en = entry_new(e, q);
     if (!en) return hvl__fail(HVL_ERR_NO_MEMORY, "out of memory enqueuing '%s'", q->name);
@@ -94,10 +94,12 @@ int hvl_enqueue(const hvl_request *q, int64_t *handle_out)
         rc = hvl__fail(HVL_ERR_SHUT_DOWN, "hvlite has been shut down (a rank called shutdown() or the engine failed); cannot run '%s'", q->name);
     else if (hvl__strmap_get(&e->inflight, en->name))
         rc = hvl__fail(HVL_ERR_INVALID_ARG, "tensor name '%s' is already in flight on this rank; names must be unique among pending requests", q->name);
-    else if ((rc = hvl__handle_new(&en->handle)) != HVL_OK)
-        hvl__fail(rc, "out of memory allocating a handle");
     else if ((rc = hvl__strmap_put(&e->inflight, en->name, en)) != HVL_OK)
         hvl__fail(rc, "out of memory");
+    else if ((rc = hvl__handle_new(&en->handle)) != HVL_OK) {
+        hvl__strmap_del(&e->inflight, en->name);
+        hvl__fail(rc, "out of memory allocating a handle");
+    }
     if (rc == HVL_OK) {
         /* Only the first request of a burst wakes the bg thread: it drains the whole queue,
          * and it checks the queue under this lock before it sleeps, so no wake-up is lost. */

@@ -130,7 +130,11 @@ MPI_Op hvl__mpi_op(int reduce_op, int dtype)
     }
 }
 
-#define SCALE_INT(T) { const T *s = src; T *d = dst; for (int64_t i = 0; i < count; i++) d[i] = (T)((double)s[i] * factor); } break
+/* Integers: scaled in double, rounded toward zero, saturated to the type's range (a cast of an
+ * out-of-range double is undefined in C). */
+#define SCALE_INT(T, LO, HI) { const T *s = src; T *d = dst; \
+    for (int64_t i = 0; i < count; i++) { double v = (double)s[i] * factor; \
+        d[i] = v <= (double)(LO) ? (T)(LO) : v >= (double)(HI) ? (T)(HI) : (T)v; } } break
 #define SCALE_FLOAT(T) { const T *s = src; T *d = dst; T f = (T)factor; for (int64_t i = 0; i < count; i++) d[i] = s[i] * f; } break
 
 void hvl__scale(void *dst, const void *src, int64_t count, int dtype, double factor)
@@ -140,12 +144,12 @@ void hvl__scale(void *dst, const void *src, int64_t count, int dtype, double fac
         return;
     }
     switch (dtype) {
-    case HVL_UINT8: SCALE_INT(uint8_t);
-    case HVL_INT8: SCALE_INT(int8_t);
-    case HVL_UINT16: SCALE_INT(uint16_t);
-    case HVL_INT16: SCALE_INT(int16_t);
-    case HVL_INT32: SCALE_INT(int32_t);
-    case HVL_INT64: SCALE_INT(int64_t);
+    case HVL_UINT8: SCALE_INT(uint8_t, 0, UINT8_MAX);
+    case HVL_INT8: SCALE_INT(int8_t, INT8_MIN, INT8_MAX);
+    case HVL_UINT16: SCALE_INT(uint16_t, 0, UINT16_MAX);
+    case HVL_INT16: SCALE_INT(int16_t, INT16_MIN, INT16_MAX);
+    case HVL_INT32: SCALE_INT(int32_t, INT32_MIN, INT32_MAX);
+    case HVL_INT64: SCALE_INT(int64_t, INT64_MIN, INT64_MAX);
     case HVL_FLOAT32: SCALE_FLOAT(float);
     case HVL_FLOAT64: { const double *s = src; double *d = dst; for (int64_t i = 0; i < count; i++) d[i] = s[i] * factor; } break;
     case HVL_FLOAT16: { const uint16_t *s = src; uint16_t *d = dst; float f = (float)factor;

@@ -37,6 +37,12 @@ def test_mpi4py_initialises_first():
     assert job.stdout.count("mpi4py scenario OK") == 2
 
 
+def test_peer_shutdown_stops_every_rank():
+    job = run_job(3, ["python", "tests/scenarios/peer_shutdown.py"], timeout=60)
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert job.stdout.count("peer shutdown scenario OK") == 3, job.stdout + job.stderr
+
+
 def test_plain_mpiexec_without_hvlrun():
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     job = subprocess.run([mpiexec, "-n", "2", sys.executable, "examples/data_stats.py"], cwd=ROOT,

@@ -98,3 +98,29 @@ def test_local_argument_errors():
         a = np.zeros(2)
         a.flags.writeable = False
         hvd.allreduce_(a)
+
+
+def test_mismatch_detected_for_very_long_names():
+    """The check compares values, so a name longer than any message buffer still cannot hide a
+    shape mismatch (it once did: ranks silently got half-reduced data)."""
+    name = "layer." * 400 + "weight"
+    shape = (8,) if RANK == ODD else (4,)
+    expect_mismatch(lambda: hvd.allreduce(np.ones(shape, np.float32), name=name),
+                    name, "shape", "[4]", "[8]")
+
+
+def test_long_shapes_compare_by_value():
+    """Shapes whose text would be cut still compare dimension by dimension (0-element tensors
+    may have many large dimensions)."""
+    big = 10 ** 17
+    shape = (0,) + (big,) * 14 + ((big + 1) if RANK == ODD else big,)
+    with pytest.raises(hvd.MismatchError, match="shape"):
+        _submit_shape(shape)
+
+
+def _submit_shape(shape):
+    """Enqueue a 0-element float32 allreduce whose declared shape is `shape`."""
+    from hvlite._lib import lib
+    from hvlite.handles import NULL, submit
+    return submit(lib.HVL_ALLREDUCE, "long.shape", lib.HVL_FLOAT32, shape, NULL, NULL, None, None,
+                  reduce_op=hvd.Sum).wait()

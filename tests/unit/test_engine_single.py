@@ -101,7 +101,7 @@ except hvlite.HvliteError as e:
 """
     r = run_py(code)
     assert "before: hvlite is not initialized" in r.stdout, r.stdout + r.stderr
-    assert "after: hvlite is not initialized" in r.stdout, r.stdout + r.stderr
+    assert "after: hvlite has been shut down" in r.stdout, r.stdout + r.stderr
     assert "reinit:" in r.stdout and "finalized" in r.stdout, r.stdout + r.stderr
 
 
