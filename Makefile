@@ -8,6 +8,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 HVLRUN := $(VENV)/bin/hvlrun
 STAMP  := $(VENV)/.deps-installed
+# The MPI to build against: the venv's MPICH wheel, so a checkout builds the same everywhere.
+# Override with a site MPI, e.g. `make test HVLITE_MPICC=/usr/bin/mpicc.openmpi`.
+HVLITE_MPICC ?= $(CURDIR)/$(VENV)/bin/mpicc
+export HVLITE_MPICC
 
 .PHONY: setup build run test bench clean
 

@@ -45,13 +45,18 @@ def _wheel_mpicc():
 
 
 def _candidates():
+    """(mpicc, source, label) in the documented order; the wheel's own mpicc is "pypi-mpich"
+    however it was named (HVLITE_MPICC, PATH, or found through the wheel)."""
+    wheel = _wheel_mpicc()
+
+    def source(path):
+        return "pypi-mpich" if wheel and os.path.realpath(path) == wheel else "site"
     env = os.environ.get("HVLITE_MPICC") or os.environ.get("HOROVOD_MPICC")
     if env:
-        yield env, "site", "HVLITE_MPICC=" + env
+        yield env, source(env), "HVLITE_MPICC=" + env
         return
-    wheel = _wheel_mpicc()
     on_path = shutil.which("mpicc")
-    if on_path and (not wheel or os.path.realpath(on_path) != os.path.realpath(wheel)):
+    if on_path and source(on_path) == "site":
         yield on_path, "site", "mpicc on PATH (" + on_path + ")"
     if wheel:
         yield wheel, "pypi-mpich", "the mpich wheel (" + wheel + ")"

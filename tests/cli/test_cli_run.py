@@ -15,11 +15,14 @@ from .conftest import MULTIPLIER, REPO, hvlrun_env
 
 pytestmark = pytest.mark.usefixtures("need_mpiexec")
 PY = sys.executable
+# The launcher's rank variable depends on the MPI (MPICH: PMI_RANK, Open MPI:
+# OMPI_COMM_WORLD_RANK), as a Python expression for the scripts the ranks run.
+RANK_EXPR = "os.environ.get('PMI_RANK', os.environ.get('OMPI_COMM_WORLD_RANK'))"
 
 
 def test_each_line_is_prefixed_with_rank_and_stream(hvlrun):
     code = ("import os, sys\n"
-            "r = os.environ['PMI_RANK']\n"
+            "r = " + RANK_EXPR + "\n"
             "print('hello from', r)\n"
             "print('oops from', r, file=sys.stderr)\n"
             "sys.stdout.buffer.write(b'bad \\xff byte, no newline')\n")
@@ -32,7 +35,7 @@ def test_each_line_is_prefixed_with_rank_and_stream(hvlrun):
 
 
 def test_first_failing_rank_sets_exit_code(hvlrun):
-    code = "import os, sys; sys.exit(3 if os.environ['PMI_RANK'] == '1' else 0)"
+    code = "import os, sys; sys.exit(3 if " + RANK_EXPR + " == '1' else 0)"
     job = hvlrun(["-np", "2", PY, "-c", code])
     assert job.returncode == 3, job.stdout + job.stderr
     assert "hvlrun: rank 1 (pid " in job.stderr and "exited with code 3" in job.stderr
@@ -40,7 +43,7 @@ def test_first_failing_rank_sets_exit_code(hvlrun):
 
 def test_killed_rank_ends_job_and_is_named(hvlrun):
     code = ("import os, signal, time\n"
-            "if os.environ['PMI_RANK'] == '1':\n"
+            "if " + RANK_EXPR + " == '1':\n"
             "    time.sleep(0.3)\n"
             "    os.kill(os.getpid(), signal.SIGKILL)\n"
             "time.sleep(600)\n")
@@ -72,7 +75,7 @@ def test_knob_flags_reach_every_rank(hvlrun):
 
 
 def test_output_filename_writes_per_rank_files(hvlrun, tmp_path):
-    code = ("import os, sys; r = os.environ['PMI_RANK']\n"
+    code = ("import os, sys; r = " + RANK_EXPR + "\n"
             "print('out', r); print('err', r, file=sys.stderr)\n")
     out_dir = tmp_path / "logs"
     job = hvlrun(["-np", "2", "--output-filename", out_dir, PY, "-c", code])
