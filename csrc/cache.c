@@ -63,7 +63,9 @@ void hvl__cache_touch(hvl_cache *c, int slot) { c->last_used[slot] = ++c->tick; 
 
 int hvl__cache_put(hvl_cache *c, const hvl_response *r)
 {
-    if (c->capacity == 0 || r->status != HVL_OK) return HVL_OK;
+    /* join is never cached: a cached join would sit on the bit path, unseen by rank 0, while
+     * the other ranks wait for the joined rank to stand in for their tensors. */
+    if (c->capacity == 0 || r->status != HVL_OK || r->op == HVL_JOIN) return HVL_OK;
     hvl__cache_erase(c, r->name);
     int victim = 0;
     for (int i = 0; i < c->capacity; i++) {

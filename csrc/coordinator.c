@@ -18,6 +18,8 @@ typedef struct {
 struct hvl_coordinator {
     int size;
     hvl_strmap table;          /* name -> record_t (key: by_rank[first submitter].name) */
+    char *joined;              /* joined[r]: rank r called join and it has not completed */
+    int last_joined;           /* the rank that joined last (join's result) */
 };
 
 enum { F_OP, F_DTYPE, F_SHAPE, F_REDUCE, F_ROOT, F_PRESCALE, F_POSTSCALE, F_COUNT };
@@ -29,6 +31,8 @@ int hvl__coordinator_create(hvl_coordinator **out, int size)
     hvl_coordinator *c = calloc(1, sizeof(*c));
     if (!c) return HVL_ERR_NO_MEMORY;
     c->size = size;
+    c->joined = calloc((size_t)size, 1);
+    if (!c->joined) { free(c); return HVL_ERR_NO_MEMORY; }
     *out = c;
     return HVL_OK;
 }
@@ -46,6 +50,7 @@ void hvl__coordinator_destroy(hvl_coordinator *c)
     for (size_t i = 0; i < c->table.cap; i++)
         if (hvl__strmap_live(&c->table, i)) record_free(c, c->table.slots[i].value);
     hvl__strmap_free(&c->table);
+    free(c->joined);
     free(c);
 }
 
@@ -111,22 +116,23 @@ static void describe(int f, const hvl_response *q, char *out)
 
 /* "tensor 'x': ranks disagree on the F: V1 on ranks a,b; V2 on rank c" (malloc'd; NULL if OOM).
  * Ranks are grouped by equal values (same_value), in order of first appearance. */
-static char *mismatch_message(const record_t *rec, int size, int f)
+static char *mismatch_message(const record_t *rec, const hvl_response *first, int size, int f)
 {
     const hvl_response *q = rec->by_rank;
-    size_t cap = strlen(q[0].name) + 100 + (size_t)size * (VALUE_TEXT + 24), len;
+    size_t cap = strlen(first->name) + 100 + (size_t)size * (VALUE_TEXT + 24), len;
     char *msg = malloc(cap), value[VALUE_TEXT];
     if (!msg) return NULL;
-    len = (size_t)snprintf(msg, cap, "tensor '%s': ranks disagree on the %s: ", q[0].name, field_names[f]);
-    for (int r = 0; r < size; r++) {
+    len = (size_t)snprintf(msg, cap, "tensor '%s': ranks disagree on the %s: ", first->name, field_names[f]);
+    for (int r = 0, groups = 0; r < size; r++) {
+        if (!q[r].name) continue;       /* a joined rank: it takes what the others agree */
         int seen = 0, many = 0;
-        for (int p = 0; p < r && !seen; p++) seen = same_value(f, &q[p], &q[r]);
+        for (int p = 0; p < r && !seen; p++) seen = q[p].name && same_value(f, &q[p], &q[r]);
         if (seen) continue;
-        for (int p = r + 1; p < size; p++) many |= same_value(f, &q[p], &q[r]);
+        for (int p = r + 1; p < size; p++) many |= q[p].name && same_value(f, &q[p], &q[r]);
         describe(f, &q[r], value);
-        len += (size_t)snprintf(msg + len, cap - len, "%s%s on rank%s %d", r ? "; " : "", value, many ? "s" : "", r);
+        len += (size_t)snprintf(msg + len, cap - len, "%s%s on rank%s %d", groups++ ? "; " : "", value, many ? "s" : "", r);
         for (int p = r + 1; p < size; p++)
-            if (same_value(f, &q[p], &q[r])) len += (size_t)snprintf(msg + len, cap - len, ",%d", p);
+            if (q[p].name && same_value(f, &q[p], &q[r])) len += (size_t)snprintf(msg + len, cap - len, ",%d", p);
     }
     return msg;
 }
@@ -134,7 +140,8 @@ static char *mismatch_message(const record_t *rec, int size, int f)
 /* The response for a tensor every rank submitted. */
 static int decide(hvl_coordinator *c, record_t *rec, hvl_response *out)
 {
-    const hvl_response *first = &rec->by_rank[0];
+    const hvl_response *first = rec->by_rank;
+    while (!first->name) first++;       /* the first rank that submitted (others joined) */
     *out = *first;
     out->name = strdup(first->name);
     out->error = NULL;
@@ -143,13 +150,49 @@ static int decide(hvl_coordinator *c, record_t *rec, hvl_response *out)
     for (int f = 0; f < F_COUNT; f++) {
         if (!field_applies(f, first->op)) continue;
         int agree = 1;
-        for (int r = 1; r < c->size && agree; r++) agree = same_value(f, first, &rec->by_rank[r]);
+        for (int r = 0; r < c->size && agree; r++)
+            agree = !rec->by_rank[r].name || same_value(f, first, &rec->by_rank[r]);
         if (agree) continue;
         out->status = HVL_ERR_MISMATCH;   /* an error even if the message cannot be built */
-        out->error = mismatch_message(rec, c->size, f);
-        break;   /* later fields may not even compare once the op differs */
+        out->error = mismatch_message(rec, first, c->size, f);
+        return HVL_OK;   /* later fields may not even compare once the op differs */
+    }
+    if (first->op == HVL_BROADCAST && !rec->by_rank[first->root_rank].name) {
+        out->status = HVL_ERR_INVALID_ARG;
+        char msg[256];
+        snprintf(msg, sizeof(msg), "broadcast from rank %d, which has already called join()", first->root_rank);
+        out->error = malloc(strlen(first->name) + sizeof(msg) + 16);
+        if (out->error) sprintf(out->error, "tensor '%s': %s", first->name, msg);
+    }
+    if (first->op == HVL_JOIN) {
+        out->root_rank = c->last_joined;
+        memset(c->joined, 0, (size_t)c->size);
     }
     return HVL_OK;
+}
+
+/* Every rank submitted it, or joined (join itself needs every rank). */
+static int is_ready(const hvl_coordinator *c, const record_t *rec)
+{
+    if (rec->count == c->size) return 1;
+    const hvl_response *first = rec->by_rank;
+    while (!first->name) first++;
+    if (first->op == HVL_JOIN) return 0;
+    for (int r = 0; r < c->size; r++)
+        if (!rec->by_rank[r].name && !c->joined[r]) return 0;
+    return 1;
+}
+
+static int complete(hvl_coordinator *c, record_t *rec, hvl_response_list *ready)
+{
+    hvl_response resp;
+    const hvl_response *first = rec->by_rank;
+    while (!first->name) first++;
+    int rc = decide(c, rec, &resp);
+    hvl__strmap_del(&c->table, first->name);
+    record_free(c, rec);
+    if (rc == HVL_OK) rc = hvl__responses_push(ready, &resp);
+    return rc;
 }
 
 static int add_one(hvl_coordinator *c, int rank, hvl_response *q, hvl_response_list *ready)
@@ -171,13 +214,16 @@ static int add_one(hvl_coordinator *c, int rank, hvl_response *q, hvl_response_l
         return HVL_ERR_SYSTEM;
     }
     rec->by_rank[rank] = *q;
-    if (++rec->count < c->size) return HVL_OK;
-    hvl_response resp;
-    int rc = decide(c, rec, &resp);
-    hvl__strmap_del(&c->table, q->name);
-    record_free(c, rec);
-    if (rc == HVL_OK) rc = hvl__responses_push(ready, &resp);
-    return rc;
+    rec->count++;
+    if (q->op != HVL_JOIN) return is_ready(c, rec) ? complete(c, rec, ready) : HVL_OK;
+    c->joined[rank] = 1;            /* it now stands in for every tensor it never submits */
+    c->last_joined = rank;
+    for (size_t i = 0; i < c->table.cap; i++) {   /* deleting while scanning is safe: no rehash */
+        if (!hvl__strmap_live(&c->table, i)) continue;
+        record_t *other = c->table.slots[i].value;
+        if (is_ready(c, other)) HVL_CHECK(complete(c, other, ready));
+    }
+    return HVL_OK;
 }
 
 int hvl__coordinator_add(hvl_coordinator *c, int rank, hvl_buf *requests, hvl_response_list *ready)

@@ -118,7 +118,7 @@ static int run_batch(hvl_engine *e, hvl_batch *b, hvl_outcome *o)
 {
     const hvl_backend *be = hvl__backend_for(e, b->op, b->dtype, b->bytes);
     hvl_entry *en = b->entries[0];
-    hvl__count(&e->counters.collectives, b->op == HVL_BARRIER ? 0 : 1);
+    hvl__count(&e->counters.collectives, b->op == HVL_BARRIER || b->op == HVL_JOIN ? 0 : 1);
     switch (b->op) {
     case HVL_ALLREDUCE: return run_allreduce(e, be, b);
     case HVL_ALLGATHER: return hvl__run_allgather(e, be, b, o);
@@ -129,6 +129,10 @@ static int run_batch(hvl_engine *e, hvl_batch *b, hvl_outcome *o)
             memcpy(en->req.output, en->req.input, (size_t)b->bytes);
         return be->broadcast(e, en->req.output, b->bytes, en->req.root_rank);
     case HVL_BARRIER: return HVL_OK;   /* negotiation already brought every rank here */
+    case HVL_JOIN:
+        e->joined = 0;
+        o->value = b->root_rank;       /* rank 0 put the last rank to join there */
+        return HVL_OK;
     default: return hvl__fail(HVL_ERR_SYSTEM, "unknown op %d", b->op);
     }
 }
@@ -154,6 +158,8 @@ int hvl__execute(hvl_engine *e, hvl_response_list *agreed)
     for (int i = 0; i < n; i++) {
         hvl_response *r = &agreed->items[i];
         hvl_entry *en = hvl__strmap_get(&e->pending, r->name);
+        if (!en && e->joined && r->status != HVL_OK) continue;   /* not ours to report */
+        if (!en && e->joined) en = hvl__entry_synthesize(e, r);
         if (!en) { rc = hvl__fail(HVL_ERR_SYSTEM, "agreed tensor '%s' is not pending on rank %d", r->name, e->rank); goto out; }
         if (r->status != HVL_OK) {
             hvl_outcome o = {.status = r->status, .message = strdup(r->error ? r->error : "")};

@@ -177,6 +177,14 @@ int hvl_result_copy(int64_t id, void *dst, int64_t nbytes)
     return HVL_OK;
 }
 
+int hvl_result_value(int64_t id, int64_t *value)
+{
+    hvl_outcome o;
+    HVL_CHECK(read_done(id, &o));
+    *value = o.value;
+    return HVL_OK;
+}
+
 int hvl_received_splits(int64_t id, int64_t *splits)
 {
     hvl_outcome o;

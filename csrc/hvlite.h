@@ -42,7 +42,7 @@ typedef enum {
 
 typedef enum {
     HVL_ALLREDUCE = 0, HVL_ALLGATHER = 1, HVL_BROADCAST = 2, HVL_ALLTOALL = 3,
-    HVL_REDUCESCATTER = 4, HVL_BARRIER = 5, HVL_OP_COUNT = 6
+    HVL_REDUCESCATTER = 4, HVL_BARRIER = 5, HVL_JOIN = 6, HVL_OP_COUNT = 7
 } hvl_op;
 
 typedef enum {
@@ -54,7 +54,9 @@ typedef enum {
  *   allreduce, broadcast: output has the input's shape (may equal input: in place).
  *   reducescatter: output holds this rank's slice of dim 0 (hvl_reducescatter_rows()).
  *   allgather, alltoall: output must be NULL; the engine owns the result (hvl_result_*).
- *   barrier: input, output NULL, ndim 0.
+ *   barrier, join: input, output NULL, ndim 0. A rank that submitted join takes part in every
+ *   other rank's collectives with zeros (no rows for allgather/alltoall) until every rank has
+ *   joined; then join completes everywhere, its value (hvl_result_value) the last rank to join.
  * splits (alltoall only, may be NULL = equal split): nsplits == size entries, rows of dim 0
  * sent to each rank. */
 typedef struct {
@@ -130,6 +132,8 @@ int hvl_poll(int64_t handle, int *done);
  * into dst (nbytes must equal the result's size). Valid until hvl_release. */
 int hvl_result_shape(int64_t handle, int *ndim, int64_t *shape);
 int hvl_result_copy(int64_t handle, void *dst, int64_t nbytes);
+/* Join of a completed handle: the last rank that joined. */
+int hvl_result_value(int64_t handle, int64_t *value);
 /* Alltoall of a completed handle: rows of dim 0 received from each rank (size entries, the
  * job's size when it ran). */
 int hvl_received_splits(int64_t handle, int64_t *splits);

@@ -75,6 +75,7 @@ typedef struct hvl_entry {
     int64_t handle;
     int sent;                   /* bg only: sent in full to the coordinator */
     int cache_slot;             /* bg only: this cycle's cache slot, or -1 */
+    int synthetic;              /* bg only: made for a joined rank; owns zero input/output */
     double enqueued_at;
     struct hvl_entry *next;     /* queue link (queue_lock) */
     struct hvl_entry *prev_pending, *next_pending;   /* bg only: pending list, enqueue order */
@@ -123,6 +124,7 @@ typedef struct {
     int64_t shape[HVL_MAX_DIMS];
     int64_t *recv_splits;       /* moved into the handle */
     int nsplits;                /* entries of recv_splits */
+    int64_t value;              /* join: the last rank that joined */
 } hvl_outcome;
 /* bg: completes a handle; waiters see it at the next hvl__handles_notify (once per batch, so a
  * fused batch of many tensors wakes a waiting thread once, not once per tensor). */
@@ -210,6 +212,7 @@ struct hvl_engine {
     /* bg thread only */
     hvl_strmap pending;         /* name -> entry taken from the queue, not yet done */
     hvl_entry *pending_head, *pending_tail;   /* the same entries, in enqueue order */
+    int joined;                 /* this rank's join is pending: stand in for its tensors */
     hvl_cache *cache;
     hvl_coordinator *coordinator;   /* rank 0 only */
     uint64_t *bits_mine, *bits_all;
@@ -230,6 +233,9 @@ int hvl__not_running(void);   /* HVL_ERR_SHUT_DOWN, saying why (never started, o
 /* queue.c */
 int hvl__queue_drain(hvl_engine *e);                                 /* queue -> pending */
 void hvl__entry_finish(hvl_engine *e, hvl_entry *en, hvl_outcome *o);  /* completes + frees */
+/* A stand-in entry for a tensor a joined rank never submitted: zero input (no rows for
+ * allgather/alltoall), scratch output, no handle. NULL when out of memory. */
+hvl_entry *hvl__entry_synthesize(hvl_engine *e, const hvl_response *r);
 void hvl__entries_fail_all(hvl_engine *e, int status, const char *message);
 
 /* negotiate.c: agree with every rank on what runs this cycle, in order. */
@@ -237,7 +243,7 @@ int hvl__negotiate(hvl_engine *e, hvl_response_list *out);
 
 /* fusion.c: groups agreed responses into batches that share one collective. */
 typedef struct {
-    int op, dtype, reduce_op;
+    int op, dtype, reduce_op, root_rank;
     double prescale, postscale;
     int count;                  /* entries in this batch */
     hvl_entry **entries;        /* borrowed from the pending map */

@@ -12,7 +12,7 @@ static int check_request(const hvl_engine *e, const hvl_request *q)
     if (!q->name || !q->name[0]) return hvl__fail(HVL_ERR_INVALID_ARG, "a tensor name is required");
     if (q->op < 0 || q->op >= HVL_OP_COUNT)
         return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': unknown op %d", name, q->op);
-    if (q->op == HVL_BARRIER) return HVL_OK;
+    if (q->op == HVL_BARRIER || q->op == HVL_JOIN) return HVL_OK;
     if (q->dtype < 0 || q->dtype >= HVL_DTYPE_COUNT)
         return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': unknown dtype %d", name, q->dtype);
     if (q->ndim < 0 || q->ndim > HVL_MAX_DIMS)
@@ -55,8 +55,9 @@ static hvl_entry *entry_new(const hvl_engine *e, const hvl_request *q)
     if (!en) return NULL;
     en->req = *q;
     en->name = strdup(q->name);
-    memcpy(en->shape, q->shape, sizeof(int64_t) * (size_t)(q->op == HVL_BARRIER ? 0 : q->ndim));
-    if (q->op == HVL_BARRIER) en->req.ndim = 0, en->req.dtype = HVL_UINT8;
+    int control = q->op == HVL_BARRIER || q->op == HVL_JOIN;   /* no data */
+    memcpy(en->shape, q->shape, sizeof(int64_t) * (size_t)(control ? 0 : q->ndim));
+    if (control) en->req.ndim = 0, en->req.dtype = HVL_UINT8, en->req.reduce_op = 0, en->req.root_rank = 0;
     if (q->op == HVL_ALLTOALL) {
         en->splits = malloc(sizeof(int64_t) * (size_t)e->size);
         for (int i = 0; en->splits && i < e->size; i++)
@@ -124,6 +125,7 @@ int hvl__queue_drain(hvl_engine *e)
     for (hvl_entry *next; en; en = next) {
         next = en->next;
         if (rc == HVL_OK) rc = hvl__strmap_put(&e->pending, en->name, en);
+        if (en->req.op == HVL_JOIN) e->joined = 1;
         en->prev_pending = e->pending_tail;
         en->next_pending = NULL;
         if (e->pending_tail) e->pending_tail->next_pending = en; else e->pending_head = en;
@@ -132,8 +134,48 @@ int hvl__queue_drain(hvl_engine *e)
     return rc;
 }
 
+static void synthetic_free(hvl_entry *en, hvl_outcome *o)
+{
+    free((void *)en->req.input);
+    free(en->req.output);
+    free(o->message);
+    free(o->result);
+    free(o->recv_splits);
+    entry_free(en);
+}
+
+hvl_entry *hvl__entry_synthesize(hvl_engine *e, const hvl_response *r)
+{
+    hvl_entry *en = calloc(1, sizeof(*en));
+    if (!en || !(en->name = strdup(r->name))) { free(en); return NULL; }
+    en->synthetic = 1;
+    memcpy(en->shape, r->shape, sizeof(int64_t) * (size_t)r->ndim);
+    int gathers = r->op == HVL_ALLGATHER || r->op == HVL_ALLTOALL;
+    if (gathers && r->ndim > 0) en->shape[0] = 0;                 /* contributes no rows */
+    hvl_request q = {r->op, r->dtype, r->reduce_op, r->root_rank, 0, r->ndim, en->name, en->shape,
+                     NULL, NULL, r->prescale, r->postscale, NULL, 0};
+    int64_t bytes = hvl__request_bytes(&q);
+    int64_t out_bytes = r->op == HVL_REDUCESCATTER && r->ndim
+        ? bytes / (en->shape[0] ? en->shape[0] : 1) * hvl_reducescatter_rows(en->shape[0], e->rank, e->size)
+        : bytes;
+    void *in = calloc((size_t)bytes + 1, 1), *out = gathers ? NULL : calloc((size_t)out_bytes + 1, 1);
+    if (r->op == HVL_ALLTOALL) en->splits = calloc((size_t)e->size, sizeof(int64_t));
+    q.input = in;
+    q.output = out;
+    q.splits = en->splits;
+    q.nsplits = r->op == HVL_ALLTOALL ? e->size : 0;
+    en->req = q;
+    if (!in || (!gathers && !out) || (r->op == HVL_ALLTOALL && !en->splits)) {
+        hvl_outcome none = {0};
+        synthetic_free(en, &none);
+        return NULL;
+    }
+    return en;
+}
+
 void hvl__entry_finish(hvl_engine *e, hvl_entry *en, hvl_outcome *o)
 {
+    if (en->synthetic) { synthetic_free(en, o); return; }
     hvl__strmap_del(&e->pending, en->name);
     if (en->prev_pending) en->prev_pending->next_pending = en->next_pending; else e->pending_head = en->next_pending;
     if (en->next_pending) en->next_pending->prev_pending = en->prev_pending; else e->pending_tail = en->prev_pending;

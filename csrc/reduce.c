@@ -170,7 +170,7 @@ const char *hvl__dtype_name(int dtype)
 const char *hvl__op_name(int op)
 {
     static const char *names[HVL_OP_COUNT] = {"allreduce", "allgather", "broadcast", "alltoall",
-                                              "reducescatter", "barrier"};
+                                              "reducescatter", "barrier", "join"};
     return op >= 0 && op < HVL_OP_COUNT ? names[op] : "unknown op";
 }
 

@@ -101,14 +101,30 @@ def submit(op, name, dtype, shape, in_ptr, out_ptr, keep, finish, reduce_op=0, r
 _NO_SHAPE = [0]
 
 
-def result_array(handle, dtype):
-    """Copy the engine-owned result of a finished allgather/alltoall into a new NumPy array."""
+def result_into(handle, allocate):
+    """Copy the engine-owned result of a finished allgather/alltoall into a new array.
+
+    Args:
+        handle: the finished Handle (inside its ``finish`` callback).
+        allocate: ``allocate(shape) -> (array, pointer, nbytes)`` makes the destination (any
+            framework's C-contiguous tensor; ``pointer`` from ``address``/``pointer``).
+    Returns:
+        The array ``allocate`` made, filled.
+    """
     ndim = ffi.new("int *")
     shape = ffi.new("int64_t[%d]" % lib.HVL_MAX_DIMS)
     _check(lib.hvl_result_shape(handle._id, ndim, shape))
-    out = np.empty(tuple(shape[i] for i in range(ndim[0])), dtype=dtype)
-    _check(lib.hvl_result_copy(handle._id, ffi.cast("void *", out.ctypes.data), out.nbytes))
+    out, ptr, nbytes = allocate(tuple(shape[i] for i in range(ndim[0])))
+    _check(lib.hvl_result_copy(handle._id, ptr, nbytes))
     return out
+
+
+def result_array(handle, dtype):
+    """Copy the engine-owned result of a finished allgather/alltoall into a new NumPy array."""
+    def allocate(shape):
+        out = np.empty(shape, dtype=dtype)
+        return out, address(out), out.nbytes
+    return result_into(handle, allocate)
 
 
 def received_splits(handle, size):

@@ -10,9 +10,10 @@ engine or the other ranks report (``MismatchError`` names the tensor and the ran
 """
 import numpy as np
 
-from ._lib import lib
+from ._lib import ffi, lib
 from .basics import rank, size
 from .dtypes import to_engine
+from .errors import _check
 from .handles import NULL, Handle, address, auto_name, received_splits, result_array, submit
 from .process_sets import _set_id
 
@@ -21,7 +22,7 @@ __all__ = ["Sum", "Average", "Min", "Max", "Product", "allreduce", "allreduce_as
            "grouped_allreduce_", "grouped_allreduce_async_", "allgather", "allgather_async",
            "grouped_allgather", "broadcast", "broadcast_async", "broadcast_",
            "broadcast_async_", "alltoall", "alltoall_async", "reducescatter",
-           "reducescatter_async", "grouped_reducescatter", "barrier", "poll", "synchronize"]
+           "reducescatter_async", "grouped_reducescatter", "barrier", "join", "poll", "synchronize"]
 
 Sum, Average, Min, Max, Product = (lib.HVL_SUM, lib.HVL_AVERAGE, lib.HVL_MIN, lib.HVL_MAX,
                                    lib.HVL_PRODUCT)
@@ -265,6 +266,20 @@ def barrier(process_set=None):
     """Return once every rank has called barrier()."""
     submit(lib.HVL_BARRIER, auto_name("barrier"), lib.HVL_UINT8, (), NULL, NULL, None, None,
            process_set=_set_id(process_set)).wait()
+
+
+def join(process_set=None):
+    """Declare that this rank has no more data (uneven inputs). Until every rank has joined,
+    this rank takes part in the other ranks' collectives with zeros (no rows for allgather and
+    alltoall) and discards the results; Average still divides by the full size. Returns the
+    rank that joined last. A broadcast from a rank that has joined fails on every rank.
+    Every rank must call join() exactly once per round of uneven work."""
+    def finish(h):
+        value = ffi.new("int64_t *")
+        _check(lib.hvl_result_value(h._id, value))
+        return int(value[0])
+    return submit(lib.HVL_JOIN, "join", lib.HVL_UINT8, (), NULL, NULL, None, finish,
+                  process_set=_set_id(process_set)).wait()
 
 
 def poll(handle):
