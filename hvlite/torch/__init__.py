@@ -1,0 +1,44 @@
+"""``import hvlite.torch as hvd``: Horovod's PyTorch API on the hvlite engine.
+
+Contract: the names Horovod documents for ``horovod.torch`` (basics, collectives and their async
+and in-place forms, ``DistributedOptimizer``, ``broadcast_parameters``,
+``broadcast_optimizer_state``, object collectives, ``Compression``, ``SyncBatchNorm``,
+``join``) with Horovod's signatures and semantics, on CPU tensors. Pure Python over the
+framework-neutral layer; no torch extension is compiled.
+"""
+from ..basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
+                      gloo_enabled, init, is_initialized, local_rank, local_size,
+                      mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                      rocm_built, shutdown, size)
+from ..errors import (HorovodInternalError, HvliteError, HvliteInvalidArgument,
+                      HvliteShutdownError, HvliteTimeoutError, MismatchError)
+from ..process_sets import ProcessSet, global_process_set
+from .compression import Compression
+from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
+                        broadcast_parameters)
+from .ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async,
+                  allreduce, allreduce_, allreduce_async, allreduce_async_, alltoall,
+                  alltoall_async, barrier, broadcast, broadcast_, broadcast_async,
+                  broadcast_async_, grouped_allgather, grouped_allgather_async,
+                  grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+                  grouped_allreduce_async_, grouped_reducescatter, join, poll, reducescatter,
+                  reducescatter_async, synchronize)
+from .optimizer import DistributedOptimizer
+from .sync_batch_norm import SyncBatchNorm
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "cross_rank", "cross_size", "mpi_threads_supported", "mpi_built", "mpi_enabled",
+    "nccl_built", "gloo_built", "gloo_enabled", "cuda_built", "rocm_built", "ddl_built",
+    "ccl_built", "HorovodInternalError", "HvliteError", "HvliteInvalidArgument",
+    "HvliteShutdownError", "HvliteTimeoutError", "MismatchError", "ProcessSet",
+    "global_process_set", "Compression", "allgather_object", "broadcast_object",
+    "broadcast_optimizer_state", "broadcast_parameters", "Adasum", "Average", "Max", "Min",
+    "Product", "Sum", "allgather", "allgather_async", "allreduce", "allreduce_",
+    "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
+    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "grouped_allgather",
+    "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
+    "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter", "join",
+    "poll", "reducescatter", "reducescatter_async", "synchronize", "DistributedOptimizer",
+    "SyncBatchNorm",
+]

@@ -1,0 +1,96 @@
+"""Broadcasting model and optimizer state from one rank (Horovod's torch functions).
+
+Contract: both functions are collectives (every rank calls them, same order) and leave every
+rank equal to ``root_rank``, in place. ``broadcast_parameters`` takes a ``state_dict()`` (sorted
+by key, as Horovod does) or ``named_parameters()``/a list of tensors. ``broadcast_optimizer_state``
+sends the root's ``state_dict()`` structure (hyper-parameters, step counts) as an object and
+its tensors through the engine, then loads it on the other ranks, so it also works when the
+optimizer state is not created yet on some ranks (they take the root's, empty or not).
+"""
+import torch
+
+from ..basics import rank
+from ..objects import allgather_object, broadcast_object
+from .ops import broadcast_async_
+
+__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
+           "allgather_object"]
+
+
+def broadcast_parameters(params, root_rank=0, process_set=None):
+    """Overwrite every rank's parameters with root_rank's values.
+
+    Args:
+        params: ``model.state_dict()``, ``model.named_parameters()``, or a list of tensors.
+        root_rank: the rank whose values win.
+    Raises:
+        ValueError: params of another kind; HvliteError subclasses as for broadcast (e.g. a
+            shape that differs across ranks raises MismatchError on every rank).
+    """
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, (list, tuple)) or hasattr(params, "__iter__"):
+        items = [p if isinstance(p, tuple) else ("%d" % i, p) for i, p in enumerate(params)]
+    else:
+        raise ValueError("broadcast_parameters expects a state_dict or named parameters, got %s"
+                         % type(params).__name__)
+    handles = []
+    with torch.no_grad():
+        for name, tensor in items:
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            handles.append(broadcast_async_(tensor.data if tensor.requires_grad else tensor,
+                                            root_rank, "broadcast_parameters." + name, process_set))
+        for h in handles:
+            h.wait()
+
+
+class _TensorSpec:
+    """Stands for a tensor in the state structure sent as an object."""
+
+    def __init__(self, tensor):
+        self.shape, self.dtype = tuple(tensor.shape), tensor.dtype
+
+
+def _split(obj, tensors):
+    """obj with tensors replaced by _TensorSpec (appended to ``tensors`` in walk order)."""
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj)
+        return _TensorSpec(obj)
+    if isinstance(obj, dict):
+        return {k: _split(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_split(v, tensors) for v in obj)
+    return obj
+
+
+def _fill(obj, tensors):
+    """The inverse walk: _TensorSpec -> a new tensor (appended to ``tensors``)."""
+    if isinstance(obj, _TensorSpec):
+        t = torch.empty(obj.shape, dtype=obj.dtype)
+        tensors.append(t)
+        return t
+    if isinstance(obj, dict):
+        return {k: _fill(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_fill(v, tensors) for v in obj)
+    return obj
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0, process_set=None):
+    """Make every rank's optimizer state (moments, step counts, learning rates, ...) equal to
+    root_rank's. Works for any torch optimizer whose ``state_dict`` holds tensors and
+    picklable values (SGD, Adam, AdamW, ...), created or not yet created."""
+    tensors = []
+    structure = _split(optimizer.state_dict(), tensors) if rank() == root_rank else None
+    structure = broadcast_object(structure, root_rank, "broadcast_optimizer_state.structure",
+                                 process_set)
+    if rank() != root_rank:
+        tensors = []
+        state = _fill(structure, tensors)
+    handles = [broadcast_async_(t, root_rank, "broadcast_optimizer_state.%d" % i, process_set)
+               for i, t in enumerate(tensors)]
+    for h in handles:
+        h.wait()
+    if rank() != root_rank:
+        optimizer.load_state_dict(state)

@@ -1,0 +1,207 @@
+"""Horovod's ``DistributedOptimizer`` for torch on the hvlite engine.
+
+Contract: ``DistributedOptimizer(optimizer, ...)`` returns an optimizer of a subclass of
+``type(optimizer)`` sharing its state and param groups. A hook on every parameter starts an
+asynchronous allreduce of its gradient as soon as backward has accumulated it
+``backward_passes_per_step`` times, so communication overlaps the rest of backward. ``step()``
+waits for all of them (``synchronize()``), writes the averaged gradients back and runs the
+wrapped step. Every rank must build the same model (checked at construction: a clear
+``ValueError`` on every rank otherwise) and call backward/step in the same pattern.
+
+Gradient names are ``allreduce.<parameter name>`` (from ``named_parameters``, else the
+parameter's position), the same every step, so the engine's response cache agrees on them
+without a coordinator round. Sparse gradients are allgathered (indices and values) and summed,
+or densified with ``sparse_as_dense=True``.
+"""
+import contextlib
+
+import torch
+
+from ..basics import size
+from ..objects import allgather_object
+from .compression import Compression
+from .ops import Average, Sum, allgather_async, allreduce_async_
+
+__all__ = ["DistributedOptimizer"]
+
+
+class _DistributedOptimizer:
+    """Mixin placed before the wrapped optimizer's class."""
+
+    def _hvl_setup(self, named_parameters, compression, backward_passes_per_step, op,
+                   gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set):
+        if op not in (Average, Sum):
+            raise ValueError("DistributedOptimizer supports op=Average or op=Sum")
+        if op != Average and gradient_predivide_factor != 1.0:
+            raise ValueError("gradient_predivide_factor needs op=Average")
+        if backward_passes_per_step < 1:
+            raise ValueError("backward_passes_per_step must be >= 1")
+        self._compression = compression
+        self._passes = backward_passes_per_step
+        self._op = op
+        self._predivide = float(gradient_predivide_factor)
+        self._sparse_as_dense = sparse_as_dense
+        self._process_set = process_set
+        self._params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        self._names = self._parameter_names(named_parameters)
+        self._groups = self._make_groups(num_groups, groups)
+        self._check_same_model_everywhere()
+        self._handles = {}          # param -> (handle, ctx, sent tensor)
+        self._delay = {p: self._passes for p in self._params}
+        self._group_ready = {}      # group index -> params ready, waiting for the rest
+        self._synchronized = False
+        self._should_synchronize = True
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in self._params]
+
+    def _parameter_names(self, named_parameters):
+        if named_parameters is None:
+            return {p: "param.%d" % i for i, p in enumerate(self._params)}
+        named = list(named_parameters)
+        names = [n for n, _ in named]
+        if len(set(names)) != len(names):
+            raise ValueError("named_parameters has duplicate names")
+        by_param = {p: n for n, p in named}
+        unnamed = [i for i, p in enumerate(self._params) if p not in by_param]
+        if unnamed:
+            raise ValueError("named_parameters was given, but %d of the optimizer's parameters "
+                             "are not in it (positions %s)" % (len(unnamed), unnamed[:10]))
+        return {p: by_param[p] for p in self._params}
+
+    def _make_groups(self, num_groups, groups):
+        if groups is not None:
+            if isinstance(groups, int):
+                num_groups = groups
+            else:
+                index = {p: gi for gi, group in enumerate(groups) for p in group}
+                return {p: index.get(p) for p in self._params}
+        if num_groups and num_groups > 0:
+            per = -(-len(self._params) // num_groups)
+            return {p: i // per for i, p in enumerate(self._params)}
+        return {p: None for p in self._params}
+
+    def _check_same_model_everywhere(self):
+        mine = [(self._names[p], tuple(p.shape), str(p.dtype)) for p in self._params]
+        everyone = allgather_object(mine, name="DistributedOptimizer.check")
+        for r, theirs in enumerate(everyone):
+            if theirs != mine:
+                diff = [(a, b) for a, b in zip(mine, theirs) if a != b][:3]
+                raise ValueError("DistributedOptimizer: the parameters differ across ranks: this "
+                                 "rank has %d, rank %d has %d; first differences (this rank, "
+                                 "rank %d): %s" % (len(mine), r, len(theirs), r, diff))
+
+    # ---- during backward ----
+
+    def _on_gradient(self, p):
+        if p in self._handles:
+            raise RuntimeError("gradient of '%s' computed more than backward_passes_per_step=%d "
+                               "times before step()/synchronize()" % (self._names[p], self._passes))
+        self._delay[p] -= 1
+        if self._delay[p] > 0:
+            return
+        group = self._groups[p]
+        if group is None:
+            self._handles[p] = self._start(p)
+            return
+        ready = self._group_ready.setdefault(group, [])
+        ready.append(p)
+        members = [q for q in self._params if self._groups[q] == group]
+        if len(ready) == len(members):     # submit the group together, so it fuses
+            for q in members:
+                self._handles[q] = self._start(q)
+            del self._group_ready[group]
+
+    def _start(self, p):
+        name = "allreduce." + self._names[p]
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        if p.grad.is_sparse:
+            if not self._sparse_as_dense:
+                grad = p.grad.coalesce()
+                return (allgather_async(grad.indices().t().contiguous(), name + ".indices",
+                                        self._process_set),
+                        allgather_async(grad.values(), name + ".values", self._process_set)), \
+                    "sparse", None
+            p.grad = p.grad.to_dense()
+        sent, ctx = self._compression.compress(p.grad)
+        pre, post = (1.0 / self._predivide, self._predivide) if self._op == Average else (1.0, 1.0)
+        handle = allreduce_async_(sent, name=name, op=self._op, prescale_factor=pre,
+                                  postscale_factor=post, process_set=self._process_set)
+        return handle, ctx, sent
+
+    # ---- at step ----
+
+    def synchronize(self):
+        """Wait for every gradient allreduce and write the results into ``p.grad``."""
+        for p in self._params:
+            if p not in self._handles:     # no (or too few) backward passes: still take part
+                self._handles[p] = self._start(p)
+        for p, (handle, ctx, sent) in self._handles.items():
+            if ctx == "sparse":
+                self._finish_sparse(p, handle)
+                continue
+            handle.wait()
+            if sent is not p.grad:
+                with torch.no_grad():
+                    p.grad.copy_(self._compression.decompress(sent, ctx))
+        self._handles.clear()
+        self._group_ready.clear()
+        self._delay = {p: self._passes for p in self._params}
+        self._synchronized = True
+
+    def _finish_sparse(self, p, handles):
+        indices, values = (h.wait() for h in handles)
+        summed = torch.sparse_coo_tensor(indices.t(), values, p.grad.shape).coalesce()
+        p.grad = summed / size() if self._op == Average else summed
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Inside, ``step()`` does not synchronize: use after an explicit ``synchronize()``
+        (e.g. to clip the averaged gradients before stepping)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            self.synchronize()
+        self._synchronized = False
+        return super().step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        if self._handles:
+            raise RuntimeError("optimizer.zero_grad() was called after loss.backward() but before "
+                               "optimizer.step() or optimizer.synchronize()")
+        return super().zero_grad(set_to_none=set_to_none)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False, process_set=None):
+    """Wrap ``optimizer`` so that gradients are averaged (or summed) over every rank.
+
+    Args:
+        optimizer: a torch.optim.Optimizer over the model's parameters.
+        named_parameters: ``model.named_parameters()``; names the allreduces (recommended).
+        compression: Compression.none or Compression.fp16 (gradients sent as float16).
+        backward_passes_per_step: gradients accumulate locally over this many backward passes
+            before they are allreduced.
+        op: Average (default) or Sum.
+        gradient_predivide_factor: divide gradients by this before the sum and multiply after
+            (Average only), to keep float16 sums in range.
+        num_groups / groups: submit gradients in groups (all of a group once it is complete).
+        sparse_as_dense: densify sparse gradients instead of allgathering them.
+        process_set: None (all ranks).
+    Returns:
+        An optimizer whose class derives from ``type(optimizer)``.
+    Raises:
+        ValueError: bad arguments, or parameters that differ across ranks (on every rank).
+    """
+    base = type(optimizer)
+    cls = type(base.__name__, (_DistributedOptimizer, base), {})
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)    # same state, param groups and defaults
+    wrapped._hvl_setup(named_parameters, compression, backward_passes_per_step, op,
+                       gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set)
+    return wrapped

@@ -1,0 +1,109 @@
+"""``SyncBatchNorm``: batch normalization with statistics over every rank's batch.
+
+Contract: in training mode (and with more than one rank) the forward pass normalizes with the
+mean and variance of the combined batch of all ranks, and the backward pass gives every rank
+the input gradient of that combined computation; weight and bias gradients stay per-rank sums
+(the optimizer averages them, as for any parameter). Running statistics follow BatchNorm's
+rules (unbiased variance, momentum or cumulative average). Each layer uses one allreduce of
+[sum, sum of squares, count] forward and one of [sum dy, sum dy*xhat] backward, named after the
+layer's creation index so they repeat every step (response-cache hits). Every rank must run
+the same layers in the same order. Evaluation mode is plain BatchNorm.
+"""
+import itertools
+
+import torch
+
+from ..basics import size
+from .ops import Sum, allreduce_async
+
+__all__ = ["SyncBatchNorm"]
+
+_layer_ids = itertools.count()
+
+
+class _SyncBatchNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, eps, momentum, name):
+        channels = x.shape[1]
+        dims = [d for d in range(x.dim()) if d != 1]
+        xd = x.double()
+        local = torch.cat([xd.sum(dim=dims), (xd * xd).sum(dim=dims),
+                           torch.tensor([x.numel() / max(channels, 1)], dtype=torch.float64)])
+        total = allreduce_async(local, op=Sum, name=name + ".stats").wait()
+        count = total[-1]
+        mean = total[:channels] / count
+        var = (total[channels:2 * channels] / count - mean * mean).clamp_min(0)
+        invstd = torch.rsqrt(var + eps)
+        if running_mean is not None:
+            with torch.no_grad():
+                unbiased = var * count / max(count.item() - 1, 1)
+                running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
+                running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
+        shape = [1, channels] + [1] * (x.dim() - 2)
+        xhat = (xd - mean.view(shape)) * invstd.view(shape)
+        out = xhat
+        if weight is not None:
+            out = out * weight.double().view(shape) + bias.double().view(shape)
+        ctx.save_for_backward(xhat, invstd, weight)
+        ctx.count, ctx.name, ctx.dims, ctx.shape = count, name, dims, shape
+        return out.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        xhat, invstd, weight = ctx.saved_tensors
+        dims, shape = ctx.dims, ctx.shape
+        g = grad.double()
+        grad_weight = (g * xhat).sum(dim=dims).to(weight.dtype) if weight is not None else None
+        grad_bias = g.sum(dim=dims).to(weight.dtype) if weight is not None else None
+        gx = g * weight.double().view(shape) if weight is not None else g
+        local = torch.cat([gx.sum(dim=dims), (gx * xhat).sum(dim=dims)])
+        total = allreduce_async(local, op=Sum, name=ctx.name + ".grad").wait()
+        channels = invstd.numel()
+        mean_dy = (total[:channels] / ctx.count).view(shape)
+        mean_dy_xhat = (total[channels:] / ctx.count).view(shape)
+        grad_x = invstd.view(shape) * (gx - mean_dy - xhat * mean_dy_xhat)
+        return grad_x.to(grad.dtype), grad_weight, grad_bias, None, None, None, None, None
+
+
+class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
+    """Drop-in for ``torch.nn.BatchNorm1d/2d/3d`` whose statistics span every rank."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
+                 track_running_stats=True, device=None, dtype=None):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
+        self._hvl_name = "SyncBatchNorm.%d" % next(_layer_ids)
+
+    def _check_input_dim(self, input):
+        if input.dim() < 2:
+            raise ValueError("expected at least 2D input (got %dD input)" % input.dim())
+
+    def forward(self, input):
+        self._check_input_dim(input)
+        if not self.training or size() == 1:
+            return super().forward(input)
+        momentum = self.momentum if self.momentum is not None else 0.0
+        if self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:   # cumulative moving average
+                momentum = 1.0 / float(self.num_batches_tracked)
+        running = self.track_running_stats
+        return _SyncBatchNormFn.apply(input, self.weight, self.bias,
+                                      self.running_mean if running else None,
+                                      self.running_var if running else None,
+                                      self.eps, momentum, self._hvl_name)
+
+    @classmethod
+    def convert_sync_batchnorm(cls, module):
+        """A copy-free conversion of every BatchNorm layer of ``module`` into SyncBatchNorm."""
+        converted = module
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and not isinstance(module, cls):
+            converted = cls(module.num_features, module.eps, module.momentum, module.affine,
+                            module.track_running_stats)
+            if module.affine:
+                converted.weight, converted.bias = module.weight, module.bias
+            converted.running_mean, converted.running_var = module.running_mean, module.running_var
+            converted.num_batches_tracked = module.num_batches_tracked
+        for name, child in module.named_children():
+            converted.add_module(name, cls.convert_sync_batchnorm(child))
+        return converted
+
