@@ -150,7 +150,8 @@ class _DistributedOptimizer:
 
     def _finish_sparse(self, p, handles):
         indices, values = (h.wait() for h in handles)
-        summed = torch.sparse_coo_tensor(indices.t(), values, p.grad.shape).coalesce()
+        summed = torch.sparse_coo_tensor(indices.t(), values, p.grad.shape,
+                                         check_invariants=True).coalesce()   # indices came from other ranks
         p.grad = summed / size() if self._op == Average else summed
 
     @contextlib.contextmanager

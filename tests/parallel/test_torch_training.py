@@ -1,0 +1,182 @@
+"""hvlite.torch training semantics, each checked on every rank against one process computing on
+the combined batch: DistributedOptimizer (SGD with momentum, Adam; 1 and 2 backward passes per
+step; fp16 compression; sparse embedding gradients), broadcast_parameters and
+broadcast_optimizer_state (state created or not), SyncBatchNorm forward/backward/running stats,
+join with uneven batches, and clear errors for a model that differs across ranks.
+SPMD: run by hvlrun."""
+import copy
+
+import pytest
+import torch
+
+import hvlite.torch as hvd
+
+RANK, SIZE = hvd.rank(), hvd.size()
+PER_RANK = 4
+torch.set_num_threads(1)
+
+
+def model_and_data(dtype=torch.float64, seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).to(dtype)
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(8, SIZE * PER_RANK, 6, generator=g, dtype=dtype)   # 8 batches, all ranks'
+    y = torch.randn(8, SIZE * PER_RANK, 3, generator=g, dtype=dtype)
+    return model, x, y
+
+
+def shard(batch):
+    return batch[RANK * PER_RANK:(RANK + 1) * PER_RANK]
+
+
+def train(model, opt, x, y, steps, passes, distributed):
+    """`passes` micro-batches per step; each loss is the mean over its (combined or local) batch."""
+    loss_fn = torch.nn.MSELoss()
+    for step in range(steps):
+        opt.zero_grad()
+        for p in range(passes):
+            b = step * passes + p
+            xb, yb = (shard(x[b]), shard(y[b])) if distributed else (x[b], y[b])
+            loss_fn(model(xb), yb).backward()
+        opt.step()
+
+
+def assert_same_on_every_rank(model):
+    for name, p in model.named_parameters():
+        everyone = hvd.allgather(p.detach().reshape(1, -1), name="same." + name)
+        assert all(torch.equal(everyone[0], row) for row in everyone), "ranks differ on " + name
+
+
+@pytest.mark.parametrize("optim,passes,compression", [
+    ("sgd", 1, "none"), ("sgd", 2, "none"), ("adam", 1, "none"), ("adam", 2, "none"), ("sgd", 1, "fp16")])
+def test_distributed_optimizer_matches_combined_batch(optim, passes, compression):
+    dtype = torch.float32 if compression == "fp16" else torch.float64
+    model, x, y = model_and_data(dtype)
+    reference = copy.deepcopy(model)
+    make = (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)) if optim == "sgd" else \
+        (lambda ps: torch.optim.Adam(ps, lr=0.01))
+    opt = hvd.DistributedOptimizer(make(model.parameters()), named_parameters=model.named_parameters(),
+                                   backward_passes_per_step=passes,
+                                   compression=getattr(hvd.Compression, compression))
+    steps = 8 // passes
+    train(model, opt, x, y, steps, passes, distributed=True)
+    train(reference, make(reference.parameters()), x, y, steps, passes, distributed=False)
+    tol = 2e-3 if compression == "fp16" else 1e-10
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.allclose(p, q, rtol=tol, atol=tol), (name, (p - q).abs().max())
+    assert_same_on_every_rank(model)
+
+
+def test_synchronize_then_clip_with_skip_synchronize():
+    model, x, y = model_and_data()
+    reference = copy.deepcopy(model)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
+                                   named_parameters=model.named_parameters())
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5)
+    loss = torch.nn.MSELoss()
+    for b in range(3):
+        opt.zero_grad()
+        loss(model(shard(x[b])), shard(y[b])).backward()
+        opt.synchronize()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        with opt.skip_synchronize():
+            opt.step()
+        ref_opt.zero_grad()
+        loss(reference(x[b]), y[b]).backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.05)
+        ref_opt.step()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.allclose(p, q, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_sparse_embedding_gradients(sparse_as_dense):
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 3, sparse=True).double()
+    reference = copy.deepcopy(emb)
+    ids = torch.tensor([[1, 2, 2, 7], [3, 1, 9, 0], [5, 5, 6, 1]])[:SIZE]   # one row per rank
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=1.0),
+                                   named_parameters=emb.named_parameters(), sparse_as_dense=sparse_as_dense)
+    opt.zero_grad()
+    emb(ids[RANK]).sum().backward()
+    opt.step()
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=1.0)
+    (reference(ids).sum() / SIZE).backward()
+    ref_opt.step()
+    assert torch.allclose(emb.weight, reference.weight, atol=1e-12)
+
+
+def test_broadcast_parameters_and_optimizer_state():
+    model, x, y = model_and_data(seed=100 + RANK)          # every rank starts different
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    if RANK == 0:                                          # only the root has optimizer state
+        train(model, opt, x, y, steps=2, passes=1, distributed=False)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert_same_on_every_rank(model)
+    state = opt.state_dict()
+    assert len(state["state"]) == 4
+    for i, s in state["state"].items():
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            t = s[key].reshape(1, -1).double()
+            everyone = hvd.allgather(t, name="optstate.%d.%s" % (i, key))
+            assert all(torch.equal(everyone[0], row) for row in everyone), (i, key)
+    # the other way round: the root has no state yet, the others do -> nobody keeps any
+    model2, _, _ = model_and_data(seed=7)
+    opt2 = torch.optim.SGD(model2.parameters(), lr=0.1, momentum=0.9)
+    if RANK != 0:
+        train(model2, opt2, x, y, steps=1, passes=1, distributed=False)
+    hvd.broadcast_optimizer_state(opt2, root_rank=0)
+    assert len(opt2.state_dict()["state"]) == 0
+    hvd.broadcast_parameters(list(model2.named_parameters()), root_rank=0)
+    assert_same_on_every_rank(model2)
+
+
+def test_sync_batch_norm_matches_combined_batch():
+    torch.manual_seed(3)
+    data = torch.randn(SIZE * 4, 3, 2, 2, dtype=torch.float64)
+    weights = torch.randn_like(data)
+    sync = hvd.SyncBatchNorm(3, momentum=0.3).double()
+    plain = torch.nn.BatchNorm2d(3, momentum=0.3).double()
+    with torch.no_grad():
+        for bn in (sync, plain):
+            bn.weight.copy_(torch.tensor([1.5, -0.5, 2.0]))
+            bn.bias.copy_(torch.tensor([0.1, 0.2, -0.3]))
+    mine = data[RANK * 4:(RANK + 1) * 4].clone().requires_grad_()
+    combined = data.clone().requires_grad_()
+    out = sync(mine)
+    ref = plain(combined)
+    (out * weights[RANK * 4:(RANK + 1) * 4]).sum().backward()
+    (ref * weights).sum().backward()
+    assert torch.allclose(out, ref[RANK * 4:(RANK + 1) * 4], atol=1e-10)
+    assert torch.allclose(mine.grad, combined.grad[RANK * 4:(RANK + 1) * 4], atol=1e-10)
+    for p, q in ((sync.weight, plain.weight), (sync.bias, plain.bias)):
+        assert torch.allclose(hvd.allreduce(p.grad, op=hvd.Sum), q.grad, atol=1e-10)
+    assert torch.allclose(sync.running_mean, plain.running_mean, atol=1e-12)
+    assert torch.allclose(sync.running_var, plain.running_var, atol=1e-12)
+    sync.eval()
+    plain.eval()
+    assert torch.allclose(sync(mine), plain(mine), atol=1e-12)
+
+
+def test_join_with_uneven_batches():
+    model, x, y = model_and_data()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    loss = torch.nn.MSELoss()
+    for b in range(2 + RANK):                 # rank r has 2 + r batches
+        opt.zero_grad()
+        loss(model(shard(x[b])), shard(y[b])).backward()
+        opt.step()
+    last = hvd.join()
+    assert last == SIZE - 1
+    hvd.broadcast_parameters(model.state_dict(), root_rank=last)
+    assert_same_on_every_rank(model)
+
+
+def test_model_that_differs_across_ranks_fails_everywhere():
+    hidden = 8 if RANK == 0 else 9
+    model = torch.nn.Sequential(torch.nn.Linear(6, hidden), torch.nn.Linear(hidden, 3))
+    with pytest.raises(ValueError, match="parameters differ across ranks"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=model.named_parameters())
