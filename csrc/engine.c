@@ -1,7 +1,8 @@
 /* engine.c: the engine's life and its cycle. hvl_init starts the bg thread, which owns MPI:
  * it initialises MPI (or reuses an existing init, e.g. mpi4py's), builds the communicators and
  * then runs the cycle until every rank agrees to stop or a fatal error occurs:
- *     wait for work or the cycle tick -> drain queue -> negotiate -> execute -> repeat
+ *     wait for work (or the tick: every cycle while requests are pending, else every 20 ms)
+ *     -> drain queue -> negotiate -> execute -> repeat
  * Requests still pending when it stops fail with the reason. MPI is finalized by the bg thread
  * only if it initialised it. hvl_init/hvl_shutdown are serialised by life_lock. */
 #include <stdio.h>
@@ -128,13 +129,19 @@ static void wait_for_work(hvl_engine *e, double deadline)
     pthread_mutex_unlock(&e->queue_lock);
 }
 
+/* A rank with nothing pending has nothing to agree on: it sleeps until a request arrives (a
+ * wake-up is immediate), ticking only this often so that a peer's shutdown and rank 0's stall
+ * inspector still get their rounds. Ticking every cycle while idle cost a 2-rank ResNet step
+ * on 2 cores ~15% (226 rounds a step, each a wake-up and an MPI poll on a busy core). */
+#define IDLE_TICK_S 0.02
+
 static int run_cycles(hvl_engine *e)
 {
     hvl_response_list agreed = {0};
     int rc = HVL_OK;
     double cycle_s = e->params.cycle_time_ms * 1e-3;
     while (rc == HVL_OK) {
-        wait_for_work(e, hvl__now() + cycle_s);
+        wait_for_work(e, hvl__now() + (e->pending_head ? cycle_s : IDLE_TICK_S));
         rc = hvl__queue_drain(e);
         if (rc == HVL_OK) rc = hvl__negotiate(e, &agreed);
         if (rc == HVL_OK) rc = hvl__execute(e, &agreed);
