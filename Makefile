@@ -1,6 +1,6 @@
 # hvlite's single entry point. Every target sets up what it needs first (a venv in .venv with
 # the MPICH wheel, mpi4py, torch CPU, and hvlite built in place), so on a fresh clone:
-#   make run     # set up, then the main job: hvlrun -np 2 on examples/data_stats.py
+#   make run     # set up, then the main job: hvlrun -np 2 on examples/pytorch_digits.py
 #   make test    # set up, then every test (unit, SPMD under hvlrun -np 2 and 3, failures, CLI)
 #   make bench   # set up, then the allreduce benchmark table
 PYTHON ?= python3
@@ -29,7 +29,7 @@ build: $(STAMP)
 	$(PY) -m pip install -q --no-build-isolation -e .
 
 run: setup
-	$(HVLRUN) -np 2 $(PY) examples/data_stats.py
+	$(HVLRUN) -np 2 $(PY) examples/pytorch_digits.py
 
 test: setup
 	$(PY) -m pytest -q tests
