@@ -17,7 +17,7 @@ from .errors import _check
 from .handles import NULL, Handle, address, auto_name, received_splits, result_array, submit
 from .process_sets import _set_id
 
-__all__ = ["Sum", "Average", "Min", "Max", "Product", "allreduce", "allreduce_async",
+__all__ = ["Sum", "Average", "Min", "Max", "Product", "Adasum", "allreduce", "allreduce_async",
            "allreduce_", "allreduce_async_", "grouped_allreduce", "grouped_allreduce_async",
            "grouped_allreduce_", "grouped_allreduce_async_", "allgather", "allgather_async",
            "grouped_allgather", "broadcast", "broadcast_async", "broadcast_",
@@ -26,6 +26,7 @@ __all__ = ["Sum", "Average", "Min", "Max", "Product", "allreduce", "allreduce_as
 
 Sum, Average, Min, Max, Product = (lib.HVL_SUM, lib.HVL_AVERAGE, lib.HVL_MIN, lib.HVL_MAX,
                                    lib.HVL_PRODUCT)
+Adasum = -1     # Horovod's name; hvlite has no Adasum reduction, so using it is a ValueError
 
 
 def _array(tensor):
@@ -46,6 +47,8 @@ def _reduce_op(average, op):
         return Sum if average is False else Average
     if average is not None:
         raise ValueError("pass either op= or the deprecated average=, not both")
+    if op == Adasum:
+        raise ValueError("hvlite does not implement Adasum; use hvlite.Average or hvlite.Sum")
     if op not in (Sum, Average, Min, Max, Product):
         raise ValueError("unsupported reduce op %r (use hvlite.Sum, Average, Min, Max, Product)" % (op,))
     return op

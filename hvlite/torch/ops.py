@@ -28,7 +28,7 @@ from .compression import Compression
 
 Sum, Average, Min, Max, Product = (_np_ops.Sum, _np_ops.Average, _np_ops.Min, _np_ops.Max,
                                    _np_ops.Product)
-Adasum = None   # not provided: hvlite has no Adasum reduction
+Adasum = _np_ops.Adasum   # named for compatibility; using it raises ValueError
 
 _DTYPES = {
     torch.uint8: lib.HVL_UINT8, torch.int8: lib.HVL_INT8, torch.int16: lib.HVL_INT16,
