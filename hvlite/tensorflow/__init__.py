@@ -1,0 +1,47 @@
+"""hvlite.tensorflow: Horovod's TensorFlow API (``import horovod.tensorflow as hvd``) on the
+hvlite engine, for TensorFlow 2.21.
+
+Contract: the public names are Horovod's documented ones, with its signatures and semantics;
+a Horovod script runs with only its import changed. Basics (``init``, ``rank``, ``size``, ...)
+and exceptions are hvlite's own (``HorovodInternalError`` is ``HvliteError``). Collectives
+(``ops``, ``functions``) work eagerly and inside ``tf.function``; ``DistributedGradientTape``
+allreduces gradients; Keras 3 support is in ``hvlite.tensorflow.keras``. This package never
+imports ``hvlite.torch``. Decisions where Horovod's docs are silent are in each module's
+docstring (names inside tf.function: ``hvlite.tensorflow._bridge``).
+"""
+from ..basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
+                      gloo_enabled, init, is_initialized, local_rank, local_size, mpi_built,
+                      mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built, shutdown,
+                      size)
+from ..errors import (HorovodInternalError, HvliteError, HvliteInvalidArgument,
+                      HvliteShutdownError, HvliteTimeoutError, MismatchError)
+from ..process_sets import ProcessSet, global_process_set
+from .compression import Compression
+from .functions import allgather_object, broadcast_, broadcast_object, broadcast_variables
+from .gradient_tape import DistributedGradientTape
+from .ops import (Average, Max, Min, Product, Sum, allgather, allreduce, alltoall, barrier,
+                  broadcast, grouped_allreduce, join, local_rank_op, local_size_op, rank_op,
+                  reducescatter, size_op)
+
+__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+           "cross_rank", "cross_size", "mpi_threads_supported", "mpi_built", "mpi_enabled",
+           "nccl_built", "gloo_built", "gloo_enabled", "cuda_built", "rocm_built", "ddl_built",
+           "ccl_built", "HorovodInternalError", "HvliteError", "HvliteInvalidArgument",
+           "HvliteShutdownError", "HvliteTimeoutError", "MismatchError", "ProcessSet",
+           "global_process_set", "Compression", "Sum", "Average", "Min", "Max", "Product",
+           "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall",
+           "reducescatter", "barrier", "join", "size_op", "rank_op", "local_size_op",
+           "local_rank_op", "broadcast_variables", "broadcast_", "broadcast_object",
+           "allgather_object", "DistributedGradientTape", "DistributedOptimizer"]
+
+
+def DistributedOptimizer(optimizer, *args, **kwargs):
+    """Horovod's ``hvd.DistributedOptimizer`` for a Keras 3 optimizer: the same as
+    ``hvlite.tensorflow.keras.DistributedOptimizer`` (TF1 ``tf.compat.v1.train`` optimizers are
+    not supported).
+
+    Raises:
+        TypeError: ``optimizer`` is not a Keras optimizer.
+    """
+    from .keras import DistributedOptimizer as keras_distributed_optimizer
+    return keras_distributed_optimizer(optimizer, *args, **kwargs)

@@ -1,0 +1,169 @@
+"""Running NumPy-level hvlite collectives on TensorFlow tensors, eagerly and inside tf.function.
+
+Contract:
+- ``run(np_fn, tensors, out_dtypes)`` calls ``np_fn(list_of_numpy_arrays) -> list_of_arrays``
+  on the tensors' values. Eagerly it runs at once; while tracing a ``tf.function`` it adds one
+  stateful ``tf.numpy_function`` op, so the collective runs at every execution of the graph, in
+  program order (TensorFlow chains stateful ops of a function in the order they were created,
+  which is the same order on every rank). Errors raised by ``np_fn`` surface eagerly as the
+  hvlite exception itself, and inside a graph as a ``tf.errors.OpError`` carrying its message.
+- Copies: eager CPU tensors are read through ``np.asarray`` (no copy); results that are
+  64-byte aligned (``hvlite.tensorflow._engine`` allocates them so) come back to TensorFlow
+  through DLPack (no copy); bfloat16, which DLPack cannot describe, and unaligned results are
+  copied once by ``tf.convert_to_tensor``. Inside a graph, ``tf.numpy_function`` hands NumPy
+  arrays in and out (measured cheaper here than ``tf.py_function``, whose body runs eager ops).
+- ``op_name(kind, name)`` gives the engine name of one call: the user's name, else in eager mode
+  ``hvlite.handles.auto_name(kind)`` (the same on every rank that calls in the same order), and
+  in a graph ``<function>.<kind>.<n>`` with a counter kept per outermost traced function, so
+  every execution of a traced function reuses the same names (the engine's response cache then
+  hits) and a retrace on one rank only cannot shift the names of the other functions.
+- ``np_dtype(tf_dtype)`` maps a TensorFlow dtype to NumPy and raises ``TypeError`` for a dtype
+  the engine does not support, before anything is sent.
+- ``wait_all(handles)`` waits for every handle and then raises the first error, so nothing is
+  left in flight when one request of a group fails.
+"""
+import collections
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.framework.func_graph import FuncGraph
+
+from ..dtypes import SUPPORTED, to_engine
+from ..handles import auto_name
+from ._engine import is_aligned
+
+_from_dlpack = tf.experimental.dlpack.from_dlpack
+try:
+    from tensorflow.python.eager.record import could_possibly_record as _could_possibly_record
+except ImportError:     # pragma: no cover - older/newer layouts: always record
+    def _could_possibly_record():
+        return True
+
+
+_DLPACK_DTYPES = frozenset(np.dtype(t) for t in (
+    "uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "float32", "float64", "bool"))
+_NP_DTYPES = {}     # tf.DType -> np.dtype, for the dtypes the engine supports
+
+
+def np_dtype(dtype):
+    """The NumPy dtype for a TensorFlow dtype the engine supports.
+
+    Raises:
+        TypeError: the engine does not support this dtype (e.g. string, complex, uint32).
+    """
+    try:
+        return _NP_DTYPES[dtype]
+    except (KeyError, TypeError):
+        pass
+    dtype = tf.as_dtype(dtype)
+    try:
+        result = np.dtype(dtype.as_numpy_dtype)
+        to_engine(result)
+    except TypeError:
+        raise TypeError("hvlite does not support dtype %s (supported: %s)"
+                        % (dtype.name, ", ".join(SUPPORTED))) from None
+    _NP_DTYPES[dtype] = result
+    return result
+
+
+def needs_gradient():
+    """False when no gradient tape is recording (eager calls then skip the gradient wrapper);
+    always True while tracing a function."""
+    if not tf.executing_eagerly():
+        return True
+    try:
+        return _could_possibly_record()
+    except Exception:   # noqa: BLE001 - private API changed: always record
+        return True
+
+
+def to_numpy(tensor):
+    """A read-only NumPy view of an eager CPU tensor (a copy only for other devices)."""
+    try:
+        return np.asarray(tensor)
+    except ValueError:      # 0-d bfloat16: __array__ gives a scalar
+        return np.asarray(tensor.numpy())
+
+
+def to_tensor(array):
+    """A TensorFlow tensor holding ``array`` (shared through DLPack where possible)."""
+    if array.dtype in _DLPACK_DTYPES and array.flags.writeable and is_aligned(array):
+        try:
+            return _from_dlpack(array.__dlpack__())
+        except (BufferError, TypeError, ValueError):
+            pass
+    return tf.convert_to_tensor(array)
+
+
+def _outermost_graph(graph):
+    while isinstance(getattr(graph, "outer_graph", None), FuncGraph):
+        graph = graph.outer_graph
+    return graph
+
+
+def op_name(kind, name=None):
+    """The engine name for one collective call (see the module docstring)."""
+    if name:
+        return name
+    if tf.executing_eagerly():
+        return auto_name(kind)
+    graph = _outermost_graph(tf.compat.v1.get_default_graph())
+    counters = getattr(graph, "_hvlite_name_counters", None)
+    if counters is None:
+        counters = graph._hvlite_name_counters = collections.Counter()
+    index = counters[kind]
+    counters[kind] += 1
+    return "%s.%s.%d" % (graph.name, kind, index)
+
+
+def wait_all(handles):
+    """Wait for every handle; return their results or raise the first error."""
+    results, error = [], None
+    for handle in handles:
+        try:
+            results.append(handle.wait())
+        except Exception as e:   # noqa: BLE001 - re-raised below once all are done
+            results.append(None)
+            error = error or e
+    if error is not None:
+        raise error
+    return results
+
+
+def submit_all(submit_one, items):
+    """Call ``submit_one(item)`` for each item; if one submission fails, wait for the ones
+    already in flight before raising. Returns the list of handles."""
+    handles = []
+    try:
+        for item in items:
+            handles.append(submit_one(item))
+    except Exception:
+        try:
+            wait_all(handles)
+        finally:
+            raise
+    return handles
+
+
+def library(fn):
+    """Keep AutoGraph out of hvlite's own code (it is plain Python control flow)."""
+    return tf.autograph.experimental.do_not_convert(fn)
+
+
+def run(np_fn, tensors, out_dtypes):
+    """Run ``np_fn`` on the tensors' values, eagerly or as one graph op.
+
+    Args:
+        np_fn: list of numpy arrays -> list of numpy arrays (one per ``out_dtypes``).
+        tensors: list of tf.Tensor.
+        out_dtypes: list of tf.DType of the results.
+    Returns:
+        List of tf.Tensor (static shapes unknown in a graph: callers set them).
+    """
+    if tf.executing_eagerly():
+        return [to_tensor(a) for a in np_fn([to_numpy(t) for t in tensors])]
+
+    def numpy_body(*values):     # 0-d inputs arrive as NumPy scalars
+        return np_fn([np.asarray(v) for v in values])
+    outs = tf.numpy_function(numpy_body, list(tensors), list(out_dtypes), stateful=True)
+    return list(outs) if isinstance(outs, (list, tuple)) else [outs]

@@ -1,0 +1,92 @@
+"""Variable and object collectives for TensorFlow (Horovod's ``broadcast_variables``,
+``broadcast_``, ``broadcast_object``, ``allgather_object``).
+
+Contract: collectives (every rank of the process set calls them, in the same order).
+``broadcast_variables`` sends every variable in one engine submission (they fuse) and assigns
+root_rank's values on every rank; it works eagerly and inside ``tf.function``. The object
+collectives are eager-only Python calls (objects travel as pickles; only unpickle data from
+ranks of your own job).
+"""
+import tensorflow as tf
+
+from ..objects import allgather_object as _allgather_object, broadcast_object as _broadcast_object
+from ..process_sets import global_process_set
+from ._engine import broadcast_async
+from ._bridge import library, np_dtype, op_name, run, submit_all, wait_all
+
+__all__ = ["broadcast_variables", "broadcast_", "broadcast_object", "allgather_object"]
+
+
+def _broadcast_values(variables, root_rank, name, process_set):
+    values = [tf.convert_to_tensor(v) for v in variables]
+    for v in values:
+        np_dtype(v.dtype)
+    base = op_name("broadcast_variables", name)
+    names = ["%s.%d" % (base, i) for i in range(len(values))]
+
+    def np_fn(arrays):
+        return wait_all(submit_all(
+            lambda pair: broadcast_async(pair[0], root_rank, pair[1], process_set),
+            list(zip(arrays, names))))
+    outs = run(np_fn, values, [v.dtype for v in values])
+    for out, v in zip(outs, values):
+        out.set_shape(v.shape)
+    return outs
+
+
+@library
+def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False,
+                        name=None):
+    """Assign root_rank's values to ``variables`` on every rank.
+
+    Every rank must call it with the same list of variables (shapes, dtypes), in the same order.
+
+    Args:
+        variables: list of tf.Variable (or Keras variables).
+        root_rank: the rank whose values every rank receives.
+        process_set: the global process set.
+        inplace: accepted for compatibility (variables are always assigned).
+        name: base engine name; generated when None.
+    Returns:
+        None eagerly; inside a tf.function, the op that does the assignments.
+    Raises:
+        TypeError: a variable of an unsupported dtype. Engine errors as ``allreduce``.
+    """
+    variables = list(variables)
+    if not variables:
+        return None
+    outs = _broadcast_values(variables, root_rank, name, process_set)
+    assigns = [v.assign(out) for v, out in zip(variables, outs)]
+    return None if tf.executing_eagerly() else tf.group(*assigns)
+
+
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """In-place broadcast of variables (Horovod's ``broadcast_``); returns ``variables``."""
+    broadcast_variables(variables, root_rank, process_set=process_set, name=name)
+    return variables
+
+
+def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
+    """Return root_rank's picklable ``obj`` on every rank (eager only; ``session`` is ignored).
+
+    Raises:
+        RuntimeError: called while tracing a tf.function.
+    """
+    _eager_only("broadcast_object")
+    return _broadcast_object(obj, root_rank, name=name, process_set=process_set)
+
+
+def allgather_object(obj, session=None, name=None, process_set=global_process_set):
+    """Return the list of every rank's picklable ``obj``, in rank order (eager only).
+
+    Raises:
+        RuntimeError: called while tracing a tf.function.
+    """
+    _eager_only("allgather_object")
+    return _allgather_object(obj, name=name, process_set=process_set)
+
+
+def _eager_only(what):
+    if not tf.executing_eagerly():
+        raise RuntimeError("hvlite.tensorflow.%s works on Python objects and cannot run inside "
+                           "a tf.function; call it eagerly" % what)

@@ -1,0 +1,144 @@
+"""``DistributedGradientTape``: a ``tf.GradientTape`` whose ``gradient()`` averages gradients
+over every rank, and the gradient allreduce it shares with the Keras optimizer.
+
+Contract:
+- ``DistributedGradientTape(tape, ...)`` returns an object that is a ``tf.GradientTape`` (of the
+  wrapped tape's class) recording into the same tape; ``gradient(target, sources)`` returns the
+  local gradients allreduced over every rank, in the structure of ``sources``. Every rank must
+  call ``gradient`` with the same sources in the same order.
+- ``allreduce_gradients(grads, ...)`` is the reduction itself: dense gradients go to the engine in
+  ``num_groups`` submissions (one when ``num_groups`` is 0: the engine fuses them up to its
+  threshold), each one graph op inside ``tf.function``; ``tf.IndexedSlices`` are allgathered
+  (or densified with ``sparse_as_dense``); ``None`` stays ``None``. Names are positional
+  (``<prefix>.<i>``), so they are the same on every rank and at every step (response cache
+  hits) whatever the variables are called; eagerly the prefix itself is reused at every call.
+- With ``op=Average``, ``gradient_predivide_factor`` f splits the averaging: gradients are
+  multiplied by 1/f before the sum and by f/size after it (Horovod's semantics).
+"""
+import tensorflow as tf
+
+from ..process_sets import global_process_set
+from ._bridge import library, op_name
+from .compression import Compression
+from .ops import Average, _allreduce_group, _reduce_op, _sparse_allreduce, _tensor
+
+__all__ = ["DistributedGradientTape"]
+
+
+def _scale_factors(op, gradient_predivide_factor):
+    if gradient_predivide_factor != 1.0:
+        if op != Average:
+            raise ValueError("gradient_predivide_factor needs op=Average")
+        return 1.0 / gradient_predivide_factor, gradient_predivide_factor
+    return 1.0, 1.0
+
+
+def _split(indices, num_groups):
+    if num_groups <= 0 or len(indices) <= 1:
+        return [indices] if indices else []
+    num_groups = min(num_groups, len(indices))
+    per, extra = divmod(len(indices), num_groups)
+    groups, start = [], 0
+    for g in range(num_groups):
+        stop = start + per + (1 if g < extra else 0)
+        groups.append(indices[start:stop])
+        start = stop
+    return groups
+
+
+@library
+def allreduce_gradients(grads, prefix, compression=Compression.none, sparse_as_dense=False,
+                        op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                        process_set=global_process_set):
+    """Allreduce a list of gradients (tensors, tf.IndexedSlices or None).
+
+    Every rank must call it with the same list (shapes, dtypes, None positions), in order.
+
+    Args:
+        grads: list of gradients.
+        prefix: engine name prefix for this list (positional suffixes are added).
+        compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, process_set:
+            as in ``DistributedGradientTape``.
+    Returns:
+        The list of reduced gradients, None where the input was None.
+    Raises:
+        ValueError: gradient_predivide_factor with an op other than Average.
+        Engine errors as ``hvlite.tensorflow.allreduce``.
+    """
+    op = _reduce_op(None, op)
+    pre, post = _scale_factors(op, gradient_predivide_factor)
+    base = prefix if tf.executing_eagerly() else op_name(prefix)
+    grads = list(grads)
+    out = list(grads)
+    dense = []
+    for i, g in enumerate(grads):
+        if g is None:
+            continue
+        if isinstance(g, tf.IndexedSlices):
+            if not sparse_as_dense:
+                out[i] = _sparse_allreduce(g, op, pre, post, "%s.%d" % (base, i), process_set)
+                continue
+            grads[i] = tf.convert_to_tensor(g)
+        dense.append(i)
+    for group in _split(dense, num_groups):
+        packed = [compression.compress(_tensor(grads[i])) for i in group]
+        reduced = _allreduce_group([p[0] for p in packed], ["%s.%d" % (base, i) for i in group],
+                                   op, pre, post, process_set)
+        for i, r, (_, ctx) in zip(group, reduced, packed):
+            out[i] = compression.decompress(r, ctx)
+    return out
+
+
+class _DistributedGradientTape(tf.GradientTape):
+    """Mixed into the wrapped tape's class by ``DistributedGradientTape``."""
+
+    @library
+    def gradient(self, target, sources, output_gradients=None,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+        """The gradients of ``target`` w.r.t. ``sources``, allreduced over every rank.
+
+        Every rank must call it with the same sources, in the same order.
+
+        Returns:
+            Gradients in the structure of ``sources`` (None where unconnected).
+        Raises:
+            As ``allreduce_gradients``.
+        """
+        grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
+        flat = tf.nest.flatten(grads)
+        reduced = allreduce_gradients(flat, "DistributedGradientTape", **self._hvlite_options)
+        return tf.nest.pack_sequence_as(grads, reduced)
+
+
+def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
+                            compression=Compression.none, sparse_as_dense=False, op=Average,
+                            gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                            process_set=global_process_set, scale_local_gradients=True):
+    """Wrap a ``tf.GradientTape`` so that ``gradient()`` allreduces the gradients.
+
+    Args:
+        gradtape: the tape that recorded the forward pass (or a fresh one to use as a context).
+        compression: Compression.none or Compression.fp16.
+        sparse_as_dense: densify tf.IndexedSlices gradients before reducing them.
+        op: hvd.Average (default), hvd.Sum, ...
+        gradient_predivide_factor: see the module docstring (op Average only).
+        num_groups: split dense gradients into this many fused submissions (0: one).
+        groups, scale_local_gradients, device_*: accepted for compatibility; ``groups`` must
+            be None.
+        process_set: the global process set.
+    Returns:
+        A tape of the same class that records into the same tape.
+    Raises:
+        ValueError: gradient_predivide_factor with op other than Average; ``groups`` given.
+    """
+    if groups is not None:
+        raise ValueError("DistributedGradientTape(groups=...) is not supported; use num_groups")
+    _scale_factors(_reduce_op(None, op), gradient_predivide_factor)
+    cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__),
+               {"__doc__": gradtape.__class__.__doc__})
+    tape = cls.__new__(cls)
+    tape.__dict__.update(gradtape.__dict__)
+    tape._hvlite_options = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+                                gradient_predivide_factor=gradient_predivide_factor,
+                                num_groups=num_groups, process_set=process_set)
+    return tape

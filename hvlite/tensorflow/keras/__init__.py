@@ -1,0 +1,94 @@
+"""hvlite.tensorflow.keras: Horovod's ``horovod.tensorflow.keras`` API for Keras 3 (TensorFlow
+backend) on the hvlite engine.
+
+Contract: the public names are Horovod's documented ones: basics (``init``, ``rank``,
+``size``, ...), ``DistributedOptimizer`` (``.optimizer``), ``broadcast_global_variables``,
+value collectives ``allreduce``/``allgather``/``broadcast``/``reducescatter`` (eager tensors in,
+eager tensors out), ``load_model`` (re-wraps the saved optimizer) and the callbacks in
+``hvlite.tensorflow.keras.callbacks``. Keras 3 keeps no global variable collection, so
+``broadcast_global_variables`` takes the model whose (and whose optimizer's) variables to send;
+Horovod itself refuses this call under TF2 eager execution.
+"""
+import keras
+
+from ...basics import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
+                       mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                       shutdown, size)
+from ...errors import HorovodInternalError, HvliteError, MismatchError
+from ...process_sets import ProcessSet, global_process_set
+from .. import functions as _functions
+from .. import ops as _ops
+from ..compression import Compression
+from ..ops import Average, Max, Min, Product, Sum
+from . import callbacks
+from .callbacks import _model_variables
+from .optimizer import DistributedOptimizer, is_distributed, wrap_in_place
+
+__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+           "cross_rank", "cross_size", "mpi_threads_supported", "mpi_built", "mpi_enabled",
+           "nccl_built", "HorovodInternalError", "HvliteError", "MismatchError", "ProcessSet",
+           "global_process_set", "Compression", "Sum", "Average", "Min", "Max", "Product",
+           "DistributedOptimizer", "broadcast_global_variables", "allreduce", "allgather",
+           "broadcast", "reducescatter", "load_model", "callbacks"]
+
+
+def broadcast_global_variables(root_rank, model=None):
+    """Assign root_rank's variables of ``model`` (and of its optimizer, if built) on every rank.
+
+    Every rank must call it, with the same model structure.
+
+    Args:
+        root_rank: the rank whose values every rank takes.
+        model: a Keras model (or a list of variables).
+    Raises:
+        ValueError: no model given (Keras 3 has no global variable collection).
+    """
+    if model is None:
+        raise ValueError("Keras 3 has no global variables: call broadcast_global_variables("
+                         "root_rank, model) or use callbacks.BroadcastGlobalVariablesCallback")
+    variables = _model_variables(model) if isinstance(model, keras.Model) else list(model)
+    _functions.broadcast_variables(variables, root_rank, name="broadcast_global_variables")
+
+
+def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
+              op=None, compression=Compression.none):
+    """Allreduce a tensor-compatible value over every rank (default op: Average); returns a
+    tensor. Collective: every rank calls it, in the same order."""
+    return _ops.allreduce(value, average=average, op=op, name=name, compression=compression,
+                          prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+
+
+def allgather(value, name=None):
+    """Concatenate every rank's value along dim 0; returns a tensor. Collective."""
+    return _ops.allgather(value, name=name)
+
+
+def broadcast(value, root_rank, name=None):
+    """root_rank's value on every rank; returns a tensor. Collective."""
+    return _ops.broadcast(value, root_rank, name=name)
+
+
+def reducescatter(value, name=None, op=Average):
+    """This rank's rows of the reduction of value over every rank; returns a tensor. Collective."""
+    return _ops.reducescatter(value, name=name, op=op)
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None,
+               compression=Compression.none):
+    """Load a Keras model saved with or without hvlite, with its optimizer distributed.
+
+    Args:
+        filepath: a ``.keras`` file (anything ``keras.models.load_model`` reads).
+        custom_optimizers: optimizer classes the file needs, beyond Keras's own.
+        custom_objects: other custom objects, as for ``keras.models.load_model``.
+        compression: compression for the re-wrapped optimizer.
+    Returns:
+        The model; its optimizer (with the saved state) allreduces gradients.
+    """
+    objects = dict(custom_objects or {})
+    for cls in custom_optimizers or ():
+        objects.setdefault(cls.__name__, cls)
+    model = keras.models.load_model(filepath, custom_objects=objects)
+    if getattr(model, "optimizer", None) is not None:
+        wrap_in_place(model.optimizer, compression=compression)
+    return model

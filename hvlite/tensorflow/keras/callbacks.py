@@ -1,0 +1,160 @@
+"""Horovod's Keras callbacks for Keras 3 (``hvd.callbacks.*``).
+
+Contract: every rank must use the same callbacks in the same order (the collective ones talk
+to the other ranks). ``BroadcastGlobalVariablesCallback`` assigns root_rank's model and
+optimizer variables to every rank when training begins (Keras 3 builds the optimizer before
+``on_train_begin``). ``MetricAverageCallback`` replaces every value in the epoch-end logs by
+its average over the ranks, in one allreduce; put it before callbacks that read the logs.
+``LearningRateScheduleCallback`` sets ``initial_lr * multiplier(epoch)`` between start_epoch
+and end_epoch, per epoch (staircase) or per batch with fractional epochs;
+``LearningRateWarmupCallback`` ramps from ``initial_lr / size`` to ``initial_lr`` over
+``warmup_epochs`` (Goyal et al.), per batch, and sets ``initial_lr`` when the warmup ends. Both need a learning rate that is not a schedule
+object. ``momentum_correction`` is accepted but has no effect: Keras 3 optimizers hold momentum
+as a Python float fixed when the train step is traced.
+"""
+import numpy as np
+import keras
+
+from ...basics import size
+from .. import functions as _functions
+from .. import ops as _ops
+
+__all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
+           "LearningRateScheduleCallback", "LearningRateWarmupCallback"]
+
+
+def _model_variables(model):
+    variables = list(model.variables)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and optimizer.built:
+        variables += list(optimizer.variables)
+    return variables
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Broadcast the model's and optimizer's variables from root_rank when training begins."""
+
+    def __init__(self, root_rank, device=""):
+        """Args:
+            root_rank: the rank whose variables every rank takes.
+            device: accepted for compatibility.
+        """
+        super().__init__()
+        self.root_rank = root_rank
+        self.broadcast_done = False
+
+    def on_train_begin(self, logs=None):
+        """Broadcast once (collective: every rank)."""
+        if self.broadcast_done:
+            return
+        _functions.broadcast_variables(_model_variables(self.model), self.root_rank,
+                                       name="BroadcastGlobalVariablesCallback")
+        self.broadcast_done = True
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Average every metric in the epoch-end logs over the ranks."""
+
+    def __init__(self, device=""):
+        """Args: device: accepted for compatibility."""
+        super().__init__()
+
+    def on_epoch_end(self, epoch, logs=None):
+        """Replace ``logs[k]`` by its average over ranks (collective; same keys on every rank).
+
+        Raises:
+            MismatchError: ranks log different numbers of metrics.
+        """
+        if not logs:
+            return
+        keys = sorted(k for k in logs if np.ndim(logs[k]) == 0)
+        values = np.array([float(logs[k]) for k in keys], np.float64)
+        averaged = _ops.allreduce(values, op=_ops.Average, name="MetricAverageCallback").numpy()
+        for key, value in zip(keys, averaged):
+            logs[key] = float(value)
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Set the learning rate to ``initial_lr * multiplier(epoch)`` in [start_epoch, end_epoch)."""
+
+    def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
+                 momentum_correction=True, steps_per_epoch=None):
+        """Args:
+            initial_lr: the base learning rate.
+            multiplier: a constant, or a function of the (fractional, unless staircase) epoch.
+            start_epoch, end_epoch: the epochs it applies to (end excluded; None: no end).
+            staircase: update once per epoch (True) or at every batch.
+            momentum_correction: accepted; no effect (see the module docstring).
+            steps_per_epoch: batches per epoch; default: what model.fit reports.
+        """
+        super().__init__()
+        self.initial_lr = initial_lr
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch = 0
+
+    def _in_range(self, epoch):
+        return self.start_epoch <= epoch and (self.end_epoch is None or epoch < self.end_epoch)
+
+    def _set_lr(self, epoch):
+        optimizer = self.model.optimizer
+        if isinstance(optimizer._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+            raise ValueError("%s cannot set a learning rate that is a schedule object"
+                             % type(self).__name__)
+        optimizer.learning_rate = self.initial_lr * self.multiplier(epoch)
+
+    def on_train_begin(self, logs=None):
+        if self.steps_per_epoch is None:
+            self.steps_per_epoch = self.params.get("steps")
+        if not self.staircase and not self.steps_per_epoch:
+            raise ValueError("%s needs steps_per_epoch when model.fit does not know it"
+                             % type(self).__name__)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current_epoch = epoch
+        if self.staircase and self._in_range(epoch):
+            self._set_lr(epoch)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if not self.staircase and self._in_range(self.current_epoch):
+            self._set_lr(self.current_epoch + float(batch) / self.steps_per_epoch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["lr"] = float(np.asarray(self.model.optimizer.learning_rate))
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Ramp the learning rate from ``initial_lr / size`` to ``initial_lr`` over
+    ``warmup_epochs``, at every batch: lr = initial_lr / size * (epoch * (size - 1) /
+    warmup_epochs + 1), epoch fractional."""
+
+    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
+                 steps_per_epoch=None, verbose=0):
+        """Args:
+            initial_lr: the learning rate reached at the end of the warmup.
+            warmup_epochs: epochs of warmup.
+            momentum_correction: accepted; no effect.
+            steps_per_epoch: batches per epoch; default: what model.fit reports.
+            verbose: print the learning rate when the warmup ends.
+        """
+        def multiplier(epoch):
+            n = size()
+            return 1.0 / n * (epoch * (n - 1) / warmup_epochs + 1)
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
+                         staircase=False, momentum_correction=momentum_correction,
+                         steps_per_epoch=steps_per_epoch)
+        self.warmup_epochs = warmup_epochs
+        self.verbose = verbose
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.warmup_epochs - 1:     # the ramp ends at initial_lr exactly
+            self.model.optimizer.learning_rate = self.initial_lr
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.warmup_epochs - 1 and self.verbose > 0:
+            print("\nEpoch %d: finished gradual learning rate warmup to %g."
+                  % (epoch + 1, self.initial_lr))

@@ -1,0 +1,135 @@
+"""Keras 3 ``DistributedOptimizer``: the wrapped optimizer, with gradients allreduced first.
+
+Contract:
+- ``DistributedOptimizer(optimizer, ...)`` returns an optimizer of a subclass of the wrapped
+  optimizer's class (same class name and module, so models saved with it load anywhere as the
+  plain optimizer). ``apply``/``apply_gradients`` (what ``model.fit``'s train step calls)
+  allreduce the gradients over every rank (``hvlite.tensorflow.gradient_tape``'s
+  ``allreduce_gradients``: fused, positional names, IndexedSlices allgathered) and then run
+  the wrapped class's own update; everything else (learning rate and schedules, ``get_config``,
+  variables, loss scaling) is the wrapped optimizer's. An unbuilt optimizer is re-created from
+  its config (as Horovod does); an already built one (with state) is converted in place.
+- Every rank must train the same model the same way (same variables, same steps).
+- ``model.compile(jit_compile=True)`` (XLA) cannot run the engine call: ``apply`` then raises
+  ``ValueError`` asking for ``jit_compile=False`` (Keras picks XLA by itself only on GPUs).
+- ``backward_passes_per_step`` > 1 is not supported: use Keras 3's own
+  ``gradient_accumulation_steps`` on the wrapped optimizer (gradients are then reduced every
+  step, with the same result).
+"""
+import keras
+import tensorflow as tf
+
+from ...process_sets import global_process_set
+from ..compression import Compression
+from .._bridge import library
+from ..gradient_tape import _scale_factors, allreduce_gradients
+from ..ops import Average, _reduce_op
+
+__all__ = ["DistributedOptimizer", "is_distributed", "wrap_in_place"]
+
+_CLASSES = {}
+
+
+def _in_xla_context():
+    try:
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:   # pragma: no cover
+        return False
+    if tf.executing_eagerly():
+        return False
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+class _DistributedMixin:
+    """Put in front of the wrapped optimizer's class; see the module docstring."""
+
+    _hvlite_options = dict(compression=Compression.none, sparse_as_dense=False, op=Average,
+                           gradient_predivide_factor=1.0, num_groups=0,
+                           process_set=global_process_set)
+
+    @library
+    def apply(self, grads, trainable_variables=None):
+        """Allreduce ``grads`` over every rank, then apply them as the wrapped optimizer does.
+
+        Every rank must call it with the same gradient list, in the same order.
+
+        Raises:
+            ValueError: running under XLA (``jit_compile=True``).
+        """
+        grads = list(grads)
+        if grads:
+            if _in_xla_context():
+                raise ValueError("hvlite's DistributedOptimizer cannot run under XLA: compile the "
+                                 "model with jit_compile=False")
+            grads = allreduce_gradients(grads, "DistributedOptimizer", **self._hvlite_options)
+        return super().apply(grads, trainable_variables)
+
+
+def _distributed_class(cls):
+    if issubclass(cls, _DistributedMixin):
+        return cls
+    if cls not in _CLASSES:
+        _CLASSES[cls] = type(cls.__name__, (_DistributedMixin, cls),
+                             {"__module__": cls.__module__, "__doc__": cls.__doc__})
+    return _CLASSES[cls]
+
+
+def is_distributed(optimizer):
+    """True if ``optimizer`` allreduces its gradients (made by ``DistributedOptimizer``)."""
+    return isinstance(optimizer, _DistributedMixin)
+
+
+def wrap_in_place(optimizer, **options):
+    """Make an existing (possibly built) optimizer distributed, keeping its state; returns it."""
+    optimizer.__class__ = _distributed_class(optimizer.__class__)
+    optimizer._hvlite_options = dict(_DistributedMixin._hvlite_options, **options)
+    return optimizer
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                         compression=Compression.none, sparse_as_dense=False,
+                         gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
+                         average_aggregated_gradients=False, groups=None,
+                         process_set=global_process_set, scale_local_gradients=True,
+                         num_groups=0):
+    """Wrap a Keras 3 optimizer so that it allreduces gradients before applying them.
+
+    Args:
+        optimizer: a ``keras.optimizers.Optimizer`` (including LossScaleOptimizer).
+        name: a new optimizer name (default: the wrapped optimizer's).
+        compression: Compression.none or Compression.fp16.
+        sparse_as_dense: densify tf.IndexedSlices gradients before reducing them.
+        gradient_predivide_factor: with op Average, divide by it before the sum and multiply
+            by it / size after.
+        op: hvd.Average (default) or hvd.Sum, ...
+        num_groups: split gradients into this many fused submissions (0: one).
+        backward_passes_per_step: must be 1 (see the module docstring).
+        device_*, average_aggregated_gradients, scale_local_gradients: accepted for
+            compatibility. groups: must be None.
+        process_set: the global process set.
+    Returns:
+        The distributed optimizer (a new one, or ``optimizer`` itself if it was built).
+    Raises:
+        TypeError: not a Keras optimizer. ValueError: unsupported arguments.
+    """
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError("DistributedOptimizer expects a keras.optimizers.Optimizer, got %s"
+                        % type(optimizer).__name__)
+    if backward_passes_per_step != 1:
+        raise ValueError("backward_passes_per_step > 1 is not supported: use the Keras 3 "
+                         "optimizer's gradient_accumulation_steps instead")
+    if groups is not None:
+        raise ValueError("DistributedOptimizer(groups=...) is not supported; use num_groups")
+    op = _reduce_op(None, op)
+    _scale_factors(op, gradient_predivide_factor)
+    options = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+                   gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
+                   process_set=process_set)
+    if optimizer.built or is_distributed(optimizer):
+        return wrap_in_place(optimizer, **options)
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    distributed = _distributed_class(optimizer.__class__).from_config(config)
+    distributed._hvlite_options = dict(_DistributedMixin._hvlite_options, **options)
+    return distributed

@@ -1,0 +1,410 @@
+"""Horovod's TensorFlow collectives on tf.Tensor, eagerly and inside tf.function.
+
+Contract: every function here is a collective: every rank of the process set must call it, in
+the same order, with the same name (or every rank with none), dtype and the shape rules of its
+op. Inputs are anything ``tf.convert_to_tensor`` takes (tensors, variables, NumPy arrays);
+results are new tensors. Inside a ``tf.function`` each call becomes one stateful op that runs
+at every execution, with the static shape restored where it is known. ``allreduce``,
+``grouped_allreduce``, ``allgather``, ``broadcast``, ``alltoall`` and ``reducescatter`` of
+floating-point tensors have gradients, with Horovod's semantics (the loss is the sum over ranks):
+allreduce -> allreduce of the gradient with the same op and scale factors; allgather -> this
+rank's rows of the Sum-allreduced gradient; broadcast -> the Sum-allreduced gradient on the
+root, zeros elsewhere; alltoall -> alltoall back with the received splits; reducescatter ->
+allgather of the gradient (divided by size for Average).
+Errors: ``TypeError`` for an unsupported dtype and ``ValueError`` for bad arguments, raised
+before anything is sent; engine errors (``MismatchError`` naming the tensor and the ranks, ...)
+are raised as such eagerly and as ``tf.errors.OpError`` with the same message in a graph.
+The ``device_*`` arguments are accepted for compatibility; data goes through host memory.
+"""
+import tensorflow as tf
+
+from .. import ops as _np
+from ..basics import rank as _rank, size as _size
+from ..process_sets import global_process_set
+from . import _engine
+from ._bridge import library, needs_gradient, np_dtype, op_name, run, submit_all, wait_all
+from .compression import Compression
+
+__all__ = ["Sum", "Average", "Min", "Max", "Product", "allreduce", "grouped_allreduce",
+           "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join",
+           "size_op", "rank_op", "local_size_op", "local_rank_op"]
+
+Sum, Average, Min, Max, Product = _np.Sum, _np.Average, _np.Min, _np.Max, _np.Product
+
+
+def _reduce_op(average, op, default=Average):
+    if op is None:
+        return default if average is None else (Average if average else Sum)
+    if average is not None:
+        raise ValueError("pass either op= or the deprecated average=, not both")
+    if op not in (Sum, Average, Min, Max, Product):
+        raise ValueError("unsupported reduce op %r (use hvd.Sum, Average, Min, Max, Product)" % (op,))
+    return op
+
+
+def _tensor(value):
+    tensor = value if isinstance(value, tf.Tensor) else tf.convert_to_tensor(value)
+    np_dtype(tensor.dtype)
+    return tensor
+
+
+def _floating(tensors):
+    """True if the op on these tensors needs a gradient: floating and a tape may record."""
+    return all(t.dtype.is_floating for t in tensors) and needs_gradient()
+
+
+def _group_names(kind, name, n):
+    base = op_name(kind, name)
+    return [base] if n == 1 and name else ["%s.%d" % (base, i) for i in range(n)]
+
+
+def _collective(np_async, tensors, names, out_dtypes):
+    """Submit ``np_async(array, name)`` for each tensor in one eager call / one graph op."""
+    def np_fn(arrays):
+        return wait_all(submit_all(lambda pair: np_async(*pair), list(zip(arrays, names))))
+    return run(np_fn, tensors, out_dtypes)
+
+
+# ---- allreduce ----
+
+def _allreduce_raw(tensors, names, op, pre, post, process_set):
+    outs = _collective(lambda a, n: _engine.allreduce_async(a, n, op, pre, post, process_set),
+                       tensors, names, [t.dtype for t in tensors])
+    for out, t in zip(outs, tensors):
+        out.set_shape(t.shape)
+    return outs
+
+
+def _allreduce_group(tensors, names, op, pre, post, process_set):
+    if not _floating(tensors):
+        return _allreduce_raw(tensors, names, op, pre, post, process_set)
+
+    @tf.custom_gradient
+    def forward(*xs):
+        ys = _allreduce_raw(list(xs), names, op, pre, post, process_set)
+
+        def grad(*dys):
+            if op not in (Sum, Average):
+                raise NotImplementedError("allreduce has a gradient for op Sum and Average only")
+            dys = [tf.convert_to_tensor(d) for d in dys]
+            return _allreduce_group(dys, _group_names("allreduce.grad", None, len(dys)), op,
+                                    pre, post, process_set)
+        return ys, grad
+    return list(forward(*tensors))
+
+
+def _sparse_allreduce(slices, op, pre, post, name, process_set):
+    if op not in (Sum, Average):
+        raise ValueError("allreduce of tf.IndexedSlices supports op Sum and Average only")
+    values, indices = _allgather_group([_tensor(slices.values), _tensor(slices.indices)],
+                                       _group_names("allreduce.sparse", name, 2), process_set)
+    scale = pre * post / (_size() if op == Average else 1)
+    if scale != 1.0:
+        values = values * tf.cast(scale, values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+@library
+def allreduce(tensor, average=None, device_dense="", device_sparse="",
+              compression=Compression.none, op=None, prescale_factor=1.0, postscale_factor=1.0,
+              name=None, process_set=global_process_set, ignore_name_scope=False):
+    """Reduce ``tensor`` over every rank (default op: Average) and return the result.
+
+    Every rank of the process set must call it, in the same order.
+
+    Args:
+        tensor: tf.Tensor (or convertible), same shape and dtype on every rank; or
+            tf.IndexedSlices, whose values and indices are allgathered (op Sum or Average).
+        average: deprecated; True means Average, False Sum. Use op=.
+        compression: Compression.none or Compression.fp16 (applied to dense tensors).
+        op: hvd.Sum, Average, Min, Max or Product.
+        prescale_factor, postscale_factor: multiply the input before / the result after.
+        name: engine name; generated when None (see hvlite.tensorflow._bridge).
+        process_set: the global process set.
+    Returns:
+        A tensor of the same shape and dtype (tf.IndexedSlices for IndexedSlices input).
+    Raises:
+        TypeError: unsupported dtype. ValueError: bad op/arguments.
+        MismatchError (eagerly; tf.errors.OpError in a graph): ranks disagree.
+    """
+    op = _reduce_op(average, op)
+    if isinstance(tensor, tf.IndexedSlices):
+        return _sparse_allreduce(tensor, op, prescale_factor, postscale_factor, name, process_set)
+    tensor = _tensor(tensor)
+    compressed, ctx = compression.compress(tensor)
+    out = _allreduce_group([compressed], [op_name("allreduce", name)], op, prescale_factor,
+                           postscale_factor, process_set)[0]
+    return compression.decompress(out, ctx)
+
+
+@library
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
+                      compression=Compression.none, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, process_set=global_process_set,
+                      ignore_name_scope=False, name=None):
+    """Allreduce a list of tensors submitted together, so the engine fuses them.
+
+    Every rank must call it with the same list (length, dtypes, shapes), in the same order.
+    Args and Raises as ``allreduce``. Returns the list of results.
+    """
+    op = _reduce_op(average, op)
+    tensors = list(tensors)
+    dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    results = [None] * len(tensors)
+    names = _group_names("grouped_allreduce", name, len(tensors))
+    if dense:
+        packed = [compression.compress(_tensor(tensors[i])) for i in dense]
+        outs = _allreduce_group([p[0] for p in packed], [names[i] for i in dense], op,
+                                prescale_factor, postscale_factor, process_set)
+        for i, out, (_, ctx) in zip(dense, outs, packed):
+            results[i] = compression.decompress(out, ctx)
+    for i, t in enumerate(tensors):
+        if results[i] is None:
+            results[i] = _sparse_allreduce(t, op, prescale_factor, postscale_factor, names[i],
+                                           process_set)
+    return results
+
+
+# ---- allgather ----
+
+def _allgather_raw(tensors, names, process_set):
+    outs = _collective(lambda a, n: _np.allgather_async(a, name=n, process_set=process_set),
+                       tensors, names, [t.dtype for t in tensors])
+    for out, t in zip(outs, tensors):
+        if t.shape.rank == 0:
+            out.set_shape([_size()])
+        elif t.shape.rank is not None:
+            out.set_shape([None] + t.shape.as_list()[1:])
+    return outs
+
+
+def _allgather_group(tensors, names, process_set):
+    if len(tensors) != 1 or not _floating(tensors):
+        return _allgather_raw(tensors, names, process_set)
+
+    @tf.custom_gradient
+    def forward(x):
+        y = _allgather_raw([x], names, process_set)[0]
+
+        def grad(dy):
+            summed = _allreduce_raw([tf.convert_to_tensor(dy)], [op_name("allgather.grad")],
+                                    Sum, 1.0, 1.0, process_set)[0]
+            rows = tf.reshape(tf.cast(tf.size(x) if x.shape.rank == 0 else tf.shape(x)[0],
+                                      tf.int64), [1])
+            all_rows = _allgather_raw([rows], [op_name("allgather.grad.rows")], process_set)[0]
+            offset = tf.reduce_sum(all_rows[:_rank()])
+            return tf.reshape(summed[offset:offset + rows[0]], tf.shape(x))
+        return y, grad
+    return [forward(tensors[0])]
+
+
+@library
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Concatenate every rank's ``tensor`` along dim 0.
+
+    Every rank of the process set must call it, in the same order.
+
+    Args:
+        tensor: dim 0 may differ per rank, the other dims and the dtype must agree;
+            a 0-d tensor counts as one row.
+        name: engine name; generated when None.
+    Returns:
+        The concatenated tensor (dim 0 = sum of every rank's dim 0).
+    Raises:
+        As ``allreduce``.
+    """
+    return _allgather_group([_tensor(tensor)], [op_name("allgather", name)], process_set)[0]
+
+
+# ---- broadcast ----
+
+def _broadcast_raw(tensors, names, root_rank, process_set):
+    outs = _collective(lambda a, n: _engine.broadcast_async(a, root_rank, n, process_set),
+                       tensors, names, [t.dtype for t in tensors])
+    for out, t in zip(outs, tensors):
+        out.set_shape(t.shape)
+    return outs
+
+
+@library
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
+              process_set=global_process_set):
+    """Return root_rank's ``tensor`` on every rank.
+
+    Every rank of the process set must call it, in the same order, with the same root.
+
+    Args:
+        tensor: same shape and dtype on every rank.
+        root_rank: the rank whose values every rank receives.
+        name: engine name; generated when None.
+    Returns:
+        A tensor with root_rank's values.
+    Raises:
+        As ``allreduce``.
+    """
+    tensor = _tensor(tensor)
+    names = [op_name("broadcast", name)]
+    if not _floating([tensor]):
+        return _broadcast_raw([tensor], names, root_rank, process_set)[0]
+
+    @tf.custom_gradient
+    def forward(x):
+        y = _broadcast_raw([x], names, root_rank, process_set)[0]
+
+        def grad(dy):
+            summed = _allreduce_raw([tf.convert_to_tensor(dy)], [op_name("broadcast.grad")],
+                                    Sum, 1.0, 1.0, process_set)[0]
+            return summed if _rank() == root_rank else tf.zeros_like(summed)
+        return y, grad
+    return forward(tensor)
+
+
+# ---- alltoall ----
+
+def _alltoall_raw(tensor, splits, name, process_set):
+    def np_fn(arrays):
+        array, sp = arrays
+        out, received = _np.alltoall(array, splits=sp, name=name, process_set=process_set)
+        return [out, received.astype("int32")]
+    out, received = run(np_fn, [tensor, splits], [tensor.dtype, tf.int32])
+    out.set_shape([None] + tensor.shape.as_list()[1:])
+    received.set_shape([_size()])
+    return out, received
+
+
+@library
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
+             process_set=global_process_set):
+    """Send ``splits[r]`` rows of dim 0 to rank r and concatenate what every rank sent here.
+
+    Every rank of the process set must call it, in the same order.
+
+    Args:
+        tensor: at least 1-d; the dims after the first and the dtype must agree.
+        splits: rows for each rank (sums to dim 0); None splits dim 0 in equal parts.
+        name: engine name; generated when None.
+    Returns:
+        (tensor, received_splits): the rows received in rank order, and how many came from
+        each rank (int32), as Horovod's TensorFlow API returns them.
+    Raises:
+        ValueError: a 0-d tensor, or dim 0 not divisible by size when splits is None.
+        Others as ``allreduce``.
+    """
+    tensor = _tensor(tensor)
+    if tensor.shape.rank == 0:
+        raise ValueError("alltoall needs a tensor with at least one dimension")
+    if splits is None:
+        n = _size()
+        dim0 = tf.shape(tensor, out_type=tf.int64)[0]
+        tf.debugging.assert_equal(dim0 % n, tf.constant(0, tf.int64), message=(
+            "alltoall without splits needs dim 0 divisible by the number of ranks (%d)" % n))
+        splits = tf.fill([n], dim0 // n)
+    splits = tf.cast(tf.reshape(splits, [-1]), tf.int64)
+    name = op_name("alltoall", name)
+    if not _floating([tensor]):
+        return _alltoall_raw(tensor, splits, name, process_set)
+
+    @tf.custom_gradient
+    def forward(x):
+        out, received = _alltoall_raw(x, splits, name, process_set)
+
+        def grad(dy, _):
+            back, _ = _alltoall_raw(tf.convert_to_tensor(dy), tf.cast(received, tf.int64),
+                                    op_name("alltoall.grad"), process_set)
+            return back
+        return (out, received), grad
+    return forward(tensor)
+
+
+# ---- reducescatter ----
+
+@library
+def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None,
+                  process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
+                  postscale_factor=1.0):
+    """Reduce ``tensor`` over every rank and return this rank's rows of the result: rank r
+    gets dim0 // size rows, plus one if r < dim0 % size.
+
+    Every rank of the process set must call it, in the same order.
+
+    Args:
+        tensor: at least 1-d, same shape and dtype on every rank.
+        op: hvd.Sum, Average, Min, Max or Product (default Average).
+        Others as ``allreduce``.
+    Returns:
+        This rank's slice of the reduced tensor.
+    Raises:
+        ValueError: a 0-d tensor. Others as ``allreduce``.
+    """
+    op = _reduce_op(None, op)
+    tensor = _tensor(tensor)
+    if tensor.shape.rank == 0:
+        raise ValueError("reducescatter needs a tensor with at least one dimension")
+    compressed, ctx = compression.compress(tensor)
+    name = op_name("reducescatter", name)
+
+    def raw(x):
+        out = _collective(lambda a, n: _engine.reducescatter_async(
+            a, n, op, prescale_factor, postscale_factor, process_set), [x], [name], [x.dtype])[0]
+        dims = x.shape.as_list()
+        if dims[0] is not None:
+            dims[0] = dims[0] // _size() + (1 if _rank() < dims[0] % _size() else 0)
+        out.set_shape(dims)
+        return out
+
+    if not _floating([compressed]):
+        return compression.decompress(raw(compressed), ctx)
+
+    @tf.custom_gradient
+    def forward(x):
+        def grad(dy):
+            full = _allgather_raw([tf.convert_to_tensor(dy)], [op_name("reducescatter.grad")],
+                                  process_set)[0]
+            scale = prescale_factor * postscale_factor / (_size() if op == Average else 1)
+            return full * tf.cast(scale, full.dtype) if scale != 1.0 else full
+        return raw(x), grad
+    return compression.decompress(forward(compressed), ctx)
+
+
+# ---- barrier, join, topology ops ----
+
+@library
+def barrier(process_set=global_process_set):
+    """Return once every rank of the process set has called barrier() (eagerly; in a graph,
+    when the op runs)."""
+    def np_fn(arrays):
+        _np.barrier(process_set=process_set)
+        return []
+    run(np_fn, [], [])
+
+
+def join():
+    """Declare that this rank has no more data (uneven inputs; see ``hvlite.join``): until every
+    rank has joined, this rank stands in for the others' collectives with zeros. Eager only.
+
+    Returns:
+        The rank that joined last, as an int32 tensor.
+    """
+    return tf.constant(_np.join(), tf.int32)
+
+
+def size_op(process_set_id=0):
+    """The number of ranks, as an int32 tensor."""
+    return tf.constant(_size(), tf.int32)
+
+
+def rank_op(process_set_id=0):
+    """This rank, as an int32 tensor."""
+    return tf.constant(_rank(), tf.int32)
+
+
+def local_size_op():
+    """The number of ranks on this host, as an int32 tensor."""
+    from ..basics import local_size
+    return tf.constant(local_size(), tf.int32)
+
+
+def local_rank_op():
+    """This rank's index on its host, as an int32 tensor."""
+    from ..basics import local_rank
+    return tf.constant(local_rank(), tf.int32)

@@ -1,0 +1,224 @@
+"""Training with hvlite.tensorflow on n ranks gives what one process gives on the combined
+batch: DistributedGradientTape in a tf.function loop (dense and IndexedSlices gradients) and
+Keras 3 model.fit with DistributedOptimizer; the callbacks broadcast at start, average the
+logs and set the warmup/schedule learning rates; load_model re-wraps the optimizer. Every rank
+checks against its own single-process NumPy/TensorFlow reference, and that all ranks agree.
+SPMD: run by hvlrun (tests/test_spmd.py)."""
+import os
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import keras  # noqa: E402
+
+import hvlite.tensorflow as hvd  # noqa: E402
+import hvlite.tensorflow.keras as hvdk  # noqa: E402
+
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+
+RANK, SIZE = hvd.rank(), hvd.size()
+LOCAL_BATCH, STEPS = 4, 4
+
+
+def data(seed, rows, features):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, features)).astype(np.float32)
+    y = (x @ rng.normal(size=(features, 1)) + 0.1).astype(np.float32)
+    return x, y
+
+
+def assert_same_on_every_rank(arrays, what):
+    gathered = hvd.allgather_object([np.asarray(a) for a in arrays])
+    for r, theirs in enumerate(gathered):
+        for mine, other in zip(arrays, theirs):
+            np.testing.assert_array_equal(np.asarray(mine), other, err_msg="%s: rank %d differs" % (what, r))
+
+
+# ---- DistributedGradientTape in a custom tf.function loop ----
+
+def tape_model(seed):
+    rng = np.random.default_rng(seed)
+    return [tf.Variable(rng.normal(size=s).astype(np.float32) * 0.3)
+            for s in [(10, 3), (8, 16), (16,), (16, 1)]]   # embedding table, W1, b1, W2
+
+
+def tape_loss(variables, ids, x, y):
+    emb, w1, b1, w2 = variables
+    h = tf.nn.relu(tf.matmul(tf.concat([x[:, :5], tf.gather(emb, ids)], 1), w1) + b1)
+    return tf.reduce_mean((tf.matmul(h, w2) - y) ** 2)
+
+
+@pytest.mark.parametrize("options", [
+    {}, {"sparse_as_dense": True, "num_groups": 2}, {"gradient_predivide_factor": 2.0},
+    {"compression": hvd.Compression.fp16}], ids=["default", "dense-groups", "predivide", "fp16"])
+def test_distributed_gradient_tape_equivalence(options):
+    x, y = data(1, LOCAL_BATCH * SIZE * STEPS, 5)
+    ids = (np.arange(len(x)) * 7 % 10).astype(np.int64)
+    x = np.concatenate([x, np.zeros((len(x), 3), np.float32)], 1)   # columns 5..7 unused
+    lr = 0.1
+
+    def train(variables, batches, distributed):
+        @tf.function
+        def step(i, xb, yb):
+            with tf.GradientTape() as tape:
+                loss = tape_loss(variables, i, xb, yb)
+            if distributed:
+                tape = hvd.DistributedGradientTape(tape, **options)
+            grads = tape.gradient(loss, variables)
+            for v, g in zip(variables, grads):
+                v.assign_sub(lr * tf.convert_to_tensor(g))
+            return loss
+        for i, xb, yb in batches:
+            step(tf.constant(i), tf.constant(xb), tf.constant(yb))
+        return [v.numpy() for v in variables]
+
+    global_batch = LOCAL_BATCH * SIZE
+    mine = [slice(s * global_batch + RANK * LOCAL_BATCH, s * global_batch + (RANK + 1) * LOCAL_BATCH)
+            for s in range(STEPS)]
+    whole = [slice(s * global_batch, (s + 1) * global_batch) for s in range(STEPS)]
+    got = train(tape_model(0), [(ids[b], x[b], y[b]) for b in mine], True)
+    expected = train(tape_model(0), [(ids[b], x[b], y[b]) for b in whole], False)
+    tol = 2e-3 if options.get("compression") is hvd.Compression.fp16 else 1e-5
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=tol, atol=tol)
+    assert_same_on_every_rank(got, "DistributedGradientTape weights")
+
+
+def test_tape_is_a_gradient_tape_and_keeps_structure():
+    v = {"a": tf.Variable([1.0, 2.0]), "b": tf.Variable(3.0)}
+    with tf.GradientTape() as tape:
+        loss = (RANK + 1) * (tf.reduce_sum(v["a"]) + v["b"] * v["b"])
+    dtape = hvd.DistributedGradientTape(tape, op=hvd.Sum)
+    assert isinstance(dtape, tf.GradientTape)
+    grads = dtape.gradient(loss, v)
+    total = sum(r + 1 for r in range(SIZE))
+    np.testing.assert_allclose(grads["a"].numpy(), [total, total])
+    np.testing.assert_allclose(grads["b"].numpy(), 6.0 * total)
+
+
+# ---- Keras 3: model.fit with DistributedOptimizer and the callbacks ----
+
+def keras_model(seed):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"),
+                             keras.layers.Dense(1)])
+
+
+class Probe(keras.callbacks.Callback):
+    """Records epoch-end logs and the learning rate at every batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.logs, self.lrs = [], []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.lrs.append(float(np.asarray(self.model.optimizer.learning_rate)))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.logs.append(dict(logs))
+
+
+def combined_order(x, batch):
+    """Row order for one process so its batch k of size batch*SIZE holds every rank's batch k
+    of its shard x[r::SIZE]."""
+    shards = [np.arange(len(x))[r::SIZE] for r in range(SIZE)]
+    return np.concatenate([np.concatenate([s[k * batch:(k + 1) * batch] for s in shards])
+                           for k in range(len(shards[0]) // batch)])
+
+
+def test_model_fit_equivalence_and_callbacks():
+    x, y = data(2, LOCAL_BATCH * SIZE * STEPS, 6)
+    model = keras_model(100 + RANK)        # different on every rank: the callback fixes that
+    root_init = hvd.broadcast_object(model.get_weights(), root_rank=0)
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)),
+                  loss="mse", jit_compile=False)
+    before, after = Probe(), Probe()
+    callbacks = [hvdk.callbacks.BroadcastGlobalVariablesCallback(0), before,
+                 hvdk.callbacks.MetricAverageCallback(), after]
+    model.fit(x[RANK::SIZE], y[RANK::SIZE], batch_size=LOCAL_BATCH, epochs=2, shuffle=False,
+              verbose=0, callbacks=callbacks)
+
+    reference = keras_model(0)
+    reference.set_weights(root_init)
+    reference.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse",
+                      jit_compile=False)
+    order = combined_order(x, LOCAL_BATCH)
+    reference.fit(x[order], y[order], batch_size=LOCAL_BATCH * SIZE, epochs=2, shuffle=False,
+                  verbose=0)
+    for got, expected in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert_same_on_every_rank(model.get_weights(), "model.fit weights")
+    assert int(model.optimizer.iterations.numpy()) == 2 * STEPS
+
+    local_losses = hvd.allgather_object([log["loss"] for log in before.logs])
+    for epoch, log in enumerate(after.logs):
+        np.testing.assert_allclose(log["loss"], np.mean([l[epoch] for l in local_losses]), rtol=1e-6)
+
+
+def test_optimizer_is_the_wrapped_one():
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.5)
+    opt = hvdk.DistributedOptimizer(keras.optimizers.Adam(schedule, beta_1=0.8))
+    assert isinstance(opt, keras.optimizers.Adam) and hvdk.is_distributed(opt)
+    assert type(opt).__name__ == "Adam"
+    config = opt.get_config()
+    assert config["beta_1"] == pytest.approx(0.8)
+    assert config["learning_rate"]["class_name"] == "ExponentialDecay"
+    plain = keras.optimizers.SGD(0.3)
+    wrapped = hvd.DistributedOptimizer(plain)
+    assert float(np.asarray(wrapped.learning_rate)) == pytest.approx(0.3)
+    wrapped.learning_rate = 0.2
+    assert float(np.asarray(wrapped.learning_rate)) == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="gradient_predivide_factor"):
+        hvdk.DistributedOptimizer(keras.optimizers.SGD(), op=hvd.Sum, gradient_predivide_factor=2.0)
+    with pytest.raises(ValueError, match="Keras 3 has no global variables"):
+        hvdk.broadcast_global_variables(0)
+
+
+def test_learning_rate_callbacks():
+    x, y = data(3, LOCAL_BATCH * SIZE * STEPS, 6)
+    model = keras_model(7)
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse",
+                  jit_compile=False)
+    probe = Probe()
+    warmup = hvdk.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2)
+    schedule = hvdk.callbacks.LearningRateScheduleCallback(0.4, lambda e: 0.5 ** e, start_epoch=2)
+    hvdk.broadcast_global_variables(0, model)
+    model.fit(x[RANK::SIZE], y[RANK::SIZE], batch_size=LOCAL_BATCH, epochs=4, shuffle=False,
+              verbose=0, callbacks=[warmup, schedule, probe])
+    expected = []
+    for epoch in range(4):
+        for batch in range(STEPS):
+            e = epoch + batch / STEPS
+            expected.append(0.4 / SIZE * (e * (SIZE - 1) / 2 + 1) if epoch < 2 else 0.4 * 0.5 ** epoch)
+    np.testing.assert_allclose(probe.lrs, expected, rtol=1e-6)
+    assert probe.logs[-1]["lr"] == pytest.approx(0.4 * 0.5 ** 3)
+    assert_same_on_every_rank(model.get_weights(), "weights after warmup")
+
+
+def test_load_model_rewraps_optimizer():
+    x, y = data(4, LOCAL_BATCH * SIZE * STEPS, 6)
+    model = keras_model(11)
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.5)),
+                  loss="mse", jit_compile=False)
+    model.fit(x[RANK::SIZE], y[RANK::SIZE], batch_size=LOCAL_BATCH, epochs=1, shuffle=False, verbose=0)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.keras")
+        model.save(path)           # every rank saves its own copy (they are identical)
+        loaded = hvdk.load_model(path)
+    assert hvdk.is_distributed(loaded.optimizer)
+    assert type(loaded.optimizer).__name__ == "SGD"
+    assert int(loaded.optimizer.iterations.numpy()) == STEPS
+    for a, b in zip(loaded.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    x2 = x[::-1].copy()
+    loaded.fit(x2[RANK::SIZE], y[::-1][RANK::SIZE], batch_size=LOCAL_BATCH, epochs=1,
+               shuffle=False, verbose=0)
+    model.fit(x2[RANK::SIZE], y[::-1][RANK::SIZE], batch_size=LOCAL_BATCH, epochs=1,
+              shuffle=False, verbose=0)
+    for a, b in zip(loaded.get_weights(), model.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)   # same state, same step
+    assert_same_on_every_rank(loaded.get_weights(), "weights after load_model + fit")
