@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.deps-installed
 HVLITE_MPICC ?= $(CURDIR)/$(VENV)/bin/mpicc
 export HVLITE_MPICC
 
-.PHONY: setup build run test bench clean
+.PHONY: setup build run run-tf test bench bench-torch bench-tf clean
 
 setup: $(STAMP) build
 
@@ -31,11 +31,20 @@ build: $(STAMP)
 run: setup
 	$(HVLRUN) -np 2 $(PY) examples/pytorch_digits.py
 
+run-tf: setup
+	$(HVLRUN) -np 2 $(PY) examples/tensorflow_keras_digits.py
+
 test: setup
 	$(PY) -m pytest -q tests
 
 bench: setup
 	$(HVLRUN) -np 2 $(PY) bench/allreduce.py
+
+bench-torch: setup
+	$(PY) bench/torch_training.py
+
+bench-tf: setup
+	$(PY) bench/tf_training.py
 
 clean:
 	rm -rf build *.egg-info hvlite/_core*.so hvlite/_build_info.json

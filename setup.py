@@ -61,6 +61,8 @@ setup(
     package_data={"hvlite": ["_build_info.json"]},
     python_requires=">=3.9",
     install_requires=requires,
+    extras_require={"torch": ["torch>=2.1"], "tensorflow": ["tensorflow>=2.21", "keras>=3"],
+                    "examples": ["scikit-learn"]},
     cffi_modules=["hvlite/_build.py:ffibuilder"],
     entry_points={"console_scripts": ["hvlrun = hvlite.runner.launch:run"]},
     zip_safe=False,
