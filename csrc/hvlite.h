@@ -123,6 +123,11 @@ int64_t hvl_submit(int op, int dtype, int reduce_op, int root_rank, int process_
                    const char *name, int ndim, const int64_t *shape, const void *input,
                    void *output, double prescale, double postscale, const int64_t *splits,
                    int nsplits);
+/* Bursts: between hvl_burst_begin() and hvl_burst_end() enqueued requests do not wake the
+ * background thread; the end wakes it once, so a group submitted together is negotiated (and
+ * fused) together instead of its first request alone. Calls nest (a counter). Cannot fail. */
+void hvl_burst_begin(void);
+void hvl_burst_end(void);
 /* Wait for completion. timeout_s < 0 waits for ever (but returns if the engine fails).
  * Returns the request's final status (its message via hvl_last_error), or HVL_ERR_IN_PROGRESS. */
 int hvl_wait(int64_t handle, double timeout_s);

@@ -204,6 +204,7 @@ struct hvl_engine {
     hvl_entry *queue_head, *queue_tail;
     hvl_strmap inflight;        /* name -> entry, for the duplicate-name check */
     int running;                /* accepting requests */
+    int bursts;                 /* open hvl_burst_begin calls: enqueue does not wake bg */
 
     /* atomics */
     int shutdown_requested;

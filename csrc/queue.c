@@ -104,7 +104,7 @@ int hvl_enqueue(const hvl_request *q, int64_t *handle_out)
     if (rc == HVL_OK) {
         /* Only the first request of a burst wakes the bg thread: it drains the whole queue,
          * and it checks the queue under this lock before it sleeps, so no wake-up is lost. */
-        if (!e->queue_head) pthread_cond_signal(&e->wake_cond);
+        if (!e->queue_head && !e->bursts) pthread_cond_signal(&e->wake_cond);
         if (e->queue_tail) e->queue_tail->next = en; else e->queue_head = en;
         e->queue_tail = en;
         *handle_out = en->handle;
@@ -214,4 +214,20 @@ int64_t hvl_submit(int op, int dtype, int reduce_op, int root_rank, int process_
     int64_t handle = 0;
     int rc = hvl_enqueue(&q, &handle);
     return rc == HVL_OK ? handle : -rc;
+}
+
+void hvl_burst_begin(void)
+{
+    hvl_engine *e = &hvl__engine;
+    pthread_mutex_lock(&e->queue_lock);
+    e->bursts++;
+    pthread_mutex_unlock(&e->queue_lock);
+}
+
+void hvl_burst_end(void)
+{
+    hvl_engine *e = &hvl__engine;
+    pthread_mutex_lock(&e->queue_lock);
+    if (e->bursts > 0 && --e->bursts == 0 && e->queue_head) pthread_cond_signal(&e->wake_cond);
+    pthread_mutex_unlock(&e->queue_lock);
 }

@@ -101,6 +101,19 @@ def submit(op, name, dtype, shape, in_ptr, out_ptr, keep, finish, reduce_op=0, r
 _NO_SHAPE = [0]
 
 
+class burst:
+    """``with burst(): submit(...); submit(...)``: the engine negotiates the whole group at once
+    (it is woken at the end, not by the first request), so the group fuses."""
+
+    def __enter__(self):
+        lib.hvl_burst_begin()
+        return self
+
+    def __exit__(self, *exc):
+        lib.hvl_burst_end()
+        return False
+
+
 def result_into(handle, allocate):
     """Copy the engine-owned result of a finished allgather/alltoall into a new array.
 

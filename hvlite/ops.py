@@ -14,7 +14,7 @@ from ._lib import ffi, lib
 from .basics import rank, size
 from .dtypes import to_engine
 from .errors import _check
-from .handles import NULL, Handle, address, auto_name, received_splits, result_array, submit
+from .handles import NULL, Handle, address, auto_name, burst, received_splits, result_array, submit
 from .process_sets import _set_id
 
 __all__ = ["Sum", "Average", "Min", "Max", "Product", "Adasum", "allreduce", "allreduce_async",
@@ -135,8 +135,9 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                             postscale_factor=1.0, process_set=None):
     """Start allreduces of a list of arrays, submitted together so they fuse."""
     names = _group_names(name, "grouped_allreduce", len(tensors))
-    return _Group([allreduce_async(t, average, n, op, prescale_factor, postscale_factor,
-                                   process_set) for t, n in zip(tensors, names)])
+    with burst():
+        return _Group([allreduce_async(t, average, n, op, prescale_factor, postscale_factor,
+                                       process_set) for t, n in zip(tensors, names)])
 
 
 def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -149,8 +150,9 @@ def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=None):
     names = _group_names(name, "grouped_allreduce", len(tensors))
-    return _Group([allreduce_async_(t, average, n, op, prescale_factor, postscale_factor,
-                                    process_set) for t, n in zip(tensors, names)])
+    with burst():
+        return _Group([allreduce_async_(t, average, n, op, prescale_factor, postscale_factor,
+                                        process_set) for t, n in zip(tensors, names)])
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -177,7 +179,9 @@ def allgather(tensor, name=None, process_set=None):
 
 def grouped_allgather(tensors, name=None, process_set=None):
     names = _group_names(name, "grouped_allgather", len(tensors))
-    return _Group([allgather_async(t, n, process_set) for t, n in zip(tensors, names)]).wait()
+    with burst():
+        group = _Group([allgather_async(t, n, process_set) for t, n in zip(tensors, names)])
+    return group.wait()
 
 
 # ---- broadcast ----
