@@ -1,7 +1,7 @@
 /* mpi_util.c: MPI error translation and the polite wait. Negotiation waits on ranks that may
  * still be busy in Python; a blocking MPI call would spin a core the training thread needs, so
- * rounds use nonblocking calls completed here: a short spin, then sleeps that grow to 200 us,
- * bounded by the peer timeout. bg thread only. */
+ * rounds use nonblocking calls completed here: a short spin, then sleeps that grow with the wait
+ * (a tenth of it, up to 200 us), bounded by the peer timeout. bg thread only. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +34,12 @@ int hvl__mpi_wait(hvl_engine *e, MPI_Request *req, const char *what)
                              what, e->params.peer_timeout_s);
         struct timespec ts = {0, (long)(sleep_s * 1e9)};
         nanosleep(&ts, NULL);
-        if (sleep_s < max_sleep_s) sleep_s *= 2;
+        /* Naps grow with the wait so far (a tenth of it, 10..200 us): a peer that arrives soon
+         * is seen within microseconds, and a long wait still polls only a few thousand times
+         * a second. */
+        double cap = (now - start) / 10;
+        cap = cap < 10e-6 ? 10e-6 : cap > max_sleep_s ? max_sleep_s : cap;
+        sleep_s = sleep_s * 2 < cap ? sleep_s * 2 : cap;
     }
 }
 
