@@ -2,7 +2,9 @@
  * submitted requests in; a tensor that every rank has submitted leaves the table as one
  * response: the agreed parameters, or an error naming the field and the ranks that disagree
  * (built once here, delivered to every rank). It also finds tensors that some ranks never
- * submitted (stalls). bg thread of rank 0 only. */
+ * submitted (stalls): a warning after HVLITE_STALL_CHECK_TIME_SECONDS, and after
+ * HVLITE_STALL_SHUTDOWN_TIME_SECONDS an error response that stops every rank's engine.
+ * bg thread of rank 0 only. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -249,22 +251,51 @@ static void rank_list(const hvl_coordinator *c, const record_t *rec, int want, c
             len += (size_t)snprintf(out + len, n - len, "%s%d", len ? "," : "", r);
 }
 
-int hvl__coordinator_stall_check(hvl_coordinator *c, double stall_s)
+/* The error response that ends a stalled tensor (and the engine) on every rank. */
+static int stall_response(hvl_coordinator *c, record_t *rec, double age, double shutdown_s,
+                          const char *have, const char *missing, hvl_response_list *ready)
 {
-    if (stall_s <= 0) return HVL_OK;
+    const hvl_response *first = rec->by_rank;
+    while (!first->name) first++;
+    hvl_response r = *first;
+    r.name = strdup(first->name);
+    r.status = HVL_ERR_TIMEOUT;
+    size_t cap = strlen(first->name) + strlen(have) + strlen(missing) + 200;
+    r.error = malloc(cap);
+    if (!r.name || !r.error) { free(r.name); free(r.error); return HVL_ERR_NO_MEMORY; }
+    snprintf(r.error, cap, "stall shutdown: tensor '%s' waited %.0f s (submitted by ranks %s; missing "
+             "ranks: %s); HVLITE_STALL_SHUTDOWN_TIME_SECONDS=%g", first->name, age, have, missing,
+             shutdown_s);
+    hvl_log(HVL_LOG_ERROR, "%s", r.error);
+    if (hvl__responses_push(ready, &r) != HVL_OK) { free(r.name); free(r.error); return HVL_ERR_NO_MEMORY; }
+    hvl__strmap_del(&c->table, first->name);   /* safe while scanning: no rehash */
+    record_free(c, rec);
+    return HVL_OK;
+}
+
+int hvl__coordinator_stall_check(hvl_coordinator *c, double warn_s, double shutdown_s,
+                                 hvl_response_list *ready)
+{
+    if (warn_s <= 0 && shutdown_s <= 0) return HVL_OK;
     double now = hvl__now();
     for (size_t i = 0; i < c->table.cap; i++) {
         if (!hvl__strmap_live(&c->table, i)) continue;
         record_t *rec = c->table.slots[i].value;
-        if (rec->warned || now - rec->first_seen < stall_s) continue;
+        double age = now - rec->first_seen;
+        int warn = warn_s > 0 && !rec->warned && age >= warn_s;
+        int stop = shutdown_s > 0 && age >= shutdown_s;
+        if (!warn && !stop) continue;
         char have[256], missing[256];
         rank_list(c, rec, 1, have, sizeof(have));
         rank_list(c, rec, 0, missing, sizeof(missing));
-        hvl_log(HVL_LOG_WARNING, "stall: tensor '%s' was submitted by ranks %s %.0f s ago but not "
-                "yet by ranks %s; those ranks may have skipped it or be stuck (missing ranks: %s)",
-                c->table.slots[i].key, have, now - rec->first_seen, missing, missing);
-        rec->warned = 1;
-        hvl__count(&hvl__engine.counters.stall_warnings, 1);
+        if (warn) {
+            hvl_log(HVL_LOG_WARNING, "stall: tensor '%s' was submitted by ranks %s %.0f s ago but not "
+                    "yet by ranks %s; those ranks may have skipped it or be stuck (missing ranks: %s)",
+                    c->table.slots[i].key, have, age, missing, missing);
+            rec->warned = 1;
+            hvl__count(&hvl__engine.counters.stall_warnings, 1);
+        }
+        if (stop) HVL_CHECK(stall_response(c, rec, age, shutdown_s, have, missing, ready));
     }
     return HVL_OK;
 }

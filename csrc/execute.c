@@ -158,6 +158,14 @@ int hvl__execute(hvl_engine *e, hvl_response_list *agreed)
     for (int i = 0; i < n; i++) {
         hvl_response *r = &agreed->items[i];
         hvl_entry *en = hvl__strmap_get(&e->pending, r->name);
+        if (r->status == HVL_ERR_TIMEOUT) {   /* stall shutdown: every rank stops here */
+            rc = hvl__fail(HVL_ERR_TIMEOUT, "%s", r->error ? r->error : "stall shutdown");
+            if (en) {
+                hvl_outcome o = {.status = r->status, .message = strdup(hvl_last_error())};
+                hvl__entry_finish(e, en, &o);
+            }
+            goto out;
+        }
         if (!en && e->joined && r->status != HVL_OK) continue;   /* not ours to report */
         if (!en && e->joined) en = hvl__entry_synthesize(e, r);
         if (!en) { rc = hvl__fail(HVL_ERR_SYSTEM, "agreed tensor '%s' is not pending on rank %d", r->name, e->rank); goto out; }

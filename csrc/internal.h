@@ -28,7 +28,7 @@ typedef struct {
     double cycle_time_ms;       /* bg thread tick when no work arrives */
     int cache_capacity;         /* response cache entries; 0 disables the cache */
     double stall_check_s;       /* warn about tensors some ranks have not submitted; 0 = off */
-    double stall_shutdown_s;    /* 0 = off (issue 5) */
+    double stall_shutdown_s;    /* stop the engine on every rank over such a tensor; 0 = off */
     double peer_timeout_s;      /* a negotiation round that takes longer fails the engine */
     int log_level;
 } hvl_params;
@@ -138,8 +138,11 @@ int hvl__coordinator_create(hvl_coordinator **out, int size);
 void hvl__coordinator_destroy(hvl_coordinator *c);
 /* Parses one rank's requests; tensors now submitted by every rank go to `ready`, in order. */
 int hvl__coordinator_add(hvl_coordinator *c, int rank, hvl_buf *requests, hvl_response_list *ready);
-/* Warns (once per tensor) about tensors some ranks submitted stall_s seconds ago. */
-int hvl__coordinator_stall_check(hvl_coordinator *c, double stall_s);
+/* Warns (once per tensor) about tensors some ranks submitted warn_s seconds ago; past
+ * shutdown_s (if > 0) the tensor leaves the table as an HVL_ERR_TIMEOUT response in `ready`,
+ * which stops the engine on every rank with that message. */
+int hvl__coordinator_stall_check(hvl_coordinator *c, double warn_s, double shutdown_s,
+                                 hvl_response_list *ready);
 
 /* ---- reductions and scaling (reduce.c) ---- */
 int hvl__reduce_setup(void);                                         /* creates MPI ops/types */

@@ -65,7 +65,9 @@ static int coordinate(hvl_engine *e, const char *all, const int *counts, const i
         hvl_buf view = {(char *)all + displs[r], (size_t)counts[r], (size_t)counts[r], 0, 0};
         rc = hvl__coordinator_add(e->coordinator, r, &view, &ready);
     }
-    if (rc == HVL_OK) rc = hvl__coordinator_stall_check(e->coordinator, e->params.stall_check_s);
+    if (rc == HVL_OK)
+        rc = hvl__coordinator_stall_check(e->coordinator, e->params.stall_check_s,
+                                          e->params.stall_shutdown_s, &ready);
     for (int i = 0; i < ready.count; i++) hvl__wire_put_response(reply, &ready.items[i]);
     hvl__responses_clear(&ready);
     free(ready.items);

@@ -29,7 +29,7 @@ static const param_def table[] = {
     {"STALL_CHECK_TIME_SECONDS", P_DOUBLE, F(stall_check_s), "60",
      "warn about tensors not submitted by every rank after this long (0 = off)"},
     {"STALL_SHUTDOWN_TIME_SECONDS", P_DOUBLE, F(stall_shutdown_s), "0",
-     "fail stalled tensors after this long (0 = off)"},
+     "stop the engine on every rank when a tensor stalls this long (0 = off)"},
     {"PEER_TIMEOUT_SECONDS", P_DOUBLE, F(peer_timeout_s), "120",
      "fail the engine when a negotiation round gets no answer for this long"},
     {"LOG_LEVEL", P_LEVEL, F(log_level), "warning", "trace, debug, info, warning or error"},

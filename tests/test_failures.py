@@ -20,6 +20,20 @@ def test_stall_warning_names_tensor_and_missing_rank():
         assert out.count("stall scenario done") == np_, out
 
 
+def test_stall_shutdown_fails_every_rank_in_bounded_time():
+    start = time.monotonic()
+    job = run_job(2, ["python", "tests/scenarios/stall_shutdown.py"], timeout=60,
+                  env={"HVLITE_STALL_SHUTDOWN_TIME_SECONDS": "2", "HVLITE_STALL_CHECK_TIME_SECONDS": "1"})
+    elapsed = time.monotonic() - start
+    out = job.stdout + job.stderr
+    assert job.returncode == 3, out
+    assert elapsed < 20 * MULTIPLIER, "stall shutdown took %.1f s" % elapsed
+    for r in (0, 1):
+        assert "rank %d stall error" % r in out, out
+    assert out.count("stall shutdown: tensor 'lonely'") >= 2 and "missing ranks: 1" in out, out
+    assert "UNEXPECTED" not in out
+
+
 def test_killed_rank_ends_job_with_its_name():
     start = time.monotonic()
     job = run_job(2, ["python", "tests/scenarios/kill_rank.py"], timeout=60)
