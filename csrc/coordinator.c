@@ -223,9 +223,10 @@ static int add_one(hvl_coordinator *c, int rank, hvl_response *q, hvl_response_l
     for (size_t i = 0; i < c->table.cap; i++) {   /* deleting while scanning is safe: no rehash */
         if (!hvl__strmap_live(&c->table, i)) continue;
         record_t *other = c->table.slots[i].value;
-        if (is_ready(c, other)) HVL_CHECK(complete(c, other, ready));
+        if (other != rec && is_ready(c, other)) HVL_CHECK(complete(c, other, ready));
     }
-    return HVL_OK;
+    /* join itself last: completing it clears the joined flags the others needed */
+    return is_ready(c, rec) ? complete(c, rec, ready) : HVL_OK;
 }
 
 int hvl__coordinator_add(hvl_coordinator *c, int rank, hvl_buf *requests, hvl_response_list *ready)
@@ -281,6 +282,9 @@ int hvl__coordinator_stall_check(hvl_coordinator *c, double warn_s, double shutd
     for (size_t i = 0; i < c->table.cap; i++) {
         if (!hvl__strmap_live(&c->table, i)) continue;
         record_t *rec = c->table.slots[i].value;
+        const hvl_response *first = rec->by_rank;
+        while (!first->name) first++;
+        if (first->op == HVL_JOIN) continue;   /* waiting for uneven work to finish is normal */
         double age = now - rec->first_seen;
         int warn = warn_s > 0 && !rec->warned && age >= warn_s;
         int stop = shutdown_s > 0 && age >= shutdown_s;

@@ -16,7 +16,11 @@ int64_t hvl__row_bytes(const hvl_entry *en)
     return (ndim ? hvl__shape_elems(ndim - 1, en->shape + 1) : 1) * hvl_dtype_size(en->req.dtype);
 }
 
-static int64_t rows_of(const hvl_entry *en) { return en->req.ndim ? en->shape[0] : 1; }
+static int64_t rows_of(const hvl_entry *en)
+{
+    if (en->synthetic) return 0;   /* a joined rank sends no rows (a 0-d input is one row) */
+    return en->req.ndim ? en->shape[0] : 1;
+}
 
 /* Shape of an allgather result with `rows` rows (a 0-d input counts as one row). */
 static void gathered_shape(const hvl_entry *en, int64_t rows, hvl_outcome *o)

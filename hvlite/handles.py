@@ -20,6 +20,10 @@ from ._lib import ffi, lib
 from .errors import _check
 
 _counters = {}
+# handle id -> what must stay alive until the engine is done with it. Held here, not only by the
+# Handle, so that a dropped handle (or an exception between submit and wait) cannot free a
+# buffer the engine still reads or writes; wait() releases the entry.
+_keep_alive = {}
 
 
 NULL = ffi.NULL
@@ -38,6 +42,11 @@ def pointer(address_int):
     return ffi.cast("void *", address_int)
 
 
+def reset_auto_names():
+    """Restart every generated-name counter (every rank at the same point, e.g. after join)."""
+    _counters.clear()
+
+
 def auto_name(kind):
     """A name for an unnamed collective, the same on every rank that calls in the same order."""
     counter = _counters.setdefault(kind, itertools.count())
@@ -47,11 +56,11 @@ def auto_name(kind):
 class Handle:
     """An in-flight collective; ``hvlite.poll``/``hvlite.synchronize`` take these."""
 
-    __slots__ = ("_id", "_keep", "_finish", "_done", "_result", "name")
+    __slots__ = ("_id", "_finish", "_done", "_result", "name")
 
     def __init__(self, hid, keep, finish, name):
         self._id = hid
-        self._keep = keep
+        _keep_alive[hid] = keep
         self._finish = finish
         self._done = False
         self._result = None
@@ -79,7 +88,7 @@ class Handle:
         finally:
             lib.hvl_release(self._id)
             self._done = True
-            self._keep = None
+            _keep_alive.pop(self._id, None)
         return self._result
 
     def __repr__(self):

@@ -14,7 +14,8 @@ from ._lib import ffi, lib
 from .basics import rank, size
 from .dtypes import to_engine
 from .errors import _check
-from .handles import NULL, Handle, address, auto_name, burst, received_splits, result_array, submit
+from .handles import (NULL, Handle, address, auto_name, burst, received_splits, reset_auto_names,
+                      result_array, submit)
 from .process_sets import _set_id
 
 __all__ = ["Sum", "Average", "Min", "Max", "Product", "Adasum", "allreduce", "allreduce_async",
@@ -285,8 +286,10 @@ def join(process_set=None):
         value = ffi.new("int64_t *")
         _check(lib.hvl_result_value(h._id, value))
         return int(value[0])
-    return submit(lib.HVL_JOIN, "join", lib.HVL_UINT8, (), NULL, NULL, None, finish,
+    last = submit(lib.HVL_JOIN, "join", lib.HVL_UINT8, (), NULL, NULL, None, finish,
                   process_set=_set_id(process_set)).wait()
+    reset_auto_names()   # a joined rank made none of the others' unnamed calls: realign
+    return last
 
 
 def poll(handle):

@@ -98,18 +98,21 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     """Start an in-place allreduce of ``tensor`` (its values are replaced on completion)."""
     target = _check_tensor(tensor)
     buf = target.detach() if target.is_contiguous() else target.detach().contiguous()
-    if buf.data_ptr() == target.data_ptr():
-        finish = lambda h: target  # noqa: E731
-    else:
-        finish = lambda h: _copy_back(target, buf)  # noqa: E731
     return _allreduce_submit(buf, buf, name, _reduce_op(average, op), prescale_factor,
-                             postscale_factor, process_set, finish)
+                             postscale_factor, process_set, _inplace_finish(target, buf))
 
 
-def _copy_back(target, buf):
-    with torch.no_grad():
-        target.copy_(buf)
-    return target
+def _inplace_finish(target, buf):
+    """The result step of an in-place op: copy back if a contiguous copy was sent, and bump
+    the tensor's version so autograd refuses to reuse its old value in a backward pass."""
+    def finish(h):
+        if buf.data_ptr() != target.data_ptr():
+            with torch.no_grad():
+                target.copy_(buf)
+        else:
+            torch.autograd.graph.increment_version(target)
+        return target
+    return finish
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -254,8 +257,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None):
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     target = _check_tensor(tensor)
     buf = target.detach() if target.is_contiguous() else target.detach().contiguous()
-    finish = (lambda h: target) if buf.data_ptr() == target.data_ptr() else \
-        (lambda h: _copy_back(target, buf))
+    finish = _inplace_finish(target, buf)
     return submit(lib.HVL_BROADCAST, name or auto_name("broadcast"), _engine_dtype(buf),
                   tuple(buf.shape), _ptr(buf), _ptr(buf), (buf, target), finish,
                   root_rank=int(root_rank), process_set=_set_id(process_set))

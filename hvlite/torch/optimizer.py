@@ -97,7 +97,7 @@ class _DistributedOptimizer:
     # ---- during backward ----
 
     def _on_gradient(self, p):
-        if p in self._handles:
+        if p in self._handles or self._delay[p] <= 0:
             raise RuntimeError("gradient of '%s' computed more than backward_passes_per_step=%d "
                                "times before step()/synchronize()" % (self._names[p], self._passes))
         self._delay[p] -= 1

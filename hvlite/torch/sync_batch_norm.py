@@ -31,6 +31,9 @@ class _SyncBatchNormFn(torch.autograd.Function):
                            torch.tensor([x.numel() / max(channels, 1)], dtype=torch.float64)])
         total = allreduce_async(local, op=Sum, name=name + ".stats").wait()
         count = total[-1]
+        if count.item() <= 1:
+            raise ValueError("SyncBatchNorm: expected more than 1 value per channel over all ranks "
+                             "when training (got %d)" % int(count.item()))
         mean = total[:channels] / count
         var = (total[channels:2 * channels] / count - mean * mean).clamp_min(0)
         invstd = torch.rsqrt(var + eps)
@@ -103,6 +106,7 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
                 converted.weight, converted.bias = module.weight, module.bias
             converted.running_mean, converted.running_var = module.running_mean, module.running_var
             converted.num_batches_tracked = module.num_batches_tracked
+            converted.train(module.training)
         for name, child in module.named_children():
             converted.add_module(name, cls.convert_sync_batchnorm(child))
         return converted

@@ -30,3 +30,39 @@ def test_broadcast_from_joined_root_fails_everywhere():
             hvd.broadcast(np.ones(2), root_rank=0, name="join.bcast")
         last = hvd.join()
     assert 0 <= last < SIZE
+
+
+def test_tensor_in_flight_on_the_joining_rank_still_completes():
+    """Completing join must not clear the stand-in flags a pending tensor still needs."""
+    if RANK == 0:
+        h = hvd.allreduce_async(np.ones(3), op=hvd.Sum, name="join.inflight")
+        assert hvd.join() >= 0
+        assert (hvd.synchronize(h) == 1).all()       # the others stood in with zeros
+    else:
+        assert hvd.join() >= 0
+
+
+def test_unnamed_collectives_line_up_again_after_join():
+    if RANK == 0:
+        hvd.allreduce(np.ones(2), op=hvd.Sum)           # unnamed; the others have joined
+    hvd.join()
+    assert (hvd.allreduce(np.ones(2), op=hvd.Sum) == SIZE).all()
+
+
+def test_dropped_async_handle_keeps_its_buffers_alive():
+    """The engine still reads the buffers of a handle nobody holds any more (rank 0 drops it;
+    for 3 ranks, rank 2 submits at once like rank 0)."""
+    import gc
+    import time
+    n = 1 << 18
+    if RANK != 1:
+        hvd.allreduce_async(np.ones(n), op=hvd.Sum, name="join.dropped")   # handle dropped
+        gc.collect()
+        junk = [np.full(n, 7.0) for _ in range(8)]   # would reuse freed memory
+        hvd.barrier()
+        del junk
+    else:
+        time.sleep(0.2)
+        got = hvd.allreduce(np.ones(n), op=hvd.Sum, name="join.dropped")
+        assert (got == SIZE).all(), np.unique(got)
+        hvd.barrier()

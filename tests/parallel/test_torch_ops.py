@@ -166,3 +166,15 @@ def test_bad_input():
     shape = (3,) if RANK == 0 else (4,)
     with pytest.raises(hvd.MismatchError, match="'torch.bad'.*shape"):
         hvd.allreduce(torch.zeros(shape), name="torch.bad")
+
+
+def test_in_place_ops_bump_the_autograd_version():
+    """autograd must refuse a backward that would use a value an in-place collective replaced."""
+    w = torch.tensor([1.0, 2.0], requires_grad=True)
+    x = w * (RANK + 1)
+    y = (x * x).sum()
+    version = x._version
+    hvd.allreduce_(x, op=hvd.Sum, name="inplace.version")
+    assert x._version > version
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
