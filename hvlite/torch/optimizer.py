@@ -15,6 +15,7 @@ without a coordinator round. Sparse gradients are allgathered (indices and value
 or densified with ``sparse_as_dense=True``.
 """
 import contextlib
+import warnings
 
 import torch
 
@@ -184,6 +185,9 @@ class _DistributedOptimizer:
 
     def step(self, closure=None):
         if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() after optimizer.synchronize() reduces the gradients "
+                              "again; wrap step() in `with optimizer.skip_synchronize():`")
             self.synchronize()
         self._synchronized = False
         return super().step(closure)
