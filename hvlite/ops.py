@@ -72,6 +72,14 @@ def _group_names(name, kind, n):
     return ["%s.%d" % (name, i) for i in range(n)] if name else [auto_name(kind) for _ in range(n)]
 
 
+def _submit_group(submit_one, tensors, name, kind):
+    """Submit ``submit_one(tensor, name)`` for every tensor in one burst (the engine negotiates
+    and fuses them together); returns the group handle. Shared by the framework adapters."""
+    names = _group_names(name, kind, len(tensors))
+    with burst():
+        return _Group([submit_one(t, n) for t, n in zip(tensors, names)])
+
+
 # ---- allreduce ----
 
 def _allreduce(src, out, name, op, prescale, postscale, process_set, finish):
@@ -135,10 +143,9 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=None):
     """Start allreduces of a list of arrays, submitted together so they fuse."""
-    names = _group_names(name, "grouped_allreduce", len(tensors))
-    with burst():
-        return _Group([allreduce_async(t, average, n, op, prescale_factor, postscale_factor,
-                                       process_set) for t, n in zip(tensors, names)])
+    return _submit_group(lambda t, n: allreduce_async(t, average, n, op, prescale_factor,
+                                                      postscale_factor, process_set),
+                         tensors, name, "grouped_allreduce")
 
 
 def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -150,10 +157,9 @@ def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=None):
-    names = _group_names(name, "grouped_allreduce", len(tensors))
-    with burst():
-        return _Group([allreduce_async_(t, average, n, op, prescale_factor, postscale_factor,
-                                        process_set) for t, n in zip(tensors, names)])
+    return _submit_group(lambda t, n: allreduce_async_(t, average, n, op, prescale_factor,
+                                                       postscale_factor, process_set),
+                         tensors, name, "grouped_allreduce")
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -179,10 +185,8 @@ def allgather(tensor, name=None, process_set=None):
 
 
 def grouped_allgather(tensors, name=None, process_set=None):
-    names = _group_names(name, "grouped_allgather", len(tensors))
-    with burst():
-        group = _Group([allgather_async(t, n, process_set) for t, n in zip(tensors, names)])
-    return group.wait()
+    return _submit_group(lambda t, n: allgather_async(t, n, process_set), tensors, name,
+                         "grouped_allgather").wait()
 
 
 # ---- broadcast ----
@@ -263,9 +267,9 @@ def reducescatter(tensor, name=None, op=None, process_set=None, prescale_factor=
 
 def grouped_reducescatter(tensors, name=None, op=None, process_set=None, prescale_factor=1.0,
                           postscale_factor=1.0):
-    names = _group_names(name, "grouped_reducescatter", len(tensors))
-    return _Group([reducescatter_async(t, n, op, process_set, prescale_factor, postscale_factor)
-                   for t, n in zip(tensors, names)]).wait()
+    return _submit_group(lambda t, n: reducescatter_async(t, n, op, process_set, prescale_factor,
+                                                          postscale_factor),
+                         tensors, name, "grouped_reducescatter").wait()
 
 
 # ---- barrier, handles ----

@@ -7,33 +7,9 @@ as float16 and casts the result back to their dtype (other dtypes pass through u
 """
 import tensorflow as tf
 
+from ..compression import Compressor, NoneCompressor
+
 __all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression"]
-
-
-class Compressor:
-    """Interface for compressing and decompressing a tensor around a collective."""
-
-    @staticmethod
-    def compress(tensor):
-        """Returns (tensor to send, context for ``decompress``)."""
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        """Returns the tensor as the caller expects it, from what the collective returned."""
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """No compression."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
 
 
 class FP16Compressor(Compressor):

@@ -11,8 +11,8 @@ import tensorflow as tf
 
 from ..objects import allgather_object as _allgather_object, broadcast_object as _broadcast_object
 from ..process_sets import global_process_set
-from ._engine import broadcast_async
-from ._bridge import library, np_dtype, op_name, run, submit_all, wait_all
+from ._bridge import library, np_dtype, op_name
+from .ops import _broadcast_raw
 
 __all__ = ["broadcast_variables", "broadcast_", "broadcast_object", "allgather_object"]
 
@@ -22,16 +22,8 @@ def _broadcast_values(variables, root_rank, name, process_set):
     for v in values:
         np_dtype(v.dtype)
     base = op_name("broadcast_variables", name)
-    names = ["%s.%d" % (base, i) for i in range(len(values))]
-
-    def np_fn(arrays):
-        return wait_all(submit_all(
-            lambda pair: broadcast_async(pair[0], root_rank, pair[1], process_set),
-            list(zip(arrays, names))))
-    outs = run(np_fn, values, [v.dtype for v in values])
-    for out, v in zip(outs, values):
-        out.set_shape(v.shape)
-    return outs
+    return _broadcast_raw(values, ["%s.%d" % (base, i) for i in range(len(values))], root_rank,
+                          process_set)
 
 
 @library

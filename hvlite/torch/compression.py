@@ -6,29 +6,9 @@ their dtype, and leaves other dtypes alone. Both are differentiable (plain casts
 """
 import torch
 
+from ..compression import Compressor, NoneCompressor
 
-class Compressor:
-    """Interface: compress before a collective, decompress after it."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Sends tensors as they are."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+__all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression"]
 
 
 class FP16Compressor(Compressor):

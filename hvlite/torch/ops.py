@@ -22,7 +22,7 @@ import torch
 from .. import ops as _np_ops
 from .._lib import lib
 from ..basics import rank, size
-from ..handles import NULL, Handle, auto_name, burst, pointer, result_into, submit
+from ..handles import NULL, Handle, auto_name, pointer, result_into, submit
 from ..process_sets import _set_id
 from .compression import Compression
 
@@ -160,11 +160,9 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=None):
-    names = _np_ops._group_names(name, "grouped_allreduce", len(tensors))
-    with burst():
-        return _np_ops._Group([allreduce_async(t, average, n, op, prescale_factor,
-                                               postscale_factor, process_set)
-                               for t, n in zip(tensors, names)])
+    return _np_ops._submit_group(lambda t, n: allreduce_async(t, average, n, op, prescale_factor,
+                                                              postscale_factor, process_set),
+                                 tensors, name, "grouped_allreduce")
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
@@ -176,21 +174,16 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
         return [allreduce(t, average, n, compression, op, prescale_factor, postscale_factor,
                           process_set) for t, n in zip(tensors, names)]
     pairs = [compression.compress(_check_tensor(t)) for t in tensors]
-    with burst():
-        group = _np_ops._Group([allreduce_async(c, average, n, op, prescale_factor,
-                                                postscale_factor, process_set)
-                                for (c, _), n in zip(pairs, names)])
-    outs = group.wait()
+    outs = grouped_allreduce_async([c for c, _ in pairs], average, name, op, prescale_factor,
+                                   postscale_factor, process_set).wait()
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=None):
-    names = _np_ops._group_names(name, "grouped_allreduce", len(tensors))
-    with burst():
-        return _np_ops._Group([allreduce_async_(t, average, n, op, prescale_factor,
-                                                postscale_factor, process_set)
-                               for t, n in zip(tensors, names)])
+    return _np_ops._submit_group(lambda t, n: allreduce_async_(t, average, n, op, prescale_factor,
+                                                               postscale_factor, process_set),
+                                 tensors, name, "grouped_allreduce")
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -235,9 +228,8 @@ def allgather(tensor, name=None, process_set=None):
 
 
 def grouped_allgather_async(tensors, name=None, process_set=None):
-    names = _np_ops._group_names(name, "grouped_allgather", len(tensors))
-    with burst():
-        return _np_ops._Group([allgather_async(t, n, process_set) for t, n in zip(tensors, names)])
+    return _np_ops._submit_group(lambda t, n: allgather_async(t, n, process_set), tensors, name,
+                                 "grouped_allgather")
 
 
 def grouped_allgather(tensors, name=None, process_set=None):
