@@ -8,10 +8,10 @@ static const hvl_backend *const registry[] = {
     &hvl__backend_mpi,
 };
 
-const hvl_backend *hvl__backend_for(const hvl_engine *e, int op, int dtype, int64_t bytes)
+const hvl_backend *hvl__backend_for(const hvl_engine *e, const hvl_pset *ps, int op, int dtype, int64_t bytes)
 {
     for (size_t i = 0; i < sizeof(registry) / sizeof(registry[0]); i++)
-        if (registry[i]->can_run(e, op, dtype, bytes)) return registry[i];
+        if (registry[i]->can_run(e, ps, op, dtype, bytes)) return registry[i];
     return NULL;
 }
 

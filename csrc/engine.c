@@ -80,6 +80,7 @@ static int startup(hvl_engine *e)
     HVL_CHECK(agree_settings(e));
     if (e->rank == 0) hvl__params_log(&e->params);
     HVL_CHECK(hvl__reduce_setup());
+    HVL_CHECK(hvl__psets_create(e));
     if (e->params.cache_capacity > 0) HVL_CHECK(hvl__cache_create(&e->cache, e->params.cache_capacity));
     if (e->rank == 0) HVL_CHECK(hvl__coordinator_create(&e->coordinator, e->size));
     e->bit_words = 1 + (e->params.cache_capacity + 63) / 64;
@@ -95,6 +96,7 @@ static void teardown(hvl_engine *e, int clean)
 {
     hvl__cache_destroy(e->cache);
     hvl__coordinator_destroy(e->coordinator);
+    hvl__psets_destroy(e, clean);
     free(e->bits_mine);
     free(e->fusion_buf);
     free(e->scratch_buf);

@@ -14,13 +14,13 @@ static int is_integer(int dtype) { return dtype <= HVL_INT64; }
 
 /* Average and postscale on a reduced buffer, src -> dst (may be equal). Integer averages use
  * exact integer division (toward zero). */
-static void finish_values(const hvl_engine *e, const hvl_batch *b, void *dst, const void *src, int64_t count)
+static void finish_values(const hvl_batch *b, void *dst, const void *src, int64_t count)
 {
     double post = b->postscale;
     if (b->reduce_op == HVL_AVERAGE && is_integer(b->dtype)) {
         hvl__scale(dst, src, count, b->dtype, 1.0);   /* copy */
         switch (b->dtype) {
-#define DIV(T) { T *d = dst; for (int64_t i = 0; i < count; i++) d[i] = (T)(d[i] / e->size); } break
+#define DIV(T) { T *d = dst; for (int64_t i = 0; i < count; i++) d[i] = (T)(d[i] / b->ps->size); } break
         case HVL_UINT8: DIV(uint8_t);
         case HVL_INT8: DIV(int8_t);
         case HVL_UINT16: DIV(uint16_t);
@@ -31,7 +31,7 @@ static void finish_values(const hvl_engine *e, const hvl_batch *b, void *dst, co
         }
         src = dst;
     } else if (b->reduce_op == HVL_AVERAGE) {
-        post /= e->size;
+        post /= b->ps->size;
     }
     if (post != 1.0 || dst != src) hvl__scale(dst, src, count, b->dtype, post);
 }
@@ -43,7 +43,7 @@ typedef struct { int i; int64_t off; } cursor_t;
 
 /* Moves `count` elements between the fused layout at `cur` and `piece`: into the piece
  * (applying the prescale) or out of it (applying average and postscale). */
-static void move_piece(const hvl_engine *e, const hvl_batch *b, cursor_t *cur, char *piece,
+static void move_piece(const hvl_batch *b, cursor_t *cur, char *piece,
                        int64_t count, int into_piece)
 {
     int esize = hvl_dtype_size(b->dtype);
@@ -54,7 +54,7 @@ static void move_piece(const hvl_engine *e, const hvl_batch *b, cursor_t *cur, c
         if (into_piece)
             hvl__scale(piece, (const char *)en->req.input + cur->off * esize, n, b->dtype, b->prescale);
         else
-            finish_values(e, b, (char *)en->req.output + cur->off * esize, piece, n);
+            finish_values(b, (char *)en->req.output + cur->off * esize, piece, n);
         piece += n * esize;
         count -= n;
         cur->off += n;
@@ -77,8 +77,8 @@ static int run_allreduce(hvl_engine *e, const hvl_backend *be, hvl_batch *b)
             const char *src = (const char *)en->req.input + off * esize;
             char *dst = (char *)en->req.output + off * esize;
             if (b->prescale != 1.0) { hvl__scale(dst, src, n, b->dtype, b->prescale); src = dst; }
-            HVL_CHECK(be->allreduce(e, src, dst, n, b->dtype, b->reduce_op));
-            finish_values(e, b, dst, dst, n);
+            HVL_CHECK(be->allreduce(e, b->ps, src, dst, n, b->dtype, b->reduce_op));
+            finish_values(b, dst, dst, n);
         }
         return HVL_OK;
     }
@@ -88,9 +88,9 @@ static int run_allreduce(hvl_engine *e, const hvl_backend *be, hvl_batch *b)
     out = in;
     for (int64_t off = 0; off < total; off += piece) {
         int64_t n = total - off < piece ? total - off : piece;
-        move_piece(e, b, &in, e->fusion_buf, n, 1);
-        HVL_CHECK(be->allreduce(e, e->fusion_buf, e->fusion_buf, n, b->dtype, b->reduce_op));
-        move_piece(e, b, &out, e->fusion_buf, n, 0);
+        move_piece(b, &in, e->fusion_buf, n, 1);
+        HVL_CHECK(be->allreduce(e, b->ps, e->fusion_buf, e->fusion_buf, n, b->dtype, b->reduce_op));
+        move_piece(b, &out, e->fusion_buf, n, 0);
     }
     return HVL_OK;
 }
@@ -98,9 +98,10 @@ static int run_allreduce(hvl_engine *e, const hvl_backend *be, hvl_batch *b)
 static int run_reducescatter(hvl_engine *e, const hvl_backend *be, hvl_batch *b, hvl_entry *en)
 {
     int64_t row_elems = hvl__row_bytes(en) / hvl_dtype_size(b->dtype), total = entry_elems(en);
-    int64_t *counts = malloc(sizeof(int64_t) * (size_t)e->size);
+    hvl_pset *ps = b->ps;
+    int64_t *counts = malloc(sizeof(int64_t) * (size_t)ps->size);
     if (!counts) return HVL_ERR_NO_MEMORY;
-    for (int r = 0; r < e->size; r++) counts[r] = hvl_reducescatter_rows(en->shape[0], r, e->size) * row_elems;
+    for (int r = 0; r < ps->size; r++) counts[r] = hvl_reducescatter_rows(en->shape[0], r, ps->size) * row_elems;
     const void *src = en->req.input;
     int rc = HVL_OK;
     if (b->prescale != 1.0) {
@@ -108,26 +109,26 @@ static int run_reducescatter(hvl_engine *e, const hvl_backend *be, hvl_batch *b,
         if (rc == HVL_OK) hvl__scale(e->scratch_buf, src, total, b->dtype, b->prescale);
         src = e->scratch_buf;
     }
-    if (rc == HVL_OK) rc = be->reducescatter(e, src, en->req.output, counts, b->dtype, b->reduce_op);
-    if (rc == HVL_OK) finish_values(e, b, en->req.output, en->req.output, counts[e->rank]);
+    if (rc == HVL_OK) rc = be->reducescatter(e, ps, src, en->req.output, counts, b->dtype, b->reduce_op);
+    if (rc == HVL_OK) finish_values(b, en->req.output, en->req.output, counts[ps->rank]);
     free(counts);
     return rc;
 }
 
 static int run_batch(hvl_engine *e, hvl_batch *b, hvl_outcome *o)
 {
-    const hvl_backend *be = hvl__backend_for(e, b->op, b->dtype, b->bytes);
+    const hvl_backend *be = hvl__backend_for(e, b->ps, b->op, b->dtype, b->bytes);
     hvl_entry *en = b->entries[0];
     hvl__count(&e->counters.collectives, b->op == HVL_BARRIER || b->op == HVL_JOIN ? 0 : 1);
     switch (b->op) {
     case HVL_ALLREDUCE: return run_allreduce(e, be, b);
     case HVL_ALLGATHER: return hvl__run_allgather(e, be, b, o);
-    case HVL_ALLTOALL: return hvl__run_alltoall(e, be, en, o);
+    case HVL_ALLTOALL: return hvl__run_alltoall(e, be, b, o);
     case HVL_REDUCESCATTER: return run_reducescatter(e, be, b, en);
     case HVL_BROADCAST:
-        if (e->rank == b->entries[0]->req.root_rank && en->req.output != en->req.input)
+        if (b->ps->rank == en->req.root_rank && en->req.output != en->req.input)
             memcpy(en->req.output, en->req.input, (size_t)b->bytes);
-        return be->broadcast(e, en->req.output, b->bytes, en->req.root_rank);
+        return be->broadcast(e, b->ps, en->req.output, b->bytes, en->req.root_rank);
     case HVL_BARRIER: return HVL_OK;   /* negotiation already brought every rank here */
     case HVL_JOIN:
         e->joined = 0;

@@ -1,5 +1,5 @@
 /* fusion.c: groups the cycle's agreed responses into batches that share one collective.
- * Allreduces with the same dtype, reduce op and scale factors are packed, in agreement order,
+ * Allreduces with the same dtype, reduce op, scale factors and process set are packed, in agreement order,
  * until the next would pass the fusion threshold (a tensor larger than it runs alone).
  * Allgathers of one dtype fuse the same way (sized by the agreed response, i.e. the first
  * rank's shape, so every rank decides alike). Other ops run one per batch. Every rank sees
@@ -12,7 +12,7 @@
 static int same_key(const hvl_response *a, const hvl_response *b)
 {
     return a->op == b->op && a->dtype == b->dtype && a->reduce_op == b->reduce_op &&
-           a->prescale == b->prescale && a->postscale == b->postscale;
+           a->prescale == b->prescale && a->postscale == b->postscale && a->process_set == b->process_set;
 }
 
 static int64_t response_bytes(const hvl_response *r)
@@ -33,7 +33,8 @@ int hvl__fuse(hvl_engine *e, hvl_response **resps, hvl_entry **entries, int n, h
         if (taken[i]) continue;
         const hvl_response *r = resps[i];
         hvl_batch *b = &out->items[out->count++];
-        *b = (hvl_batch){r->op, r->dtype, r->reduce_op, r->root_rank, r->prescale, r->postscale, 0, store, 0};
+        *b = (hvl_batch){r->op, r->dtype, r->reduce_op, r->root_rank, r->prescale, r->postscale,
+                          hvl__pset(e, r->process_set), 0, store, 0};
         b->entries[b->count++] = entries[i];
         b->bytes = response_bytes(r);
         int fusible = r->op == HVL_ALLREDUCE || r->op == HVL_ALLGATHER;

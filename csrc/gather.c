@@ -30,23 +30,23 @@ static void gathered_shape(const hvl_entry *en, int64_t rows, hvl_outcome *o)
     for (int i = 1; i < en->req.ndim; i++) o->shape[i] = en->shape[i];
 }
 
-static int gather_one(hvl_engine *e, const hvl_backend *be, hvl_entry *en, hvl_outcome *o)
+static int gather_one(hvl_engine *e, const hvl_backend *be, hvl_pset *ps, hvl_entry *en, hvl_outcome *o)
 {
     int64_t rb = hvl__row_bytes(en), total = 0, rows = 0;
-    int64_t *bytes = malloc(sizeof(int64_t) * (size_t)e->size);
+    int64_t *bytes = malloc(sizeof(int64_t) * (size_t)ps->size);
     if (!bytes) return HVL_ERR_NO_MEMORY;
     int64_t mine = rows_of(en);
-    int rc = hvl__allgather_i64(e, &mine, 1, bytes);
-    for (int r = 0; r < e->size && rc == HVL_OK; r++) {
+    int rc = hvl__allgather_i64(ps, &mine, 1, bytes);
+    for (int r = 0; r < ps->size && rc == HVL_OK; r++) {
         rows += bytes[r];
         bytes[r] *= rb;
         total += bytes[r];
     }
-    int local = rc == HVL_OK ? hvl__counts_fit_int(bytes, e->size, en->name) : rc;
+    int local = rc == HVL_OK ? hvl__counts_fit_int(bytes, ps->size, en->name) : rc;
     if (local == HVL_OK && !(o->result = malloc((size_t)total + 1)))
         local = hvl__fail(HVL_ERR_NO_MEMORY, "allgather '%s': out of memory", en->name);
-    if (rc == HVL_OK) rc = hvl__agree(e, local, "allgather");
-    if (rc == HVL_OK) rc = be->allgatherv(e, en->req.input, o->result, bytes);
+    if (rc == HVL_OK) rc = hvl__agree(ps, local, "allgather");
+    if (rc == HVL_OK) rc = be->allgatherv(e, ps, en->req.input, o->result, bytes);
     o->result_bytes = total;
     gathered_shape(en, rows, o);
     free(bytes);
@@ -54,19 +54,20 @@ static int gather_one(hvl_engine *e, const hvl_backend *be, hvl_entry *en, hvl_o
 }
 
 /* Cuts tensor t's rows out of every rank's block of the gathered buffer. */
-static int unpack(hvl_engine *e, hvl_batch *b, const int64_t *rows, const int64_t *rb,
+static int unpack(hvl_batch *b, const int64_t *rows, const int64_t *rb,
                   const int64_t *block, const char *gathered, hvl_outcome *o)
 {
+    hvl_pset *ps = b->ps;
     int k = b->count;
     for (int t = 0; t < k; t++) {
         int64_t total_rows = 0;
-        for (int r = 0; r < e->size; r++) total_rows += rows[r * k + t];
+        for (int r = 0; r < ps->size; r++) total_rows += rows[r * k + t];
         o[t].result_bytes = total_rows * rb[t];
         if (!(o[t].result = malloc((size_t)o[t].result_bytes + 1))) return HVL_ERR_NO_MEMORY;
         gathered_shape(b->entries[t], total_rows, &o[t]);
     }
     int64_t block_start = 0;
-    for (int r = 0; r < e->size; r++) {
+    for (int r = 0; r < ps->size; r++) {
         const char *src = gathered + block_start;
         for (int t = 0; t < k; t++) {
             int64_t n = rows[r * k + t] * rb[t], before = 0;
@@ -81,8 +82,9 @@ static int unpack(hvl_engine *e, hvl_batch *b, const int64_t *rows, const int64_
 
 int hvl__run_allgather(hvl_engine *e, const hvl_backend *be, hvl_batch *b, hvl_outcome *o)
 {
-    if (b->count == 1) return gather_one(e, be, b->entries[0], o);
-    int k = b->count, n = e->size, rc;
+    if (b->count == 1) return gather_one(e, be, b->ps, b->entries[0], o);
+    hvl_pset *ps = b->ps;
+    int k = b->count, n = ps->size, rc;
     int64_t *v = malloc(sizeof(int64_t) * (size_t)(2 * k + n * k + n)), mine_bytes = 0, total = 0;
     if (!v) return HVL_ERR_NO_MEMORY;
     int64_t *mine = v, *rb = v + k, *rows = v + 2 * k, *block = v + 2 * k + n * k;
@@ -90,49 +92,51 @@ int hvl__run_allgather(hvl_engine *e, const hvl_backend *be, hvl_batch *b, hvl_o
         mine[t] = rows_of(b->entries[t]);
         rb[t] = hvl__row_bytes(b->entries[t]);
     }
-    HVL_CHECK_GOTO(hvl__allgather_i64(e, mine, k, rows), rc, out);
+    HVL_CHECK_GOTO(hvl__allgather_i64(ps, mine, k, rows), rc, out);
     for (int r = 0; r < n; r++) {
         block[r] = 0;
         for (int t = 0; t < k; t++) block[r] += rows[r * k + t] * rb[t];
         total += block[r];
     }
-    mine_bytes = block[e->rank];
+    mine_bytes = block[ps->rank];
     rc = hvl__counts_fit_int(block, n, "fused allgather");
     if (rc == HVL_OK) rc = hvl__grow(&e->fusion_buf, &e->fusion_cap, mine_bytes + 1);
     if (rc == HVL_OK) rc = hvl__grow(&e->scratch_buf, &e->scratch_cap, total + 1);
-    HVL_CHECK_GOTO(hvl__agree(e, rc, "fused allgather"), rc, out);
+    HVL_CHECK_GOTO(hvl__agree(ps, rc, "fused allgather"), rc, out);
     char *pack = e->fusion_buf;
     for (int t = 0; t < k; pack += mine[t] * rb[t], t++)
         memcpy(pack, b->entries[t]->req.input, (size_t)(mine[t] * rb[t]));
-    HVL_CHECK_GOTO(be->allgatherv(e, e->fusion_buf, e->scratch_buf, block), rc, out);
-    rc = unpack(e, b, rows, rb, block, e->scratch_buf, o);
+    HVL_CHECK_GOTO(be->allgatherv(e, ps, e->fusion_buf, e->scratch_buf, block), rc, out);
+    rc = unpack(b, rows, rb, block, e->scratch_buf, o);
 out:
     free(v);
     return rc;
 }
 
 /* Alltoall (one tensor): exchange the splits, then send each rank its rows. */
-int hvl__run_alltoall(hvl_engine *e, const hvl_backend *be, hvl_entry *en, hvl_outcome *o)
+int hvl__run_alltoall(hvl_engine *e, const hvl_backend *be, hvl_batch *b, hvl_outcome *o)
 {
+    hvl_pset *ps = b->ps;
+    hvl_entry *en = b->entries[0];
     int64_t rb = hvl__row_bytes(en), total = 0;
-    int64_t *v = malloc(sizeof(int64_t) * 2 * (size_t)e->size);
-    o->recv_splits = malloc(sizeof(int64_t) * (size_t)e->size);
-    o->nsplits = e->size;
+    int64_t *v = malloc(sizeof(int64_t) * 2 * (size_t)ps->size);
+    o->recv_splits = malloc(sizeof(int64_t) * (size_t)ps->size);
+    o->nsplits = ps->size;
     if (!v || !o->recv_splits) { free(v); return HVL_ERR_NO_MEMORY; }
-    int64_t *send_bytes = v, *recv_bytes = v + e->size;
-    int rc = hvl__alltoall_i64(e, en->splits, o->recv_splits);
-    for (int r = 0; r < e->size && rc == HVL_OK; r++) {
+    int64_t *send_bytes = v, *recv_bytes = v + ps->size;
+    int rc = hvl__alltoall_i64(ps, en->splits, o->recv_splits);
+    for (int r = 0; r < ps->size && rc == HVL_OK; r++) {
         send_bytes[r] = en->splits[r] * rb;
         recv_bytes[r] = o->recv_splits[r] * rb;
         o->shape[0] += o->recv_splits[r];
         total += recv_bytes[r];
     }
-    int local = rc == HVL_OK ? hvl__counts_fit_int(send_bytes, e->size, en->name) : rc;
-    if (local == HVL_OK) local = hvl__counts_fit_int(recv_bytes, e->size, en->name);
+    int local = rc == HVL_OK ? hvl__counts_fit_int(send_bytes, ps->size, en->name) : rc;
+    if (local == HVL_OK) local = hvl__counts_fit_int(recv_bytes, ps->size, en->name);
     if (local == HVL_OK && !(o->result = malloc((size_t)total + 1)))
         local = hvl__fail(HVL_ERR_NO_MEMORY, "alltoall '%s': out of memory", en->name);
-    if (rc == HVL_OK) rc = hvl__agree(e, local, "alltoall");   /* only this rank knows its sizes */
-    if (rc == HVL_OK) rc = be->alltoallv(e, en->req.input, send_bytes, o->result, recv_bytes);
+    if (rc == HVL_OK) rc = hvl__agree(ps, local, "alltoall");   /* only this rank knows its sizes */
+    if (rc == HVL_OK) rc = be->alltoallv(e, ps, en->req.input, send_bytes, o->result, recv_bytes);
     o->result_bytes = total;
     o->ndim = en->req.ndim;
     for (int i = 1; i < en->req.ndim; i++) o->shape[i] = en->shape[i];

@@ -83,7 +83,7 @@ typedef struct hvl_entry {
 
 /* What every rank agreed to run for one tensor (or the error every rank reports for it). */
 typedef struct {
-    int op, dtype, reduce_op, root_rank, ndim;
+    int op, dtype, reduce_op, root_rank, process_set, ndim;
     int64_t shape[HVL_MAX_DIMS];
     double prescale, postscale;
     char *name;                 /* owned */
@@ -155,25 +155,42 @@ const char *hvl__dtype_name(int dtype);
 const char *hvl__op_name(int op);
 const char *hvl__reduce_name(int reduce_op);
 
-/* ---- data planes (backend.c registry, backend_mpi.c) ---- */
+/* ---- process sets (pset.c); the table is bg-only, identical on every rank ---- */
 typedef struct hvl_engine hvl_engine;
+typedef struct hvl_pset {
+    int id;                     /* 0 = every rank */
+    int size;                   /* members */
+    int rank;                   /* this process's rank among the members; -1 if not one */
+    int *ranks;                 /* members' global ranks, ascending (owned) */
+    MPI_Comm comm;              /* the members' communicator; MPI_COMM_NULL on non-members */
+    int one_host;               /* every member runs on this process's host */
+    void *backend_state;        /* per-set state of a data plane (e.g. a shm segment), or NULL */
+} hvl_pset;
+int hvl__psets_create(hvl_engine *e);                /* the global set 0, from e->comm */
+void hvl__psets_destroy(hvl_engine *e, int clean);   /* clean: communicators may be freed */
+hvl_pset *hvl__pset(hvl_engine *e, int id);           /* NULL if there is no such set */
+
+/* ---- data planes (backend.c registry, backend_mpi.c) ----
+ * Every collective runs among the members of one process set `ps` (this rank is one of them);
+ * ranks and counts below are indexed by the rank within the set. */
 typedef struct {
     const char *name;
-    /* 1 if this backend runs `op` on `dtype` for `bytes` of payload in this engine. */
-    int (*can_run)(const hvl_engine *e, int op, int dtype, int64_t bytes);
+    /* 1 if this backend runs `op` on `dtype` for `bytes` of payload among `ps`. */
+    int (*can_run)(const hvl_engine *e, const hvl_pset *ps, int op, int dtype, int64_t bytes);
     /* In place when src == dst. count elements. */
-    int (*allreduce)(hvl_engine *e, const void *src, void *dst, int64_t count, int dtype, int reduce_op);
+    int (*allreduce)(hvl_engine *e, hvl_pset *ps, const void *src, void *dst, int64_t count,
+                     int dtype, int reduce_op);
     /* dst receives rank r's rank_bytes[r] bytes at the sum of the earlier ranks' bytes. */
-    int (*allgatherv)(hvl_engine *e, const void *src, void *dst, const int64_t *rank_bytes);
-    int (*broadcast)(hvl_engine *e, void *buf, int64_t bytes, int root);
+    int (*allgatherv)(hvl_engine *e, hvl_pset *ps, const void *src, void *dst, const int64_t *rank_bytes);
+    int (*broadcast)(hvl_engine *e, hvl_pset *ps, void *buf, int64_t bytes, int root);
     /* send_bytes[r] bytes go to rank r; recv_bytes[r] come from rank r; blocks back to back. */
-    int (*alltoallv)(hvl_engine *e, const void *src, const int64_t *send_bytes, void *dst,
-                     const int64_t *recv_bytes);
+    int (*alltoallv)(hvl_engine *e, hvl_pset *ps, const void *src, const int64_t *send_bytes,
+                     void *dst, const int64_t *recv_bytes);
     /* dst receives this rank's counts[rank] elements of the reduction of src. */
-    int (*reducescatter)(hvl_engine *e, const void *src, void *dst, const int64_t *counts,
-                         int dtype, int reduce_op);
+    int (*reducescatter)(hvl_engine *e, hvl_pset *ps, const void *src, void *dst,
+                         const int64_t *counts, int dtype, int reduce_op);
 } hvl_backend;
-const hvl_backend *hvl__backend_for(const hvl_engine *e, int op, int dtype, int64_t bytes);
+const hvl_backend *hvl__backend_for(const hvl_engine *e, const hvl_pset *ps, int op, int dtype, int64_t bytes);
 extern const hvl_backend hvl__backend_mpi;
 
 /* ---- MPI helpers (mpi_util.c) ---- */
@@ -181,15 +198,15 @@ int hvl__mpi_check(int mpi_rc, const char *what);                    /* MPI code
 /* Waits for a nonblocking request without burning a core: short spin, then sleeps. */
 int hvl__mpi_wait(hvl_engine *e, MPI_Request *req, const char *what);
 /* Blocking, small: every rank's `count` values, rank after rank, into all. */
-int hvl__allgather_i64(hvl_engine *e, const int64_t *mine, int count, int64_t *all);
-int hvl__alltoall_i64(hvl_engine *e, const int64_t *mine, int64_t *theirs);
+int hvl__allgather_i64(hvl_pset *ps, const int64_t *mine, int count, int64_t *all);
+int hvl__alltoall_i64(hvl_pset *ps, const int64_t *mine, int64_t *theirs);
 /* HVL_ERR_INVALID_ARG unless every per-rank byte count and their running sum fit an int. */
 int hvl__counts_fit_int(const int64_t *bytes, int n, const char *what);
 /* For a step that must fail on every rank or none (a local size check, an allocation before a
  * collective): one MAX allreduce of the verdicts. HVL_OK if every rank passed; otherwise
  * HVL_ERR_INVALID_ARG on every rank, with this rank's reason or "failed on another rank".
  * Errors agreed this way are not fatal: the engine fails the batch and goes on. */
-int hvl__agree(hvl_engine *e, int local_rc, const char *what);
+int hvl__agree(hvl_pset *ps, int local_rc, const char *what);
 
 /* ---- the engine (engine.c) ---- */
 struct hvl_engine {
@@ -217,6 +234,8 @@ struct hvl_engine {
     hvl_strmap pending;         /* name -> entry taken from the queue, not yet done */
     hvl_entry *pending_head, *pending_tail;   /* the same entries, in enqueue order */
     int joined;                 /* this rank's join is pending: stand in for its tensors */
+    hvl_pset **psets;           /* indexed by set id; NULL where a set was removed */
+    int npsets;
     hvl_cache *cache;
     hvl_coordinator *coordinator;   /* rank 0 only */
     uint64_t *bits_mine, *bits_all;
@@ -249,6 +268,7 @@ int hvl__negotiate(hvl_engine *e, hvl_response_list *out);
 typedef struct {
     int op, dtype, reduce_op, root_rank;
     double prescale, postscale;
+    hvl_pset *ps;               /* the set it runs among */
     int count;                  /* entries in this batch */
     hvl_entry **entries;        /* borrowed from the pending map */
     int64_t bytes;
@@ -261,7 +281,7 @@ void hvl__batches_free(hvl_batch_list *l);
 /* gather.c: allgather (fused batches) and alltoall; results go into o[] (one per entry). */
 int64_t hvl__row_bytes(const hvl_entry *en);
 int hvl__run_allgather(hvl_engine *e, const hvl_backend *be, hvl_batch *b, hvl_outcome *o);
-int hvl__run_alltoall(hvl_engine *e, const hvl_backend *be, hvl_entry *en, hvl_outcome *o);
+int hvl__run_alltoall(hvl_engine *e, const hvl_backend *be, hvl_batch *b, hvl_outcome *o);
 
 /* execute.c: runs this cycle's agreed responses and finishes their entries. A failed collective
  * is fatal (ranks may be out of step); its status is returned. */

@@ -43,15 +43,15 @@ int hvl__mpi_wait(hvl_engine *e, MPI_Request *req, const char *what)
     }
 }
 
-int hvl__allgather_i64(hvl_engine *e, const int64_t *mine, int count, int64_t *all)
+int hvl__allgather_i64(hvl_pset *ps, const int64_t *mine, int count, int64_t *all)
 {
-    return hvl__mpi_check(MPI_Allgather(mine, count, MPI_INT64_T, all, count, MPI_INT64_T, e->comm),
+    return hvl__mpi_check(MPI_Allgather(mine, count, MPI_INT64_T, all, count, MPI_INT64_T, ps->comm),
                           "MPI_Allgather (sizes)");
 }
 
-int hvl__alltoall_i64(hvl_engine *e, const int64_t *mine, int64_t *theirs)
+int hvl__alltoall_i64(hvl_pset *ps, const int64_t *mine, int64_t *theirs)
 {
-    return hvl__mpi_check(MPI_Alltoall(mine, 1, MPI_INT64_T, theirs, 1, MPI_INT64_T, e->comm),
+    return hvl__mpi_check(MPI_Alltoall(mine, 1, MPI_INT64_T, theirs, 1, MPI_INT64_T, ps->comm),
                           "MPI_Alltoall (splits)");
 }
 
@@ -67,11 +67,11 @@ int hvl__counts_fit_int(const int64_t *bytes, int n, const char *what)
     return HVL_OK;
 }
 
-int hvl__agree(hvl_engine *e, int local_rc, const char *what)
+int hvl__agree(hvl_pset *ps, int local_rc, const char *what)
 {
     int mine = local_rc != HVL_OK, any = 0;
     char *mine_text = mine ? strdup(hvl_last_error()) : NULL;
-    int rc = hvl__mpi_check(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, e->comm), "MPI_Allreduce (agree)");
+    int rc = hvl__mpi_check(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, ps->comm), "MPI_Allreduce (agree)");
     if (rc == HVL_OK && any)
         rc = mine ? hvl__fail(HVL_ERR_INVALID_ARG, "%s", mine_text ? mine_text : what)
                   : hvl__fail(HVL_ERR_INVALID_ARG, "%s failed on another rank (its error says why)", what);

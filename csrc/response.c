@@ -59,6 +59,7 @@ void hvl__response_from_request(hvl_response *r, const hvl_request *q)
     r->dtype = q->dtype;
     r->reduce_op = q->reduce_op;
     r->root_rank = q->root_rank;
+    r->process_set = q->process_set;
     r->ndim = q->ndim;
     memcpy(r->shape, q->shape, sizeof(int64_t) * (size_t)q->ndim);
     r->prescale = q->prescale;
@@ -71,7 +72,7 @@ void hvl__response_from_request(hvl_response *r, const hvl_request *q)
 int hvl__request_matches(const hvl_response *r, const hvl_request *q)
 {
     if (r->op != q->op || r->dtype != q->dtype || r->ndim != q->ndim ||
-        r->reduce_op != q->reduce_op || r->root_rank != q->root_rank ||
+        r->reduce_op != q->reduce_op || r->root_rank != q->root_rank || r->process_set != q->process_set ||
         r->prescale != q->prescale || r->postscale != q->postscale || strcmp(r->name, q->name) != 0)
         return 0;
     int first = (q->op == HVL_ALLGATHER || q->op == HVL_ALLTOALL) ? 1 : 0;

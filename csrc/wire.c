@@ -56,13 +56,14 @@ char *hvl__buf_get_str(hvl_buf *b)
 void hvl__buf_free(hvl_buf *b) { free(b->data); memset(b, 0, sizeof(*b)); }
 
 /* Fields common to a request and a response, in one order. */
-static void put_common(hvl_buf *b, int op, int dtype, int reduce_op, int root, int ndim,
+static void put_common(hvl_buf *b, int op, int dtype, int reduce_op, int root, int set, int ndim,
                        const int64_t *shape, double pre, double post, const char *name)
 {
     hvl__buf_i32(b, op);
     hvl__buf_i32(b, dtype);
     hvl__buf_i32(b, reduce_op);
     hvl__buf_i32(b, root);
+    hvl__buf_i32(b, set);
     hvl__buf_i32(b, ndim);
     for (int i = 0; i < ndim; i++) hvl__buf_i64(b, shape[i]);
     hvl__buf_f64(b, pre);
@@ -72,13 +73,13 @@ static void put_common(hvl_buf *b, int op, int dtype, int reduce_op, int root, i
 
 void hvl__wire_put_request(hvl_buf *b, const hvl_request *q)
 {
-    put_common(b, q->op, q->dtype, q->reduce_op, q->root_rank, q->ndim, q->shape, q->prescale,
+    put_common(b, q->op, q->dtype, q->reduce_op, q->root_rank, q->process_set, q->ndim, q->shape, q->prescale,
                q->postscale, q->name);
 }
 
 void hvl__wire_put_response(hvl_buf *b, const hvl_response *r)
 {
-    put_common(b, r->op, r->dtype, r->reduce_op, r->root_rank, r->ndim, r->shape, r->prescale,
+    put_common(b, r->op, r->dtype, r->reduce_op, r->root_rank, r->process_set, r->ndim, r->shape, r->prescale,
                r->postscale, r->name);
     hvl__buf_i32(b, r->status);
     hvl__buf_str(b, r->error);
@@ -92,6 +93,7 @@ int hvl__wire_get_common(hvl_buf *b, hvl_response *r)
     r->dtype = hvl__buf_get_i32(b);
     r->reduce_op = hvl__buf_get_i32(b);
     r->root_rank = hvl__buf_get_i32(b);
+    r->process_set = hvl__buf_get_i32(b);
     r->ndim = hvl__buf_get_i32(b);
     if (r->ndim < 0 || r->ndim > HVL_MAX_DIMS) b->bad = 1;
     for (int i = 0; i < r->ndim && !b->bad; i++) r->shape[i] = hvl__buf_get_i64(b);
