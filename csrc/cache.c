@@ -66,6 +66,7 @@ int hvl__cache_put(hvl_cache *c, const hvl_response *r)
     /* join is never cached: a cached join would sit on the bit path, unseen by rank 0, while
      * the other ranks wait for the joined rank to stand in for their tensors. */
     if (c->capacity == 0 || r->status != HVL_OK || r->op == HVL_JOIN) return HVL_OK;
+    if (r->op == HVL_PROCESS_SET_ADD || r->op == HVL_PROCESS_SET_REMOVE) return HVL_OK;  /* one-off */
     hvl__cache_erase(c, r->name);
     int victim = 0;
     for (int i = 0; i < c->capacity; i++) {
@@ -86,4 +87,10 @@ void hvl__cache_erase(hvl_cache *c, const char *name)
 {
     intptr_t v = (intptr_t)hvl__strmap_get(&c->by_name, name);
     if (v) clear_slot(c, (int)(v - 1));
+}
+
+void hvl__cache_erase_set(hvl_cache *c, int set)
+{
+    for (int i = 0; i < c->capacity; i++)
+        if (c->slots[i].name && c->slots[i].process_set == set) clear_slot(c, i);
 }

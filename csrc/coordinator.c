@@ -4,6 +4,7 @@
  * (built once here, delivered to every rank). It also finds tensors that some ranks never
  * submitted (stalls): a warning after HVLITE_STALL_CHECK_TIME_SECONDS, and after
  * HVLITE_STALL_SHUTDOWN_TIME_SECONDS an error response that stops every rank's engine.
+ * A tensor of a process set waits for that set's members only; ranks are global ranks here.
  * bg thread of rank 0 only. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,11 +14,13 @@
 typedef struct {
     hvl_response *by_rank;     /* by_rank[r].name != NULL once rank r submitted */
     int count;
+    int set;                   /* process set id (every request of a name has the same) */
     double first_seen;
     int warned;
 } record_t;
 
 struct hvl_coordinator {
+    hvl_engine *engine;        /* its process-set table says who must submit */
     int size;
     hvl_strmap table;          /* name -> record_t (key: by_rank[first submitter].name) */
     char *joined;              /* joined[r]: rank r called join and it has not completed */
@@ -28,12 +31,13 @@ enum { F_OP, F_DTYPE, F_SHAPE, F_REDUCE, F_ROOT, F_PRESCALE, F_POSTSCALE, F_COUN
 static const char *field_names[F_COUNT] = {"op", "dtype", "shape", "reduce op", "root rank",
                                            "prescale factor", "postscale factor"};
 
-int hvl__coordinator_create(hvl_coordinator **out, int size)
+int hvl__coordinator_create(hvl_coordinator **out, hvl_engine *e)
 {
     hvl_coordinator *c = calloc(1, sizeof(*c));
     if (!c) return HVL_ERR_NO_MEMORY;
-    c->size = size;
-    c->joined = calloc((size_t)size, 1);
+    c->engine = e;
+    c->size = e->size;
+    c->joined = calloc((size_t)c->size, 1);
     if (!c->joined) { free(c); return HVL_ERR_NO_MEMORY; }
     *out = c;
     return HVL_OK;
@@ -64,7 +68,7 @@ static int field_applies(int f, int op)
     case F_OP: return 1;
     case F_DTYPE: case F_SHAPE: return op != HVL_BARRIER;
     case F_REDUCE: case F_PRESCALE: case F_POSTSCALE: return reducing;
-    case F_ROOT: return op == HVL_BROADCAST;
+    case F_ROOT: return op == HVL_BROADCAST || op == HVL_PROCESS_SET_REMOVE;
     default: return 0;
     }
 }
@@ -99,7 +103,7 @@ static void describe(int f, const hvl_response *q, char *out)
     case F_OP: snprintf(out, n, "%s", hvl__op_name(q->op)); break;
     case F_DTYPE: snprintf(out, n, "%s", hvl__dtype_name(q->dtype)); break;
     case F_REDUCE: snprintf(out, n, "%s", hvl__reduce_name(q->reduce_op)); break;
-    case F_ROOT: snprintf(out, n, "root %d", q->root_rank); break;
+    case F_ROOT: snprintf(out, n, q->op == HVL_BROADCAST ? "root %d" : "process set %d", q->root_rank); break;
     case F_PRESCALE: snprintf(out, n, "%.17g", q->prescale); break;
     case F_POSTSCALE: snprintf(out, n, "%.17g", q->postscale); break;
     case F_SHAPE: {
@@ -173,15 +177,19 @@ static int decide(hvl_coordinator *c, record_t *rec, hvl_response *out)
     return HVL_OK;
 }
 
-/* Every rank submitted it, or joined (join itself needs every rank). */
+/* Every member of its set submitted it, or joined (join itself needs every rank). A set
+ * removed meanwhile has no members left to wait for. */
 static int is_ready(const hvl_coordinator *c, const record_t *rec)
 {
-    if (rec->count == c->size) return 1;
+    const hvl_pset *ps = hvl__pset(c->engine, rec->set);
+    if (!ps) return 1;
+    if (rec->count == ps->size) return 1;
     const hvl_response *first = rec->by_rank;
     while (!first->name) first++;
-    if (first->op == HVL_JOIN) return 0;
-    for (int r = 0; r < c->size; r++)
-        if (!rec->by_rank[r].name && !c->joined[r]) return 0;
+    if (first->op == HVL_JOIN || first->op == HVL_PROCESS_SET_ADD || first->op == HVL_PROCESS_SET_REMOVE)
+        return 0;   /* these need every rank itself, joined or not */
+    for (int i = 0; i < ps->size; i++)
+        if (!rec->by_rank[ps->ranks[i]].name && !c->joined[ps->ranks[i]]) return 0;
     return 1;
 }
 
@@ -205,6 +213,7 @@ static int add_one(hvl_coordinator *c, int rank, hvl_response *q, hvl_response_l
         if (rec) rec->by_rank = calloc((size_t)c->size, sizeof(hvl_response));
         if (!rec || !rec->by_rank) { free(rec); free(q->name); return HVL_ERR_NO_MEMORY; }
         rec->first_seen = hvl__now();
+        rec->set = q->process_set;
         if (hvl__strmap_put(&c->table, q->name, rec) != HVL_OK) {
             free(rec->by_rank); free(rec); free(q->name);
             return HVL_ERR_NO_MEMORY;
@@ -242,13 +251,14 @@ int hvl__coordinator_add(hvl_coordinator *c, int rank, hvl_buf *requests, hvl_re
     return HVL_OK;
 }
 
-/* "0,2" for the ranks that have (want == 1) or have not (want == 0) submitted. */
+/* "0,2" for the members of its set that have (want == 1) or have not (want == 0) submitted. */
 static void rank_list(const hvl_coordinator *c, const record_t *rec, int want, char *out, size_t n)
 {
+    const hvl_pset *ps = hvl__pset(c->engine, rec->set);
     size_t len = 0;
     out[0] = 0;
     for (int r = 0; r < c->size && len < n; r++)
-        if ((rec->by_rank[r].name != NULL) == want)
+        if ((rec->by_rank[r].name != NULL) == want && (!ps || hvl__pset_rank_of(ps, r) >= 0))
             len += (size_t)snprintf(out + len, n - len, "%s%d", len ? "," : "", r);
 }
 
@@ -272,6 +282,17 @@ static int stall_response(hvl_coordinator *c, record_t *rec, double age, double 
     hvl__strmap_del(&c->table, first->name);   /* safe while scanning: no rehash */
     record_free(c, rec);
     return HVL_OK;
+}
+
+void hvl__coordinator_drop_set(hvl_coordinator *c, int set)
+{
+    for (size_t i = 0; i < c->table.cap; i++) {   /* deleting while scanning is safe: no rehash */
+        if (!hvl__strmap_live(&c->table, i)) continue;
+        record_t *rec = c->table.slots[i].value;
+        if (rec->set != set) continue;
+        hvl__strmap_del(&c->table, c->table.slots[i].key);
+        record_free(c, rec);
+    }
 }
 
 int hvl__coordinator_stall_check(hvl_coordinator *c, double warn_s, double shutdown_s,

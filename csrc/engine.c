@@ -82,11 +82,12 @@ static int startup(hvl_engine *e)
     HVL_CHECK(hvl__reduce_setup());
     HVL_CHECK(hvl__psets_create(e));
     if (e->params.cache_capacity > 0) HVL_CHECK(hvl__cache_create(&e->cache, e->params.cache_capacity));
-    if (e->rank == 0) HVL_CHECK(hvl__coordinator_create(&e->coordinator, e->size));
+    if (e->rank == 0) HVL_CHECK(hvl__coordinator_create(&e->coordinator, e));
     e->bit_words = 1 + (e->params.cache_capacity + 63) / 64;
-    e->bits_mine = calloc((size_t)e->bit_words * 2, sizeof(uint64_t));
+    e->bits_mine = calloc((size_t)e->bit_words * 3, sizeof(uint64_t));
     if (!e->bits_mine) return HVL_ERR_NO_MEMORY;
     e->bits_all = e->bits_mine + e->bit_words;
+    e->bits_absent = e->bits_all + e->bit_words;
     return HVL_OK;
 }
 
@@ -266,7 +267,8 @@ int hvl__not_running(void)
 {
     if (__atomic_load_n(&stopped, __ATOMIC_ACQUIRE))
         return hvl__fail(HVL_ERR_SHUT_DOWN, "%s", stop_message);
-    return hvl__fail(HVL_ERR_SHUT_DOWN, "hvlite is not initialized: call init() first");
+    return hvl__fail(HVL_ERR_NOT_INITIALIZED, "hvlite is not initialized: call hvlite.init() (or hvd.init()) "
+                     "on every rank before any collective");
 }
 
 #define TOPOLOGY(fn, field) int fn(void) { return hvl_is_initialized() ? hvl__engine.field : -1; }

@@ -31,7 +31,8 @@ typedef enum {
     HVL_ERR_SYSTEM = 6,        /* errno-style failure (threads, memory mapping) */
     HVL_ERR_NO_MEMORY = 7,
     HVL_ERR_SHUT_DOWN = 8,     /* engine not running, or shut down while the request was pending */
-    HVL_ERR_IN_PROGRESS = 9    /* hvl_wait timed out; the request is still pending */
+    HVL_ERR_IN_PROGRESS = 9,   /* hvl_wait timed out; the request is still pending */
+    HVL_ERR_NOT_INITIALIZED = 10   /* called before hvl_init (never started in this process) */
 } hvl_status;
 
 typedef enum {
@@ -42,7 +43,8 @@ typedef enum {
 
 typedef enum {
     HVL_ALLREDUCE = 0, HVL_ALLGATHER = 1, HVL_BROADCAST = 2, HVL_ALLTOALL = 3,
-    HVL_REDUCESCATTER = 4, HVL_BARRIER = 5, HVL_JOIN = 6, HVL_OP_COUNT = 7
+    HVL_REDUCESCATTER = 4, HVL_BARRIER = 5, HVL_JOIN = 6, HVL_PROCESS_SET_ADD = 7,
+    HVL_PROCESS_SET_REMOVE = 8, HVL_OP_COUNT = 9
 } hvl_op;
 
 typedef enum {
@@ -57,6 +59,12 @@ typedef enum {
  *   barrier, join: input, output NULL, ndim 0. A rank that submitted join takes part in every
  *   other rank's collectives with zeros (no rows for allgather/alltoall) until every rank has
  *   joined; then join completes everywhere, its value (hvl_result_value) the last rank to join.
+ *   process set add / remove: run by every rank (process_set 0), in the same order. Add: splits
+ *   holds the members' global ranks, ascending; its value is the new set's id. Remove: root_rank
+ *   is the id of the set to remove; requests of that set still pending fail.
+ * process_set: the id of the set of ranks that run it (0 = every rank); the calling rank must be
+ *   a member; sizes, ranks and splits below are the set's, except root_rank, a global rank.
+ *   Names are unique per process set.
  * splits (alltoall only, may be NULL = equal split): nsplits == size entries, rows of dim 0
  * sent to each rank. */
 typedef struct {
@@ -64,7 +72,7 @@ typedef struct {
     int dtype;              /* hvl_dtype */
     int reduce_op;          /* hvl_reduce_op (allreduce, reducescatter) */
     int root_rank;          /* broadcast */
-    int process_set;        /* 0 = every rank (the only set so far) */
+    int process_set;        /* id of the set of ranks that run it; 0 = every rank */
     int ndim;
     const char *name;       /* unique among this process's in-flight requests */
     const int64_t *shape;   /* ndim entries */
@@ -137,8 +145,11 @@ int hvl_poll(int64_t handle, int *done);
  * into dst (nbytes must equal the result's size). Valid until hvl_release. */
 int hvl_result_shape(int64_t handle, int *ndim, int64_t *shape);
 int hvl_result_copy(int64_t handle, void *dst, int64_t nbytes);
-/* Join of a completed handle: the last rank that joined. */
+/* Join: the last rank that joined; process set add: the new set's id. */
 int hvl_result_value(int64_t handle, int64_t *value);
+/* Size of process set id and this rank's rank in it (-1: not a member).
+ * HVL_ERR_INVALID_ARG if there is no such set (never added, or removed). */
+int hvl_process_set_info(int id, int *size, int *rank);
 /* Alltoall of a completed handle: rows of dim 0 received from each rank (size entries, the
  * job's size when it ran). */
 int hvl_received_splits(int64_t handle, int64_t *splits);

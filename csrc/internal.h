@@ -21,6 +21,8 @@
 
 enum { HVL_LOG_TRACE = 0, HVL_LOG_DEBUG, HVL_LOG_INFO, HVL_LOG_WARNING, HVL_LOG_ERROR };
 
+typedef struct hvl_engine hvl_engine;
+
 /* ---- settings (param.c) ---- */
 typedef struct {
     int64_t fusion_threshold;   /* bytes; one fused collective carries at most this much */
@@ -112,6 +114,7 @@ const hvl_response *hvl__cache_slot(const hvl_cache *c, int slot);  /* NULL if e
 void hvl__cache_touch(hvl_cache *c, int slot);
 int hvl__cache_put(hvl_cache *c, const hvl_response *r);            /* copies r */
 void hvl__cache_erase(hvl_cache *c, const char *name);
+void hvl__cache_erase_set(hvl_cache *c, int set);                   /* every response of a set */
 
 /* ---- handles (handle.c) ---- */
 int hvl__handle_new(int64_t *id);                                   /* under queue_lock */
@@ -134,7 +137,7 @@ void hvl__handles_fail_all(int status, const char *message);        /* every pen
 
 /* ---- coordinator (coordinator.c); rank 0's table of tensors and who submitted them ---- */
 typedef struct hvl_coordinator hvl_coordinator;
-int hvl__coordinator_create(hvl_coordinator **out, int size);
+int hvl__coordinator_create(hvl_coordinator **out, hvl_engine *e);
 void hvl__coordinator_destroy(hvl_coordinator *c);
 /* Parses one rank's requests; tensors now submitted by every rank go to `ready`, in order. */
 int hvl__coordinator_add(hvl_coordinator *c, int rank, hvl_buf *requests, hvl_response_list *ready);
@@ -143,6 +146,8 @@ int hvl__coordinator_add(hvl_coordinator *c, int rank, hvl_buf *requests, hvl_re
  * which stops the engine on every rank with that message. */
 int hvl__coordinator_stall_check(hvl_coordinator *c, double warn_s, double shutdown_s,
                                  hvl_response_list *ready);
+/* Forgets the tensors of a removed process set (their ranks fail them themselves). */
+void hvl__coordinator_drop_set(hvl_coordinator *c, int set);
 
 /* ---- reductions and scaling (reduce.c) ---- */
 int hvl__reduce_setup(void);                                         /* creates MPI ops/types */
@@ -155,8 +160,7 @@ const char *hvl__dtype_name(int dtype);
 const char *hvl__op_name(int op);
 const char *hvl__reduce_name(int reduce_op);
 
-/* ---- process sets (pset.c); the table is bg-only, identical on every rank ---- */
-typedef struct hvl_engine hvl_engine;
+/* ---- process sets (pset.c); the table is identical on every rank ---- */
 typedef struct hvl_pset {
     int id;                     /* 0 = every rank */
     int size;                   /* members */
@@ -169,6 +173,15 @@ typedef struct hvl_pset {
 int hvl__psets_create(hvl_engine *e);                /* the global set 0, from e->comm */
 void hvl__psets_destroy(hvl_engine *e, int clean);   /* clean: communicators may be freed */
 hvl_pset *hvl__pset(hvl_engine *e, int id);           /* NULL if there is no such set */
+int hvl__pset_rank_of(const hvl_pset *ps, int global_rank);   /* -1 if not a member */
+/* Collective over every rank (all run it at the same point): checks every rank passed the same
+ * ascending members, then builds the set and its communicator; *id_out is its id.
+ * HVL_ERR_INVALID_ARG on every rank for different lists or a duplicate of an existing set. */
+int hvl__pset_add(hvl_engine *e, const int64_t *members, int n, int *id_out);
+void hvl__pset_remove(hvl_engine *e, int id);        /* frees the set; cannot fail */
+/* Any thread, under queue_lock: set id's size, this rank's rank in it (-1: not a member) and,
+ * if other_rank is not NULL, global rank `other`'s. HVL_ERR_INVALID_ARG if there is no such set. */
+int hvl__pset_lookup(hvl_engine *e, int id, int *size, int *rank, int other, int *other_rank);
 
 /* ---- data planes (backend.c registry, backend_mpi.c) ----
  * Every collective runs among the members of one process set `ps` (this rank is one of them);
@@ -239,6 +252,8 @@ struct hvl_engine {
     hvl_cache *cache;
     hvl_coordinator *coordinator;   /* rank 0 only */
     uint64_t *bits_mine, *bits_all;
+    uint64_t *bits_absent;      /* cache slots of sets this rank is not in (negotiate.c) */
+    int absent_dirty;           /* the cache or the sets changed: recompute bits_absent */
     int bit_words;
     char *fusion_buf;
     int64_t fusion_cap;
@@ -251,7 +266,7 @@ struct hvl_engine {
 extern hvl_engine hvl__engine;
 void hvl__count(int64_t *counter, int64_t delta);                   /* relaxed atomic add */
 int hvl__grow(char **buf, int64_t *cap, int64_t need);             /* HVL_ERR_NO_MEMORY */
-int hvl__not_running(void);   /* HVL_ERR_SHUT_DOWN, saying why (never started, or why it stopped) */
+int hvl__not_running(void);   /* HVL_ERR_NOT_INITIALIZED (never started) or HVL_ERR_SHUT_DOWN (why it stopped) */
 
 /* queue.c */
 int hvl__queue_drain(hvl_engine *e);                                 /* queue -> pending */

@@ -60,8 +60,8 @@ const char *hvl__status_name(int rc)
 {
     static const char *names[] = {"ok", "invalid argument", "mismatch", "timeout", "MPI error",
                                   "NCCL error", "system error", "out of memory", "shut down",
-                                  "in progress"};
-    return rc >= 0 && rc <= HVL_ERR_IN_PROGRESS ? names[rc] : "unknown status";
+                                  "in progress", "not initialized"};
+    return rc >= 0 && rc <= HVL_ERR_NOT_INITIALIZED ? names[rc] : "unknown status";
 }
 
 double hvl__now(void)

@@ -11,6 +11,9 @@
  * its rank keeps asking for step 2, so the others send theirs too. A cached request that waited
  * longer than PATIENCE_S goes to rank 0 as well, so the stall inspector sees it.
  * Every rank updates its cache from the broadcast list alone, so caches stay identical.
+ * Process sets: negotiation always runs among every rank; a rank that is not a member of a
+ * cached response's set sets that bit anyway (it has nothing to wait for), so the AND is decided
+ * by the members alone, and the coordinator waits for members only.
  * bg thread only. */
 #include <stdlib.h>
 #include <string.h>
@@ -22,12 +25,28 @@
 
 static int bit_set(const uint64_t *words, int slot) { return (words[1 + slot / 64] >> (slot % 64)) & 1; }
 
+/* e->bits_absent: the cache slots holding responses of sets this rank is not a member of.
+ * Recomputed only after the cache changed, and only while sets other than 0 exist. */
+static void mark_absent(hvl_engine *e)
+{
+    if (!e->absent_dirty) return;
+    e->absent_dirty = 0;
+    memset(e->bits_absent, 0, sizeof(uint64_t) * (size_t)e->bit_words);
+    int slots = e->cache && e->npsets > 1 ? hvl__cache_capacity(e->cache) : 0;
+    for (int slot = 0; slot < slots; slot++) {
+        const hvl_response *r = hvl__cache_slot(e->cache, slot);
+        const hvl_pset *ps = r ? hvl__pset(e, r->process_set) : NULL;
+        if (r && (!ps || ps->rank < 0)) e->bits_absent[1 + slot / 64] |= (uint64_t)1 << (slot % 64);
+    }
+}
+
 /* Fills e->bits_mine; returns 1 if this rank needs a coordinator round. */
 static int mark_ready(hvl_engine *e)
 {
     int need_full = 0;
     double now = hvl__now();
-    memset(e->bits_mine, 0, sizeof(uint64_t) * (size_t)e->bit_words);
+    mark_absent(e);
+    memcpy(e->bits_mine, e->bits_absent, sizeof(uint64_t) * (size_t)e->bit_words);
     for (hvl_entry *en = e->pending_head; en; en = en->next_pending) {
         en->cache_slot = -1;
         if (en->sent) { need_full = 1; continue; }
@@ -122,6 +141,7 @@ static int apply_responses(hvl_engine *e, hvl_buf *reply, hvl_response_list *out
         }
         if (e->cache && r.status == HVL_OK) HVL_CHECK(hvl__cache_put(e->cache, &r));
         else if (e->cache) hvl__cache_erase(e->cache, r.name);
+        e->absent_dirty = 1;
         if (hvl__responses_push(out, &r) != HVL_OK) {
             free(r.name); free(r.error);
             return HVL_ERR_NO_MEMORY;

@@ -1,9 +1,13 @@
 /* pset.c: the table of process sets. Set 0 is every rank (e->comm). Each set records its
  * members (global ranks, ascending), this process's rank among them, and a communicator of
  * the members, so data-plane collectives of different sets never share a communicator and
- * sets with disjoint members run at the same time. Every rank keeps the same table (sets are
- * added and removed by collective engine steps). bg thread only. */
+ * sets with disjoint members run at the same time. Every rank keeps the same table: sets are
+ * added and removed by collective steps that every rank runs at the same point of the agreed
+ * response list, and ids are never reused. The bg thread changes the table under queue_lock
+ * (user threads read sizes and membership there when they enqueue); the bg thread reads it
+ * without the lock. Communicators and backend state are bg-only. */
 #include <stdlib.h>
+#include <string.h>
 #include "internal.h"
 
 /* Whether every member shares this process's host: the members that are also in this
@@ -48,19 +52,135 @@ int hvl__psets_create(hvl_engine *e)
 
 void hvl__psets_destroy(hvl_engine *e, int clean)
 {
-    for (int i = 0; i < e->npsets; i++) {
-        hvl_pset *ps = e->psets[i];
+    pthread_mutex_lock(&e->queue_lock);    /* user threads may be looking a set up */
+    hvl_pset **sets = e->psets;
+    int n = e->npsets;
+    e->psets = NULL;
+    e->npsets = 0;
+    pthread_mutex_unlock(&e->queue_lock);
+    for (int i = 0; i < n; i++) {
+        hvl_pset *ps = sets[i];
         if (!ps) continue;
         if (clean && i != 0 && ps->comm != MPI_COMM_NULL) MPI_Comm_free(&ps->comm);
         free(ps->ranks);
         free(ps);
     }
-    free(e->psets);
-    e->psets = NULL;
-    e->npsets = 0;
+    free(sets);
 }
 
 hvl_pset *hvl__pset(hvl_engine *e, int id)
 {
     return id >= 0 && id < e->npsets ? e->psets[id] : NULL;
+}
+
+int hvl__pset_rank_of(const hvl_pset *ps, int global_rank)
+{
+    for (int i = 0; i < ps->size; i++)
+        if (ps->ranks[i] == global_rank) return i;
+    return -1;
+}
+
+/* Every rank passed the same member list: one MAX allreduce of (h, -h) for a hash h of the
+ * list, so min == max. A disagreement fails on every rank (not fatal: nothing was built). */
+static int agree_members(hvl_engine *e, const int64_t *members, int n)
+{
+    uint64_t h = 1469598103934665603ULL;                    /* FNV-1a over the values */
+    for (int i = 0; i < n; i++) h = (h ^ (uint64_t)members[i]) * 1099511628211ULL;
+    h = (h ^ (uint64_t)n) * 1099511628211ULL;
+    int64_t v[2] = {(int64_t)(h >> 1), -(int64_t)(h >> 1)}, all[2];
+    HVL_CHECK(hvl__mpi_check(MPI_Allreduce(v, all, 2, MPI_INT64_T, MPI_MAX, e->comm), "MPI_Allreduce (process set members)"));
+    if (all[0] != -all[1])
+        return hvl__fail(HVL_ERR_INVALID_ARG, "add_process_set: the ranks passed different member lists "
+                         "(this rank: %d members); every rank must add the same sets in the same order", n);
+    return HVL_OK;
+}
+
+/* An existing set with exactly these members, or NULL. */
+static hvl_pset *find_same(hvl_engine *e, const int64_t *members, int n)
+{
+    for (int i = 0; i < e->npsets; i++) {
+        hvl_pset *ps = e->psets[i];
+        if (!ps || ps->size != n) continue;
+        int same = 1;
+        for (int k = 0; k < n && same; k++) same = ps->ranks[k] == members[k];
+        if (same) return ps;
+    }
+    return NULL;
+}
+
+static int insert(hvl_engine *e, hvl_pset *ps)
+{
+    hvl_pset **grown = realloc(e->psets, sizeof(hvl_pset *) * (size_t)(e->npsets + 1));
+    if (!grown) return HVL_ERR_NO_MEMORY;
+    pthread_mutex_lock(&e->queue_lock);
+    e->psets = grown;
+    ps->id = e->npsets;
+    e->psets[e->npsets++] = ps;
+    pthread_mutex_unlock(&e->queue_lock);
+    return HVL_OK;
+}
+
+int hvl__pset_add(hvl_engine *e, const int64_t *members, int n, int *id_out)
+{
+    HVL_CHECK(agree_members(e, members, n));
+    hvl_pset *same = find_same(e, members, n);      /* the same on every rank: tables agree */
+    if (same)
+        return hvl__fail(HVL_ERR_INVALID_ARG, "add_process_set: process set %d already has these %d ranks",
+                         same->id, n);
+    hvl_pset *ps = calloc(1, sizeof(hvl_pset));
+    if (ps) ps->ranks = malloc(sizeof(int) * (size_t)n);
+    if (!ps || !ps->ranks) { if (ps) free(ps->ranks); free(ps); return HVL_ERR_NO_MEMORY; }
+    for (int i = 0; i < n; i++) ps->ranks[i] = (int)members[i];
+    ps->size = n;
+    ps->rank = hvl__pset_rank_of(ps, e->rank);
+    ps->comm = MPI_COMM_NULL;
+    int rc = hvl__mpi_check(MPI_Comm_split(e->comm, ps->rank >= 0 ? 0 : MPI_UNDEFINED, e->rank, &ps->comm),
+                            "MPI_Comm_split (process set)");
+    if (rc == HVL_OK && ps->comm != MPI_COMM_NULL) MPI_Comm_set_errhandler(ps->comm, MPI_ERRORS_RETURN);
+    if (rc == HVL_OK) ps->one_host = members_on_one_host(e, ps);
+    if (rc == HVL_OK) rc = insert(e, ps);
+    if (rc != HVL_OK) {
+        if (ps->comm != MPI_COMM_NULL) MPI_Comm_free(&ps->comm);
+        free(ps->ranks);
+        free(ps);
+        return rc;
+    }
+    *id_out = ps->id;
+    hvl_log(HVL_LOG_DEBUG, "process set %d added: %d ranks, this rank %d", ps->id, n, ps->rank);
+    return HVL_OK;
+}
+
+void hvl__pset_remove(hvl_engine *e, int id)
+{
+    hvl_pset *ps = hvl__pset(e, id);
+    if (!ps || id == 0) return;
+    pthread_mutex_lock(&e->queue_lock);
+    e->psets[id] = NULL;
+    pthread_mutex_unlock(&e->queue_lock);
+    if (ps->comm != MPI_COMM_NULL) MPI_Comm_free(&ps->comm);
+    free(ps->ranks);
+    free(ps);
+    hvl_log(HVL_LOG_DEBUG, "process set %d removed", id);
+}
+
+int hvl__pset_lookup(hvl_engine *e, int id, int *size, int *rank, int other, int *other_rank)
+{
+    int rc = HVL_OK;
+    pthread_mutex_lock(&e->queue_lock);
+    hvl_pset *ps = id >= 0 && id < e->npsets ? e->psets[id] : NULL;
+    if (ps) {
+        *size = ps->size;
+        *rank = ps->rank;
+        if (other_rank) *other_rank = hvl__pset_rank_of(ps, other);
+    } else {
+        rc = hvl__fail(HVL_ERR_INVALID_ARG, "process set %d does not exist (never added, or removed)", id);
+    }
+    pthread_mutex_unlock(&e->queue_lock);
+    return rc;
+}
+
+int hvl_process_set_info(int id, int *size, int *rank)
+{
+    if (!hvl_is_initialized()) return hvl__not_running();
+    return hvl__pset_lookup(&hvl__engine, id, size, rank, 0, NULL);
 }

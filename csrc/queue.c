@@ -2,16 +2,59 @@
  * an entry, and hands it to the bg thread through the queue; the bg thread drains the queue into
  * its pending map and finishes entries when their collective completes. The queue and the
  * in-flight name set are guarded by queue_lock. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
 
-static int check_request(const hvl_engine *e, const hvl_request *q)
+/* Checks that need the process set: it exists, this rank is a member, the root is one, and
+ * alltoall splits match its size. *set_size gets its size. */
+static int check_set(hvl_engine *e, const hvl_request *q, const char *name, int *set_size)
+{
+    int control = q->op == HVL_JOIN || q->op == HVL_PROCESS_SET_ADD || q->op == HVL_PROCESS_SET_REMOVE;
+    if (control && q->process_set != 0)
+        return hvl__fail(HVL_ERR_INVALID_ARG, "%s runs on every rank (process set 0), not on process set %d",
+                         hvl__op_name(q->op), q->process_set);
+    int my_rank = -1, root = -1;
+    if (hvl__pset_lookup(e, q->process_set, set_size, &my_rank, q->root_rank, &root) != HVL_OK)
+        return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': process set %d does not exist (never added, "
+                         "or removed)", name, q->process_set);
+    if (my_rank < 0)
+        return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': this rank (%d) is not a member of process set %d; "
+                         "only its members may run collectives on it", name, e->rank, q->process_set);
+    if (q->op == HVL_BROADCAST && root < 0)
+        return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': root rank %d is not a member of process set %d",
+                         name, q->root_rank, q->process_set);
+    return HVL_OK;
+}
+
+/* add: ascending distinct ranks of the job; remove: an existing set other than 0. */
+static int check_set_change(hvl_engine *e, const hvl_request *q)
+{
+    if (q->op == HVL_PROCESS_SET_REMOVE) {
+        int size, rank;
+        if (q->root_rank == 0) return hvl__fail(HVL_ERR_INVALID_ARG, "the global process set (0) cannot be removed");
+        return hvl__pset_lookup(e, q->root_rank, &size, &rank, 0, NULL);
+    }
+    if (!q->splits || q->nsplits < 1)
+        return hvl__fail(HVL_ERR_INVALID_ARG, "add_process_set: a process set needs at least one rank");
+    for (int i = 0; i < q->nsplits; i++) {
+        if (q->splits[i] < 0 || q->splits[i] >= e->size)
+            return hvl__fail(HVL_ERR_INVALID_ARG, "add_process_set: rank %lld is not in [0, %d)", (long long)q->splits[i], e->size);
+        if (i && q->splits[i] <= q->splits[i - 1])
+            return hvl__fail(HVL_ERR_INVALID_ARG, "add_process_set: ranks must be ascending and distinct");
+    }
+    return HVL_OK;
+}
+
+static int check_request(hvl_engine *e, const hvl_request *q, int *set_size)
 {
     const char *name = q->name ? q->name : "(null)";
     if (!q->name || !q->name[0]) return hvl__fail(HVL_ERR_INVALID_ARG, "a tensor name is required");
     if (q->op < 0 || q->op >= HVL_OP_COUNT)
         return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': unknown op %d", name, q->op);
+    HVL_CHECK(check_set(e, q, name, set_size));
+    if (q->op == HVL_PROCESS_SET_ADD || q->op == HVL_PROCESS_SET_REMOVE) return check_set_change(e, q);
     if (q->op == HVL_BARRIER || q->op == HVL_JOIN) return HVL_OK;
     if (q->dtype < 0 || q->dtype >= HVL_DTYPE_COUNT)
         return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': unknown dtype %d", name, q->dtype);
@@ -19,25 +62,21 @@ static int check_request(const hvl_engine *e, const hvl_request *q)
         return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': %d dimensions (at most %d)", name, q->ndim, HVL_MAX_DIMS);
     for (int i = 0; i < q->ndim; i++)
         if (q->shape[i] < 0) return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': negative dimension", name);
-    if (q->process_set != 0)
-        return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': unknown process set %d", name, q->process_set);
     int reducing = q->op == HVL_ALLREDUCE || q->op == HVL_REDUCESCATTER;
     if (reducing && (q->reduce_op < 0 || q->reduce_op >= HVL_REDUCE_COUNT))
         return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': unknown reduce op %d", name, q->reduce_op);
     if (reducing && q->dtype == HVL_BOOL && (q->reduce_op == HVL_AVERAGE || q->prescale != 1.0 || q->postscale != 1.0))
         return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': bool tensors support Sum, Min, Max and Product without scaling", name);
-    if (q->op == HVL_BROADCAST && (q->root_rank < 0 || q->root_rank >= e->size))
-        return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': root rank %d is not in [0, %d)", name, q->root_rank, e->size);
     if ((q->op == HVL_ALLTOALL || q->op == HVL_REDUCESCATTER) && q->ndim == 0)
         return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': %s needs at least one dimension", name, hvl__op_name(q->op));
     if (q->op == HVL_ALLTOALL) {
         if (!q->splits) {
-            if (q->shape[0] % e->size)
-                return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': alltoall without splits needs dim 0 (%lld) divisible by size %d", name, (long long)q->shape[0], e->size);
+            if (q->shape[0] % *set_size)
+                return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': alltoall without splits needs dim 0 (%lld) divisible by size %d", name, (long long)q->shape[0], *set_size);
             return HVL_OK;
         }
-        if (q->nsplits != e->size)
-            return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': %d splits for %d ranks", name, q->nsplits, e->size);
+        if (q->nsplits != *set_size)
+            return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': %d splits for %d ranks", name, q->nsplits, *set_size);
         int64_t total = 0;
         for (int i = 0; i < q->nsplits; i++) {
             if (q->splits[i] < 0) return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': negative split", name);
@@ -49,28 +88,44 @@ static int check_request(const hvl_engine *e, const hvl_request *q)
     return HVL_OK;
 }
 
-static hvl_entry *entry_new(const hvl_engine *e, const hvl_request *q)
+/* The engine's name of a request: the caller's, qualified by its process set unless that is
+ * set 0, so each set has its own namespace (as in Horovod) in every name-keyed table. */
+static char *engine_name(const hvl_request *q)
+{
+    if (q->process_set == 0) return strdup(q->name);
+    size_t n = strlen(q->name) + 40;
+    char *s = malloc(n);
+    if (s) snprintf(s, n, "%s [process set %d]", q->name, q->process_set);
+    return s;
+}
+
+static hvl_entry *entry_new(const hvl_request *q, int set_size)
 {
     hvl_entry *en = calloc(1, sizeof(*en));
     if (!en) return NULL;
     en->req = *q;
-    en->name = strdup(q->name);
-    int control = q->op == HVL_BARRIER || q->op == HVL_JOIN;   /* no data */
+    en->name = engine_name(q);
+    int control = q->op == HVL_BARRIER || q->op == HVL_JOIN || q->op == HVL_PROCESS_SET_ADD ||
+                  q->op == HVL_PROCESS_SET_REMOVE;   /* no data */
     memcpy(en->shape, q->shape, sizeof(int64_t) * (size_t)(control ? 0 : q->ndim));
-    if (control) en->req.ndim = 0, en->req.dtype = HVL_UINT8, en->req.reduce_op = 0, en->req.root_rank = 0;
-    if (q->op == HVL_ALLTOALL) {
-        en->splits = malloc(sizeof(int64_t) * (size_t)e->size);
-        for (int i = 0; en->splits && i < e->size; i++)
-            en->splits[i] = q->splits ? q->splits[i] : q->shape[0] / e->size;
+    if (control) {
+        en->req.ndim = 0, en->req.dtype = HVL_UINT8, en->req.reduce_op = 0;
+        en->req.root_rank = q->op == HVL_PROCESS_SET_REMOVE ? q->root_rank : 0;
     }
-    if (!en->name || (q->op == HVL_ALLTOALL && !en->splits)) {
+    int nsplits = q->op == HVL_ALLTOALL ? set_size : q->op == HVL_PROCESS_SET_ADD ? q->nsplits : 0;
+    if (nsplits) {
+        en->splits = malloc(sizeof(int64_t) * (size_t)nsplits);
+        for (int i = 0; en->splits && i < nsplits; i++)
+            en->splits[i] = q->splits ? q->splits[i] : q->shape[0] / set_size;
+    }
+    if (!en->name || (nsplits && !en->splits)) {
         free(en->name); free(en->splits); free(en);
         return NULL;
     }
     en->req.name = en->name;
     en->req.shape = en->shape;
     en->req.splits = en->splits;
-    en->req.nsplits = q->op == HVL_ALLTOALL ? e->size : 0;
+    en->req.nsplits = nsplits;
     en->enqueued_at = hvl__now();
     return en;
 }
@@ -86,8 +141,9 @@ int hvl_enqueue(const hvl_request *q, int64_t *handle_out)
 {
     hvl_engine *e = &hvl__engine;
     if (!hvl_is_initialized()) return hvl__not_running();
-    HVL_CHECK(check_request(e, q));
-    hvl_entry *en = entry_new(e, q);
+    int set_size = 0;
+    HVL_CHECK(check_request(e, q, &set_size));
+    hvl_entry *en = entry_new(q, set_size);
     if (!en) return hvl__fail(HVL_ERR_NO_MEMORY, "out of memory enqueuing '%s'", q->name);
     int rc = HVL_OK;
     pthread_mutex_lock(&e->queue_lock);
@@ -146,24 +202,25 @@ static void synthetic_free(hvl_entry *en, hvl_outcome *o)
 
 hvl_entry *hvl__entry_synthesize(hvl_engine *e, const hvl_response *r)
 {
+    const hvl_pset *ps = hvl__pset(e, r->process_set);
     hvl_entry *en = calloc(1, sizeof(*en));
     if (!en || !(en->name = strdup(r->name))) { free(en); return NULL; }
     en->synthetic = 1;
     memcpy(en->shape, r->shape, sizeof(int64_t) * (size_t)r->ndim);
     int gathers = r->op == HVL_ALLGATHER || r->op == HVL_ALLTOALL;
     if (gathers && r->ndim > 0) en->shape[0] = 0;                 /* contributes no rows */
-    hvl_request q = {r->op, r->dtype, r->reduce_op, r->root_rank, 0, r->ndim, en->name, en->shape,
+    hvl_request q = {r->op, r->dtype, r->reduce_op, r->root_rank, r->process_set, r->ndim, en->name, en->shape,
                      NULL, NULL, r->prescale, r->postscale, NULL, 0};
     int64_t bytes = hvl__request_bytes(&q);
     int64_t out_bytes = r->op == HVL_REDUCESCATTER && r->ndim
-        ? bytes / (en->shape[0] ? en->shape[0] : 1) * hvl_reducescatter_rows(en->shape[0], e->rank, e->size)
+        ? bytes / (en->shape[0] ? en->shape[0] : 1) * hvl_reducescatter_rows(en->shape[0], ps->rank, ps->size)
         : bytes;
     void *in = calloc((size_t)bytes + 1, 1), *out = gathers ? NULL : calloc((size_t)out_bytes + 1, 1);
-    if (r->op == HVL_ALLTOALL) en->splits = calloc((size_t)e->size, sizeof(int64_t));
+    if (r->op == HVL_ALLTOALL) en->splits = calloc((size_t)ps->size, sizeof(int64_t));
     q.input = in;
     q.output = out;
     q.splits = en->splits;
-    q.nsplits = r->op == HVL_ALLTOALL ? e->size : 0;
+    q.nsplits = r->op == HVL_ALLTOALL ? ps->size : 0;
     en->req = q;
     if (!in || (!gathers && !out) || (r->op == HVL_ALLTOALL && !en->splits)) {
         hvl_outcome none = {0};

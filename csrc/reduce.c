@@ -170,7 +170,8 @@ const char *hvl__dtype_name(int dtype)
 const char *hvl__op_name(int op)
 {
     static const char *names[HVL_OP_COUNT] = {"allreduce", "allgather", "broadcast", "alltoall",
-                                              "reducescatter", "barrier", "join"};
+                                              "reducescatter", "barrier", "join",
+                                              "add_process_set", "remove_process_set"};
     return op >= 0 && op < HVL_OP_COUNT ? names[op] : "unknown op";
 }
 

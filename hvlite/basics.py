@@ -2,11 +2,13 @@
 
 Contract: ``init()`` must be called by every rank before any collective (it is collective: it
 creates MPI communicators); it reuses MPI if mpi4py or the application initialised it, and is
-a no-op when already running. ``shutdown()`` stops the engine on every rank (collectives pending
+a no-op when already running with the same settings (ValueError if a second call asks for
+other ``HVLITE_*`` values or process sets). ``shutdown()`` stops the engine on every rank (collectives pending
 anywhere fail with ``HvliteShutdownError``) and is registered to run at exit. Topology queries
 raise ``ValueError`` before ``init()``, as Horovod's do.
 """
 import atexit
+import os
 
 from ._lib import ffi, lib
 from .errors import _check
@@ -19,29 +21,70 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
 _atexit_registered = False
 
 
+_started_with = None   # the settings the running engine was started with (see init)
+
+
+def _settings(process_sets):
+    """What init() must see unchanged on a second call: HVLITE_*/HOROVOD_* variables (read
+    once, at the first init) and the process sets asked for (None: not asked)."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(("HVLITE_", "HOROVOD_"))}
+    sets = None
+    if process_sets is not None and process_sets != "dynamic":
+        sets = [list(p.ranks) if p.ranks is not None else repr(p.mpi_comm) for p in process_sets]
+    return env, sets
+
+
+def _check_same_settings(process_sets):
+    env, sets = _settings(process_sets)
+    old_env, old_sets = _started_with
+    changed = sorted(k for k in set(env) | set(old_env) if env.get(k) != old_env.get(k))
+    if changed:
+        raise ValueError("hvlite.init() was called again with different settings: %s changed "
+                         "since the first init() (settings are read once; call shutdown() first "
+                         "to restart with new ones)" % ", ".join(changed))
+    if sets is not None and sets != (old_sets or []):
+        raise ValueError("hvlite.init() was called again with process_sets=%s, but the engine "
+                         "runs with %s; use add_process_set()/remove_process_set() to change "
+                         "sets at run time" % (sets, old_sets or "no extra process sets"))
+
+
 def init(comm=None, process_sets=None):
     """Start hvlite on this rank (collective: every rank calls it).
 
     Args:
         comm: must be None; hvlite always runs on MPI_COMM_WORLD so far.
-        process_sets: must be None (process sets arrive with a later release).
+        process_sets: None, "dynamic" (sets are added later with add_process_set; hvlite always
+            allows that), or a list of ProcessSet to register now, in order, on every rank.
+    A second call while running is a no-op if it asks for the same settings, else ValueError.
     Raises:
         HvliteError: MPI could not be initialised or the engine could not start.
-        ValueError: an unsupported argument.
+        ValueError: an unsupported argument, or settings that differ from the running engine's.
     """
-    global _atexit_registered
+    global _atexit_registered, _started_with
     if comm is not None:
         raise ValueError("hvlite.init(comm=...) is not supported: hvlite runs on MPI_COMM_WORLD")
-    if process_sets not in (None, [], ()):
-        raise ValueError("hvlite.init(process_sets=...) is not supported yet")
+    from .process_sets import ProcessSet, _setup_global, add_process_set
+    if process_sets is not None and process_sets != "dynamic":
+        process_sets = list(process_sets)
+        if not all(isinstance(p, ProcessSet) for p in process_sets):
+            raise ValueError("init(process_sets=...) takes a list of hvlite.ProcessSet, or 'dynamic'")
+    if is_initialized() and _started_with is not None:
+        _check_same_settings(process_sets)
+        return
     _check(lib.hvl_init())
+    _setup_global(size())
+    _started_with = _settings(process_sets)
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True
+    for process_set in process_sets if isinstance(process_sets, list) else ():
+        add_process_set(process_set)
 
 
 def shutdown():
     """Stop the engine on every rank; collectives still pending anywhere then fail."""
+    global _started_with
+    _started_with = None
     _check(lib.hvl_shutdown())
 
 

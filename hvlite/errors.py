@@ -7,7 +7,7 @@ returns on ``HVL_OK`` and otherwise raises the class mapped below with the engin
 from ._lib import ffi, lib
 
 __all__ = ["HvliteError", "HorovodInternalError", "HvliteInvalidArgument", "MismatchError",
-           "HvliteTimeoutError", "HvliteShutdownError"]
+           "HvliteTimeoutError", "HvliteShutdownError", "HvliteNotInitializedError"]
 
 
 class HvliteError(RuntimeError):
@@ -34,7 +34,12 @@ class HvliteShutdownError(HvliteError):
     """The engine is not running: not initialised, shut down by a rank, or failed."""
 
 
+class HvliteNotInitializedError(HvliteShutdownError, ValueError):
+    """A collective or query before ``init()`` (a ValueError, as Horovod raises there)."""
+
+
 _BY_STATUS = {
+    lib.HVL_ERR_NOT_INITIALIZED: HvliteNotInitializedError,
     lib.HVL_ERR_INVALID_ARG: HvliteInvalidArgument,
     lib.HVL_ERR_MISMATCH: MismatchError,
     lib.HVL_ERR_TIMEOUT: HvliteTimeoutError,

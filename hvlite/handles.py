@@ -9,8 +9,9 @@ Contract:
 - ``Handle.wait()`` blocks (with the GIL released, and Ctrl-C still works) and returns
   ``finish``'s result, or raises the engine's error for that tensor on every rank it affects.
 - ``result_array(handle, dtype)`` copies an engine-owned result (allgather, alltoall) out.
-- ``auto_name(kind)`` generates ``"<kind>.noname.<n>"``; every rank must call collectives in the
-  same order, so the counters agree.
+- ``auto_name(kind, process_set)`` generates ``"<kind>.noname.<n>"`` with one counter per kind
+  and process set; the members of a set call its collectives in the same order, so the counters
+  agree (a rank's calls on sets others are not in do not shift the others' names).
 """
 import itertools
 
@@ -47,9 +48,10 @@ def reset_auto_names():
     _counters.clear()
 
 
-def auto_name(kind):
-    """A name for an unnamed collective, the same on every rank that calls in the same order."""
-    counter = _counters.setdefault(kind, itertools.count())
+def auto_name(kind, process_set=None):
+    """A name for an unnamed collective, the same on every member of its process set."""
+    key = (kind, getattr(process_set, "process_set_id", None) or 0)
+    counter = _counters.setdefault(key, itertools.count())
     return "%s.noname.%d" % (kind, next(counter))
 
 

@@ -16,7 +16,7 @@ __all__ = ["broadcast_object", "allgather_object"]
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     """Return root_rank's ``obj`` on every rank (the root gets its own object back)."""
-    name = name or auto_name("broadcast_object")
+    name = name or auto_name("broadcast_object", process_set)
     if rank() == root_rank:
         payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
         length = np.array([payload.size], dtype=np.int64)
@@ -31,7 +31,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
 
 def allgather_object(obj, name=None, process_set=None):
     """Return the list of every rank's ``obj``, in rank order."""
-    name = name or auto_name("allgather_object")
+    name = name or auto_name("allgather_object", process_set)
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
     sizes = allgather(np.array([payload.size], dtype=np.int64), name=name + ".size",
                       process_set=process_set)

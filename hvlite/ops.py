@@ -16,7 +16,7 @@ from .dtypes import to_engine
 from .errors import _check
 from .handles import (NULL, Handle, address, auto_name, burst, received_splits, reset_auto_names,
                       result_array, submit)
-from .process_sets import _set_id
+from .process_sets import _set_id, _set_rank_size
 
 __all__ = ["Sum", "Average", "Min", "Max", "Product", "Adasum", "allreduce", "allreduce_async",
            "allreduce_", "allreduce_async_", "grouped_allreduce", "grouped_allreduce_async",
@@ -68,14 +68,14 @@ class _Group:
         return [h.wait() for h in self.handles]
 
 
-def _group_names(name, kind, n):
-    return ["%s.%d" % (name, i) for i in range(n)] if name else [auto_name(kind) for _ in range(n)]
+def _group_names(name, kind, n, process_set=None):
+    return ["%s.%d" % (name, i) for i in range(n)] if name else [auto_name(kind, process_set) for _ in range(n)]
 
 
-def _submit_group(submit_one, tensors, name, kind):
+def _submit_group(submit_one, tensors, name, kind, process_set=None):
     """Submit ``submit_one(tensor, name)`` for every tensor in one burst (the engine negotiates
     and fuses them together); returns the group handle. Shared by the framework adapters."""
-    names = _group_names(name, kind, len(tensors))
+    names = _group_names(name, kind, len(tensors), process_set)
     with burst():
         return _Group([submit_one(t, n) for t, n in zip(tensors, names)])
 
@@ -83,7 +83,7 @@ def _submit_group(submit_one, tensors, name, kind):
 # ---- allreduce ----
 
 def _allreduce(src, out, name, op, prescale, postscale, process_set, finish):
-    return submit(lib.HVL_ALLREDUCE, name or auto_name("allreduce"), to_engine(src.dtype),
+    return submit(lib.HVL_ALLREDUCE, name or auto_name("allreduce", process_set), to_engine(src.dtype),
                   src.shape, address(src), address(out), (src, out), finish, reduce_op=op,
                   prescale=float(prescale), postscale=float(postscale),
                   process_set=_set_id(process_set))
@@ -145,7 +145,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     """Start allreduces of a list of arrays, submitted together so they fuse."""
     return _submit_group(lambda t, n: allreduce_async(t, average, n, op, prescale_factor,
                                                       postscale_factor, process_set),
-                         tensors, name, "grouped_allreduce")
+                         tensors, name, "grouped_allreduce", process_set)
 
 
 def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -159,7 +159,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
                              postscale_factor=1.0, process_set=None):
     return _submit_group(lambda t, n: allreduce_async_(t, average, n, op, prescale_factor,
                                                        postscale_factor, process_set),
-                         tensors, name, "grouped_allreduce")
+                         tensors, name, "grouped_allreduce", process_set)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -173,7 +173,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 def allgather_async(tensor, name=None, process_set=None):
     """Start an allgather; the result concatenates every rank's array along dim 0."""
     src = _array(tensor)
-    return submit(lib.HVL_ALLGATHER, name or auto_name("allgather"), to_engine(src.dtype),
+    return submit(lib.HVL_ALLGATHER, name or auto_name("allgather", process_set), to_engine(src.dtype),
                   src.shape, address(src), NULL, (src,), lambda h: result_array(h, src.dtype),
                   process_set=_set_id(process_set))
 
@@ -186,7 +186,7 @@ def allgather(tensor, name=None, process_set=None):
 
 def grouped_allgather(tensors, name=None, process_set=None):
     return _submit_group(lambda t, n: allgather_async(t, n, process_set), tensors, name,
-                         "grouped_allgather").wait()
+                         "grouped_allgather", process_set).wait()
 
 
 # ---- broadcast ----
@@ -195,7 +195,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None):
     """Start a broadcast of root_rank's ``tensor``; the result is a new array."""
     src = _array(tensor)
     out = np.empty_like(src, order="C")
-    return submit(lib.HVL_BROADCAST, name or auto_name("broadcast"), to_engine(src.dtype),
+    return submit(lib.HVL_BROADCAST, name or auto_name("broadcast", process_set), to_engine(src.dtype),
                   src.shape, address(src), address(out), (src, out), lambda h: out,
                   root_rank=int(root_rank), process_set=_set_id(process_set))
 
@@ -209,7 +209,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     target = _writable(tensor)
     buf = _array(target)
     finish = (lambda h: target) if buf is target else (lambda h: _copy_back(target, buf))
-    return submit(lib.HVL_BROADCAST, name or auto_name("broadcast"), to_engine(buf.dtype),
+    return submit(lib.HVL_BROADCAST, name or auto_name("broadcast", process_set), to_engine(buf.dtype),
                   buf.shape, address(buf), address(buf), (buf, target), finish,
                   root_rank=int(root_rank), process_set=_set_id(process_set))
 
@@ -225,12 +225,12 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     src = _array(tensor)
     if splits is not None:
         splits = [int(s) for s in np.asarray(splits).reshape(-1)]
-    n = size()
+    n = _set_rank_size(process_set)[1]
 
     def finish(h):
         out = result_array(h, src.dtype)
         return out if splits is None else (out, received_splits(h, n))
-    return submit(lib.HVL_ALLTOALL, name or auto_name("alltoall"), to_engine(src.dtype),
+    return submit(lib.HVL_ALLTOALL, name or auto_name("alltoall", process_set), to_engine(src.dtype),
                   src.shape, address(src), NULL, (src,), finish, splits=splits,
                   process_set=_set_id(process_set))
 
@@ -249,9 +249,9 @@ def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_f
     src = _array(tensor)
     if src.ndim == 0:
         raise ValueError("reducescatter needs an array with at least one dimension")
-    rows = lib.hvl_reducescatter_rows(src.shape[0], rank(), size())
+    rows = lib.hvl_reducescatter_rows(src.shape[0], *_set_rank_size(process_set))
     out = np.empty((rows,) + src.shape[1:], dtype=src.dtype)
-    return submit(lib.HVL_REDUCESCATTER, name or auto_name("reducescatter"),
+    return submit(lib.HVL_REDUCESCATTER, name or auto_name("reducescatter", process_set),
                   to_engine(src.dtype), src.shape, address(src), address(out), (src, out),
                   lambda h: out, reduce_op=_reduce_op(None, op), prescale=float(prescale_factor),
                   postscale=float(postscale_factor), process_set=_set_id(process_set))
@@ -269,14 +269,14 @@ def grouped_reducescatter(tensors, name=None, op=None, process_set=None, prescal
                           postscale_factor=1.0):
     return _submit_group(lambda t, n: reducescatter_async(t, n, op, process_set, prescale_factor,
                                                           postscale_factor),
-                         tensors, name, "grouped_reducescatter").wait()
+                         tensors, name, "grouped_reducescatter", process_set).wait()
 
 
 # ---- barrier, handles ----
 
 def barrier(process_set=None):
     """Return once every rank has called barrier()."""
-    submit(lib.HVL_BARRIER, auto_name("barrier"), lib.HVL_UINT8, (), NULL, NULL, None, None,
+    submit(lib.HVL_BARRIER, auto_name("barrier", process_set), lib.HVL_UINT8, (), NULL, NULL, None, None,
            process_set=_set_id(process_set)).wait()
 
 

@@ -1,32 +1,169 @@
-"""Process sets: the groups of ranks a collective runs on.
+"""Process sets: the groups of ranks a collective runs on (Horovod's process-set API).
 
-Contract: ``global_process_set`` (every rank, id 0) is the only set the engine runs so far;
-``_set_id(process_set)`` turns the ``process_set=`` argument (``None`` or a ``ProcessSet``)
-into the engine's id and raises ``ValueError`` for a set that is not registered.
+Contract:
+- ``ProcessSet(ranks)`` names a group by its global ranks (any order; kept sorted, distinct), or
+  by an mpi4py communicator (``ProcessSet(comm)``: its members, as ranks of the job). It gets an
+  id when registered: by ``init(process_sets=[...])`` or ``add_process_set``. ``size()``,
+  ``rank()`` (this process's rank within the set, -1 if not a member) and ``included()`` return
+  None until then.
+- ``global_process_set`` is every rank (id 0), always registered after ``init()``.
+- ``add_process_set(set_or_ranks)`` and ``remove_process_set(set)`` are collective over every
+  rank of the job: every rank calls them with the same sets in the same order (a rank whose
+  list differs gets ``HvliteInvalidArgument`` on every rank). Adding a set whose ranks equal a
+  registered one's raises the same; removing the global set raises ``ValueError``; removing a
+  set that is not registered returns False. Collectives of a removed set still pending fail.
+- A collective's ``process_set=`` argument (None = global) must be registered, and the calling
+  rank must be a member (``HvliteInvalidArgument`` otherwise, naming the tensor and the set);
+  ``root_rank`` of a broadcast stays a global rank, which must be a member.
+- ``_set_id(process_set)`` is the engine id; ``_set_rank_size(process_set)`` this rank's
+  (rank, size) within it, for adapters that split or average by the set's size.
 """
+from ._lib import lib
+from .errors import _check
+from .handles import NULL, auto_name, submit
 
-__all__ = ["ProcessSet", "global_process_set"]
+__all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set"]
+
+_registered = {}     # id -> ProcessSet, this process's view of the engine's table
 
 
 class ProcessSet:
-    """A group of ranks (Horovod's ``hvd.ProcessSet``)."""
+    """A group of ranks that runs collectives among themselves (Horovod's ``hvd.ProcessSet``)."""
 
-    def __init__(self, ranks=None):
-        self.ranks = None if ranks is None else sorted(int(r) for r in ranks)
+    def __init__(self, ranks_or_comm=None):
+        self.mpi_comm = None
         self.process_set_id = None
+        if ranks_or_comm is None:
+            self.ranks = None
+        elif hasattr(ranks_or_comm, "Get_group"):      # an mpi4py communicator
+            self.mpi_comm = ranks_or_comm
+            self.ranks = None                            # resolved against the job at registration
+        else:
+            ranks = sorted({int(r) for r in ranks_or_comm})
+            if not ranks:
+                raise ValueError("a process set needs at least one rank")
+            self.ranks = ranks
+
+    def _info(self):
+        if self.process_set_id is None:
+            return None
+        size, rank = _ffi_ints()
+        _check(lib.hvl_process_set_info(self.process_set_id, size, rank))
+        return size[0], rank[0]
+
+    def size(self):
+        """Number of ranks in the set, or None if it is not registered."""
+        info = self._info()
+        return None if info is None else info[0]
+
+    def rank(self):
+        """This process's rank within the set (-1 if not a member), or None if not registered."""
+        info = self._info()
+        return None if info is None else info[1]
+
+    def included(self):
+        """Whether this process is a member, or None if the set is not registered."""
+        info = self._info()
+        return None if info is None else info[1] >= 0
 
     def __repr__(self):
-        return "ProcessSet(process_set_id=%s, ranks=%s)" % (self.process_set_id, self.ranks)
+        return "ProcessSet(process_set_id=%s, ranks=%s, mpi_comm=%s)" % (
+            self.process_set_id, self.ranks, self.mpi_comm)
+
+
+def _ffi_ints():
+    from ._lib import ffi
+    return ffi.new("int *"), ffi.new("int *")
 
 
 global_process_set = ProcessSet()
-global_process_set.process_set_id = 0
+
+
+def _setup_global(size):
+    """Called by init(): the global set is every rank, id 0."""
+    global_process_set.ranks = list(range(size))
+    global_process_set.process_set_id = 0
+    _registered.clear()
+    _registered[0] = global_process_set
+
+
+def _resolve_comm(process_set):
+    """Ranks (in the job) of the members of an mpi4py communicator."""
+    from mpi4py import MPI
+    group = process_set.mpi_comm.Get_group()
+    world = MPI.COMM_WORLD.Get_group()
+    try:
+        ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world)
+    finally:
+        group.Free()
+        world.Free()
+    return sorted(int(r) for r in ranks)
+
+
+def add_process_set(process_set):
+    """Register a process set on every rank (collective; same sets in the same order everywhere).
+
+    Args:
+        process_set: a ``ProcessSet`` or a list of global ranks.
+    Returns:
+        The registered ``ProcessSet`` (with its ``process_set_id``).
+    Raises:
+        ValueError: the set is already registered.
+        HvliteInvalidArgument: bad ranks, ranks differing between ranks, or a duplicate of a
+            registered set (on every rank).
+    """
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if process_set.process_set_id is not None:
+        raise ValueError("%r is already registered" % (process_set,))
+    if process_set.mpi_comm is not None:
+        process_set.ranks = _resolve_comm(process_set)
+    if process_set.ranks is None:
+        raise ValueError("a process set needs ranks or an MPI communicator")
+
+    def finish(h):
+        from ._lib import ffi
+        value = ffi.new("int64_t *")
+        _check(lib.hvl_result_value(h._id, value))
+        return int(value[0])
+    set_id = submit(lib.HVL_PROCESS_SET_ADD, auto_name("add_process_set"), lib.HVL_UINT8, (),
+                    NULL, NULL, None, finish, splits=list(process_set.ranks)).wait()
+    process_set.process_set_id = set_id
+    _registered[set_id] = process_set
+    return process_set
+
+
+def remove_process_set(process_set):
+    """Unregister a process set on every rank (collective). Returns False if it was not
+    registered. Raises ValueError for the global process set."""
+    set_id = getattr(process_set, "process_set_id", None)
+    if set_id == 0:
+        raise ValueError("the global process set cannot be removed")
+    if set_id is None or _registered.get(set_id) is not process_set:
+        return False
+    submit(lib.HVL_PROCESS_SET_REMOVE, auto_name("remove_process_set"), lib.HVL_UINT8, (),
+           NULL, NULL, None, None, root_rank=set_id).wait()
+    del _registered[set_id]
+    process_set.process_set_id = None
+    return True
 
 
 def _set_id(process_set):
     if process_set is None or process_set is global_process_set:
         return 0
-    if isinstance(process_set, ProcessSet) and process_set.process_set_id == 0:
-        return 0
-    raise ValueError("process set %r is not registered with hvlite (only the global "
-                     "process set is supported so far)" % (process_set,))
+    set_id = getattr(process_set, "process_set_id", None)
+    if not isinstance(process_set, ProcessSet) or set_id is None:
+        raise ValueError("process set %r is not registered with hvlite: pass it to "
+                         "hvlite.init(process_sets=[...]) or hvlite.add_process_set()" % (process_set,))
+    return set_id
+
+
+def _set_rank_size(process_set):
+    """(this rank's rank in the set, the set's size); for the global set, (rank(), size())."""
+    return _set_rank_size_by_id(_set_id(process_set))
+
+
+def _set_rank_size_by_id(set_id):
+    size, rank = _ffi_ints()
+    _check(lib.hvl_process_set_info(set_id, size, rank))
+    return rank[0], size[0]

@@ -15,7 +15,7 @@ from ..basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, 
                       size)
 from ..errors import (HorovodInternalError, HvliteError, HvliteInvalidArgument,
                       HvliteShutdownError, HvliteTimeoutError, MismatchError)
-from ..process_sets import ProcessSet, global_process_set
+from ..process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .compression import Compression
 from .functions import allgather_object, broadcast_, broadcast_object, broadcast_variables
 from .gradient_tape import DistributedGradientTape
@@ -27,7 +27,7 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "cross_rank", "cross_size", "mpi_threads_supported", "mpi_built", "mpi_enabled",
            "nccl_built", "gloo_built", "gloo_enabled", "cuda_built", "rocm_built", "ddl_built",
            "ccl_built", "HorovodInternalError", "HvliteError", "HvliteInvalidArgument",
-           "HvliteShutdownError", "HvliteTimeoutError", "MismatchError", "ProcessSet",
+           "HvliteShutdownError", "HvliteTimeoutError", "MismatchError", "ProcessSet", "add_process_set", "remove_process_set",
            "global_process_set", "Compression", "Sum", "Average", "Min", "Max", "Product",
            "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall",
            "reducescatter", "barrier", "join", "size_op", "rank_op", "local_size_op",

@@ -101,18 +101,20 @@ def _outermost_graph(graph):
     return graph
 
 
-def op_name(kind, name=None):
-    """The engine name for one collective call (see the module docstring)."""
+def op_name(kind, name=None, process_set=None):
+    """The engine name for one collective call (see the module docstring); counters are kept
+    per process set, so calls on a set other ranks are not in do not shift their names."""
     if name:
         return name
     if tf.executing_eagerly():
-        return auto_name(kind)
+        return auto_name(kind, process_set)
     graph = _outermost_graph(tf.compat.v1.get_default_graph())
     counters = getattr(graph, "_hvlite_name_counters", None)
     if counters is None:
         counters = graph._hvlite_name_counters = collections.Counter()
-    index = counters[kind]
-    counters[kind] += 1
+    key = (kind, getattr(process_set, "process_set_id", None) or 0)
+    index = counters[key]
+    counters[key] += 1
     return "%s.%s.%d" % (graph.name, kind, index)
 
 

@@ -13,10 +13,9 @@ import math
 import numpy as np
 
 from .._lib import lib
-from ..basics import rank, size
 from ..dtypes import to_engine
 from ..handles import address, submit
-from ..process_sets import _set_id
+from ..process_sets import _set_id, _set_rank_size
 
 ALIGNMENT = 64
 
@@ -67,7 +66,7 @@ def reducescatter_async(array, name, op, prescale, postscale, process_set):
     src = _contiguous(array)
     if src.ndim == 0:
         raise ValueError("reducescatter needs an array with at least one dimension")
-    rows = lib.hvl_reducescatter_rows(src.shape[0], rank(), size())
+    rows = lib.hvl_reducescatter_rows(src.shape[0], *_set_rank_size(process_set))
     out = aligned_empty((rows,) + src.shape[1:], src.dtype)
     return submit(lib.HVL_REDUCESCATTER, name, to_engine(src.dtype), src.shape, address(src),
                   address(out), (src, out), lambda h: out, reduce_op=op,

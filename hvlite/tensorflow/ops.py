@@ -19,8 +19,8 @@ The ``device_*`` arguments are accepted for compatibility; data goes through hos
 import tensorflow as tf
 
 from .. import ops as _np
-from ..basics import rank as _rank, size as _size
-from ..process_sets import global_process_set
+from ..basics import rank as _rank
+from ..process_sets import _set_rank_size, _set_rank_size_by_id, global_process_set
 from . import _engine
 from ._bridge import library, needs_gradient, np_dtype, op_name, run, submit_all, wait_all
 from .compression import Compression
@@ -53,8 +53,8 @@ def _floating(tensors):
     return all(t.dtype.is_floating for t in tensors) and needs_gradient()
 
 
-def _group_names(kind, name, n):
-    base = op_name(kind, name)
+def _group_names(kind, name, n, process_set=None):
+    base = op_name(kind, name, process_set)
     return [base] if n == 1 and name else ["%s.%d" % (base, i) for i in range(n)]
 
 
@@ -87,7 +87,7 @@ def _allreduce_group(tensors, names, op, pre, post, process_set):
             if op not in (Sum, Average):
                 raise NotImplementedError("allreduce has a gradient for op Sum and Average only")
             dys = [tf.convert_to_tensor(d) for d in dys]
-            return _allreduce_group(dys, _group_names("allreduce.grad", None, len(dys)), op,
+            return _allreduce_group(dys, _group_names("allreduce.grad", None, len(dys), process_set), op,
                                     pre, post, process_set)
         return ys, grad
     return list(forward(*tensors))
@@ -97,8 +97,8 @@ def _sparse_allreduce(slices, op, pre, post, name, process_set):
     if op not in (Sum, Average):
         raise ValueError("allreduce of tf.IndexedSlices supports op Sum and Average only")
     values, indices = _allgather_group([_tensor(slices.values), _tensor(slices.indices)],
-                                       _group_names("allreduce.sparse", name, 2), process_set)
-    scale = pre * post / (_size() if op == Average else 1)
+                                       _group_names("allreduce.sparse", name, 2, process_set), process_set)
+    scale = pre * post / (_set_rank_size(process_set)[1] if op == Average else 1)
     if scale != 1.0:
         values = values * tf.cast(scale, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
@@ -132,7 +132,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
         return _sparse_allreduce(tensor, op, prescale_factor, postscale_factor, name, process_set)
     tensor = _tensor(tensor)
     compressed, ctx = compression.compress(tensor)
-    out = _allreduce_group([compressed], [op_name("allreduce", name)], op, prescale_factor,
+    out = _allreduce_group([compressed], [op_name("allreduce", name, process_set)], op, prescale_factor,
                            postscale_factor, process_set)[0]
     return compression.decompress(out, ctx)
 
@@ -151,7 +151,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
     tensors = list(tensors)
     dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     results = [None] * len(tensors)
-    names = _group_names("grouped_allreduce", name, len(tensors))
+    names = _group_names("grouped_allreduce", name, len(tensors), process_set)
     if dense:
         packed = [compression.compress(_tensor(tensors[i])) for i in dense]
         outs = _allreduce_group([p[0] for p in packed], [names[i] for i in dense], op,
@@ -172,7 +172,7 @@ def _allgather_raw(tensors, names, process_set):
                        tensors, names, [t.dtype for t in tensors])
     for out, t in zip(outs, tensors):
         if t.shape.rank == 0:
-            out.set_shape([_size()])
+            out.set_shape([_set_rank_size(process_set)[1]])
         elif t.shape.rank is not None:
             out.set_shape([None] + t.shape.as_list()[1:])
     return outs
@@ -187,12 +187,12 @@ def _allgather_group(tensors, names, process_set):
         y = _allgather_raw([x], names, process_set)[0]
 
         def grad(dy):
-            summed = _allreduce_raw([tf.convert_to_tensor(dy)], [op_name("allgather.grad")],
+            summed = _allreduce_raw([tf.convert_to_tensor(dy)], [op_name("allgather.grad", None, process_set)],
                                     Sum, 1.0, 1.0, process_set)[0]
             rows = tf.reshape(tf.cast(tf.size(x) if x.shape.rank == 0 else tf.shape(x)[0],
                                       tf.int64), [1])
-            all_rows = _allgather_raw([rows], [op_name("allgather.grad.rows")], process_set)[0]
-            offset = tf.reduce_sum(all_rows[:_rank()])
+            all_rows = _allgather_raw([rows], [op_name("allgather.grad.rows", None, process_set)], process_set)[0]
+            offset = tf.reduce_sum(all_rows[:_set_rank_size(process_set)[0]])
             return tf.reshape(summed[offset:offset + rows[0]], tf.shape(x))
         return y, grad
     return [forward(tensors[0])]
@@ -213,7 +213,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
     Raises:
         As ``allreduce``.
     """
-    return _allgather_group([_tensor(tensor)], [op_name("allgather", name)], process_set)[0]
+    return _allgather_group([_tensor(tensor)], [op_name("allgather", name, process_set)], process_set)[0]
 
 
 # ---- broadcast ----
@@ -243,7 +243,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
         As ``allreduce``.
     """
     tensor = _tensor(tensor)
-    names = [op_name("broadcast", name)]
+    names = [op_name("broadcast", name, process_set)]
     if not _floating([tensor]):
         return _broadcast_raw([tensor], names, root_rank, process_set)[0]
 
@@ -252,7 +252,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
         y = _broadcast_raw([x], names, root_rank, process_set)[0]
 
         def grad(dy):
-            summed = _allreduce_raw([tf.convert_to_tensor(dy)], [op_name("broadcast.grad")],
+            summed = _allreduce_raw([tf.convert_to_tensor(dy)], [op_name("broadcast.grad", None, process_set)],
                                     Sum, 1.0, 1.0, process_set)[0]
             return summed if _rank() == root_rank else tf.zeros_like(summed)
         return y, grad
@@ -268,7 +268,7 @@ def _alltoall_raw(tensor, splits, name, process_set):
         return [out, received.astype("int32")]
     out, received = run(np_fn, [tensor, splits], [tensor.dtype, tf.int32])
     out.set_shape([None] + tensor.shape.as_list()[1:])
-    received.set_shape([_size()])
+    received.set_shape([_set_rank_size(process_set)[1]])
     return out, received
 
 
@@ -294,13 +294,13 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     if tensor.shape.rank == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension")
     if splits is None:
-        n = _size()
+        n = _set_rank_size(process_set)[1]
         dim0 = tf.shape(tensor, out_type=tf.int64)[0]
         tf.debugging.assert_equal(dim0 % n, tf.constant(0, tf.int64), message=(
             "alltoall without splits needs dim 0 divisible by the number of ranks (%d)" % n))
         splits = tf.fill([n], dim0 // n)
     splits = tf.cast(tf.reshape(splits, [-1]), tf.int64)
-    name = op_name("alltoall", name)
+    name = op_name("alltoall", name, process_set)
     if not _floating([tensor]):
         return _alltoall_raw(tensor, splits, name, process_set)
 
@@ -310,7 +310,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
 
         def grad(dy, _):
             back, _ = _alltoall_raw(tf.convert_to_tensor(dy), tf.cast(received, tf.int64),
-                                    op_name("alltoall.grad"), process_set)
+                                    op_name("alltoall.grad", None, process_set), process_set)
             return back
         return (out, received), grad
     return forward(tensor)
@@ -341,14 +341,15 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
     if tensor.shape.rank == 0:
         raise ValueError("reducescatter needs a tensor with at least one dimension")
     compressed, ctx = compression.compress(tensor)
-    name = op_name("reducescatter", name)
+    name = op_name("reducescatter", name, process_set)
 
     def raw(x):
         out = _collective(lambda a, n: _engine.reducescatter_async(
             a, n, op, prescale_factor, postscale_factor, process_set), [x], [name], [x.dtype])[0]
         dims = x.shape.as_list()
         if dims[0] is not None:
-            dims[0] = dims[0] // _size() + (1 if _rank() < dims[0] % _size() else 0)
+            set_rank, set_size = _set_rank_size(process_set)
+            dims[0] = dims[0] // set_size + (1 if set_rank < dims[0] % set_size else 0)
         out.set_shape(dims)
         return out
 
@@ -358,9 +359,9 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
     @tf.custom_gradient
     def forward(x):
         def grad(dy):
-            full = _allgather_raw([tf.convert_to_tensor(dy)], [op_name("reducescatter.grad")],
+            full = _allgather_raw([tf.convert_to_tensor(dy)], [op_name("reducescatter.grad", None, process_set)],
                                   process_set)[0]
-            scale = prescale_factor * postscale_factor / (_size() if op == Average else 1)
+            scale = prescale_factor * postscale_factor / (_set_rank_size(process_set)[1] if op == Average else 1)
             return full * tf.cast(scale, full.dtype) if scale != 1.0 else full
         return raw(x), grad
     return compression.decompress(forward(compressed), ctx)
@@ -389,13 +390,13 @@ def join():
 
 
 def size_op(process_set_id=0):
-    """The number of ranks, as an int32 tensor."""
-    return tf.constant(_size(), tf.int32)
+    """The number of ranks in process set `process_set_id` (0: the job), as an int32 tensor."""
+    return tf.constant(_set_rank_size_by_id(process_set_id)[1], tf.int32)
 
 
 def rank_op(process_set_id=0):
-    """This rank, as an int32 tensor."""
-    return tf.constant(_rank(), tf.int32)
+    """This rank within process set `process_set_id` (0: the job), as an int32 tensor."""
+    return tf.constant(_set_rank_size_by_id(process_set_id)[0], tf.int32)
 
 
 def local_size_op():

@@ -23,7 +23,7 @@ from .. import ops as _np_ops
 from .._lib import lib
 from ..basics import rank, size
 from ..handles import NULL, Handle, auto_name, pointer, result_into, submit
-from ..process_sets import _set_id
+from ..process_sets import _set_id, _set_rank_size
 from .compression import Compression
 
 Sum, Average, Min, Max, Product = (_np_ops.Sum, _np_ops.Average, _np_ops.Min, _np_ops.Max,
@@ -78,7 +78,7 @@ def _empty_result(dtype):
 # ---- allreduce ----
 
 def _allreduce_submit(src, out, name, op, prescale, postscale, process_set, finish):
-    return submit(lib.HVL_ALLREDUCE, name or auto_name("allreduce"), _engine_dtype(src),
+    return submit(lib.HVL_ALLREDUCE, name or auto_name("allreduce", process_set), _engine_dtype(src),
                   tuple(src.shape), _ptr(src), _ptr(out), (src, out), finish, reduce_op=op,
                   prescale=float(prescale), postscale=float(postscale),
                   process_set=_set_id(process_set))
@@ -162,14 +162,14 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                             postscale_factor=1.0, process_set=None):
     return _np_ops._submit_group(lambda t, n: allreduce_async(t, average, n, op, prescale_factor,
                                                               postscale_factor, process_set),
-                                 tensors, name, "grouped_allreduce")
+                                 tensors, name, "grouped_allreduce", process_set)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=None):
     """Allreduce a list of tensors submitted together, so they fuse; differentiable (tensors
     that need gradients go one by one through ``allreduce``)."""
-    names = _np_ops._group_names(name, "grouped_allreduce", len(tensors))
+    names = _np_ops._group_names(name, "grouped_allreduce", len(tensors), process_set)
     if any(t.requires_grad for t in tensors):
         return [allreduce(t, average, n, compression, op, prescale_factor, postscale_factor,
                           process_set) for t, n in zip(tensors, names)]
@@ -183,7 +183,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
                              postscale_factor=1.0, process_set=None):
     return _np_ops._submit_group(lambda t, n: allreduce_async_(t, average, n, op, prescale_factor,
                                                                postscale_factor, process_set),
-                                 tensors, name, "grouped_allreduce")
+                                 tensors, name, "grouped_allreduce", process_set)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -197,7 +197,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 def allgather_async(tensor, name=None, process_set=None):
     """Start an allgather; the result concatenates every rank's tensor along dim 0."""
     src = _contiguous(tensor).detach()
-    return submit(lib.HVL_ALLGATHER, name or auto_name("allgather"), _engine_dtype(src),
+    return submit(lib.HVL_ALLGATHER, name or auto_name("allgather", process_set), _engine_dtype(src),
                   tuple(src.shape), _ptr(src), NULL, (src,),
                   lambda h: result_into(h, _empty_result(src.dtype)),
                   process_set=_set_id(process_set))
@@ -216,7 +216,7 @@ class _AllgatherFn(torch.autograd.Function):
         summed = allreduce_async(grad, op=Sum, process_set=ctx.process_set).wait()
         rows = allgather_async(torch.tensor([ctx.rows], dtype=torch.int64),
                                process_set=ctx.process_set).wait()
-        start = int(rows[:rank()].sum())
+        start = int(rows[:_set_rank_size(ctx.process_set)[0]].sum())
         mine = summed.narrow(0, start, ctx.rows)
         return (mine.reshape(()) if ctx.scalar else mine), None, None
 
@@ -229,7 +229,7 @@ def allgather(tensor, name=None, process_set=None):
 
 def grouped_allgather_async(tensors, name=None, process_set=None):
     return _np_ops._submit_group(lambda t, n: allgather_async(t, n, process_set), tensors, name,
-                                 "grouped_allgather")
+                                 "grouped_allgather", process_set)
 
 
 def grouped_allgather(tensors, name=None, process_set=None):
@@ -241,7 +241,7 @@ def grouped_allgather(tensors, name=None, process_set=None):
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
     src = _contiguous(tensor).detach()
     out = torch.empty_like(src, memory_format=torch.contiguous_format)
-    return submit(lib.HVL_BROADCAST, name or auto_name("broadcast"), _engine_dtype(src),
+    return submit(lib.HVL_BROADCAST, name or auto_name("broadcast", process_set), _engine_dtype(src),
                   tuple(src.shape), _ptr(src), _ptr(out), (src, out), lambda h: out,
                   root_rank=int(root_rank), process_set=_set_id(process_set))
 
@@ -250,7 +250,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     target = _check_tensor(tensor)
     buf = target.detach() if target.is_contiguous() else target.detach().contiguous()
     finish = _inplace_finish(target, buf)
-    return submit(lib.HVL_BROADCAST, name or auto_name("broadcast"), _engine_dtype(buf),
+    return submit(lib.HVL_BROADCAST, name or auto_name("broadcast", process_set), _engine_dtype(buf),
                   tuple(buf.shape), _ptr(buf), _ptr(buf), (buf, target), finish,
                   root_rank=int(root_rank), process_set=_set_id(process_set))
 
@@ -282,7 +282,7 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
 def alltoall_async(tensor, splits=None, name=None, process_set=None):
     src = _contiguous(tensor).detach()
     split_list = None if splits is None else [int(s) for s in torch.as_tensor(splits).reshape(-1)]
-    n = size()
+    n = _set_rank_size(process_set)[1]
 
     def finish(h):
         out = result_into(h, _empty_result(src.dtype))
@@ -290,7 +290,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
             return out
         from ..handles import received_splits
         return out, torch.from_numpy(received_splits(h, n))
-    return submit(lib.HVL_ALLTOALL, name or auto_name("alltoall"), _engine_dtype(src),
+    return submit(lib.HVL_ALLTOALL, name or auto_name("alltoall", process_set), _engine_dtype(src),
                   tuple(src.shape), _ptr(src), NULL, (src,), finish, splits=split_list,
                   process_set=_set_id(process_set))
 
@@ -298,7 +298,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
 class _AlltoallFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        n = size()
+        n = _set_rank_size(process_set)[1]
         if splits is None:
             splits = [tensor.shape[0] // n] * n
         out, received = alltoall_async(tensor, splits, name, process_set).wait()
@@ -327,9 +327,9 @@ def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_f
     src = _contiguous(tensor).detach()
     if src.dim() == 0:
         raise ValueError("reducescatter needs a tensor with at least one dimension")
-    rows = lib.hvl_reducescatter_rows(src.shape[0], rank(), size())
+    rows = lib.hvl_reducescatter_rows(src.shape[0], *_set_rank_size(process_set))
     out = torch.empty((rows,) + tuple(src.shape[1:]), dtype=src.dtype)
-    return submit(lib.HVL_REDUCESCATTER, name or auto_name("reducescatter"), _engine_dtype(src),
+    return submit(lib.HVL_REDUCESCATTER, name or auto_name("reducescatter", process_set), _engine_dtype(src),
                   tuple(src.shape), _ptr(src), _ptr(out), (src, out), lambda h: out,
                   reduce_op=_reduce_op(None, op), prescale=float(prescale_factor),
                   postscale=float(postscale_factor), process_set=_set_id(process_set))
@@ -346,7 +346,7 @@ class _ReducescatterFn(torch.autograd.Function):
         op, process_set, scale = ctx.args
         full = allgather_async(grad, process_set=process_set).wait()
         if op == Average:
-            scale /= size()
+            scale /= _set_rank_size(process_set)[1]
         return (full * scale if scale != 1.0 else full), None, None, None, None, None
 
 
@@ -362,7 +362,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=None, proc
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=None,
                           process_set=None, prescale_factor=1.0, postscale_factor=1.0):
-    names = _np_ops._group_names(name, "grouped_reducescatter", len(tensors))
+    names = _np_ops._group_names(name, "grouped_reducescatter", len(tensors), process_set)
     return [reducescatter(t, n, compression, op, process_set, prescale_factor, postscale_factor)
             for t, n in zip(tensors, names)]
 

@@ -19,7 +19,7 @@ import warnings
 
 import torch
 
-from ..basics import size
+from ..process_sets import _set_rank_size
 from ..handles import burst
 from ..objects import allgather_object
 from .compression import Compression
@@ -87,7 +87,7 @@ class _DistributedOptimizer:
 
     def _check_same_model_everywhere(self):
         mine = [(self._names[p], tuple(p.shape), str(p.dtype)) for p in self._params]
-        everyone = allgather_object(mine, name="DistributedOptimizer.check")
+        everyone = allgather_object(mine, name="DistributedOptimizer.check", process_set=self._process_set)
         for r, theirs in enumerate(everyone):
             if theirs != mine:
                 diff = [(a, b) for a, b in zip(mine, theirs) if a != b][:3]
@@ -171,7 +171,7 @@ class _DistributedOptimizer:
         indices, values = (h.wait() for h in handles)
         summed = torch.sparse_coo_tensor(indices.t(), values, p.grad.shape,
                                          check_invariants=True).coalesce()   # indices came from other ranks
-        p.grad = summed / size() if self._op == Average else summed
+        p.grad = summed / _set_rank_size(self._process_set)[1] if self._op == Average else summed
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -216,7 +216,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             (Average only), to keep float16 sums in range.
         num_groups / groups: submit gradients in groups (all of a group once it is complete).
         sparse_as_dense: densify sparse gradients instead of allgathering them.
-        process_set: None (all ranks).
+        process_set: the ProcessSet whose members average these gradients (None: every rank).
         bucket_bytes: (hvlite) without groups, gradients are submitted in backward order each
             time this many bytes are ready, and the rest at step, as one burst the engine fuses.
             0 submits each gradient when it is ready (Horovod's behaviour). The default, 25 MiB,

@@ -15,7 +15,7 @@ from ...basics import (cross_rank, cross_size, init, is_initialized, local_rank,
                        mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
                        shutdown, size)
 from ...errors import HorovodInternalError, HvliteError, MismatchError
-from ...process_sets import ProcessSet, global_process_set
+from ...process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .. import functions as _functions
 from .. import ops as _ops
 from ..compression import Compression
@@ -26,7 +26,7 @@ from .optimizer import DistributedOptimizer, is_distributed, wrap_in_place
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
            "cross_rank", "cross_size", "mpi_threads_supported", "mpi_built", "mpi_enabled",
-           "nccl_built", "HorovodInternalError", "HvliteError", "MismatchError", "ProcessSet",
+           "nccl_built", "HorovodInternalError", "HvliteError", "MismatchError", "ProcessSet", "add_process_set", "remove_process_set",
            "global_process_set", "Compression", "Sum", "Average", "Min", "Max", "Product",
            "DistributedOptimizer", "broadcast_global_variables", "allreduce", "allgather",
            "broadcast", "reducescatter", "load_model", "callbacks"]
