@@ -39,6 +39,7 @@ static const param_def table[] = {
     {"AUTOTUNE_LOG", P_OTHER, 0, "", "autotune samples CSV (issue 5)"},
     {"SHM_DISABLE", P_OTHER, 0, "0", "disable the shared-memory backend (issue 6)"},
     {"HIERARCHICAL_ALLREDUCE", P_OTHER, 0, "0", "hierarchical allreduce (issue 6)"},
+    {"DYNAMIC_PROCESS_SETS", P_OTHER, 0, "1", "accepted for Horovod scripts: sets may always be added at run time"},
     {"MPICC", P_OTHER, 0, "", "build time: the MPI compiler wrapper to build against"},
     {"MPIEXEC", P_OTHER, 0, "", "hvlrun: the mpiexec to launch with"},
     {"TEST_TIMEOUT_MULTIPLIER", P_OTHER, 0, "1", "tests: stretch every job timeout"},

@@ -14,16 +14,17 @@ import hvlite as hvd
 from reference import DTYPES, assert_equal, inputs, reduce
 
 RANK, SIZE = hvd.rank(), hvd.size()
-EVEN = [r for r in range(SIZE) if r % 2 == 0]
-ODD = [r for r in range(SIZE) if r % 2 == 1]
+LOW = list(range((SIZE + 1) // 2))          # {0} {1} at 2 ranks; {0,1} {2} at 3
+HIGH = list(range((SIZE + 1) // 2, SIZE))
+IN_LOW = RANK in LOW
 
 
 @pytest.fixture
 def halves():
-    """The even and the odd ranks as two sets; this rank's set first."""
-    even, odd = hvd.add_process_set(EVEN), hvd.add_process_set(ODD)
-    yield (even, odd) if RANK % 2 == 0 else (odd, even)
-    assert hvd.remove_process_set(even) and hvd.remove_process_set(odd)
+    """The lower and the upper ranks as two disjoint sets; this rank's set first."""
+    low, high = hvd.add_process_set(LOW), hvd.add_process_set(HIGH)
+    yield (low, high) if IN_LOW else (high, low)
+    assert hvd.remove_process_set(low) and hvd.remove_process_set(high)
 
 
 def check_all_ops(ps, seed, tag):
@@ -76,20 +77,20 @@ def test_disjoint_sets_every_op_and_dtype(halves):
 
 
 def test_disjoint_sets_run_concurrently(halves):
-    """The odd ranks hold their set up for a second; meanwhile the even set completes 30
-    collectives (a single negotiation for all sets must not make one set wait for another)."""
+    """The upper set is held up for a second; meanwhile the lower set completes 30 collectives
+    (one negotiation for all sets must not make one set wait for another)."""
     mine, _ = halves
     if SIZE == 1:
         pytest.skip("needs two ranks")
     start = time.monotonic()
-    if RANK % 2 == 1:
+    if not IN_LOW:
         time.sleep(1.0)
     for i in range(30):
         got = hvd.allreduce(np.full(2, RANK, np.float64), op=hvd.Sum, process_set=mine, name="concurrent.%d" % i)
         assert (got == sum(mine.ranks)).all()
     elapsed = time.monotonic() - start
-    if RANK % 2 == 0:
-        assert elapsed < 0.9, "the even set waited for the odd one: %.2f s" % elapsed
+    if IN_LOW:
+        assert elapsed < 0.9, "the lower set waited for the upper one: %.2f s" % elapsed
     hvd.barrier()
 
 
@@ -202,7 +203,7 @@ def test_torch_distributed_optimizer_on_a_set(halves):
         assert torch.allclose(p, q, rtol=1e-10, atol=1e-12), name
     rows = thvd.allgather(model[0].weight.detach().reshape(1, -1), name="halves.weights")
     for r in range(SIZE):
-        same_half = (r % 2) == (RANK % 2)
+        same_half = (r in LOW) == IN_LOW
         assert torch.equal(rows[r], rows[RANK]) == same_half, (r, same_half)
 
 

@@ -86,7 +86,8 @@ def test_collective_before_init_and_after_shutdown():
 import numpy as np, hvlite
 try:
     hvlite.allreduce(np.ones(2))
-except hvlite.HvliteShutdownError as e:
+except ValueError as e:      # HvliteNotInitializedError, a ValueError as in Horovod
+    assert isinstance(e, hvlite.HvliteNotInitializedError)
     print('before:', e)
 hvlite.init(); hvlite.init()   # idempotent
 hvlite.shutdown()
@@ -115,3 +116,27 @@ def test_unknown_setting_warns_and_horovod_alias_is_read():
 def test_init_rejects_unsupported_arguments():
     with pytest.raises(ValueError, match="comm"):
         hvd.init(comm=object())
+
+
+def test_init_twice_with_other_settings_raises():
+    code = """
+import os, hvlite
+hvlite.init(); hvlite.init()                       # same settings: a no-op
+os.environ['HVLITE_CYCLE_TIME'] = '5'
+try:
+    hvlite.init()
+except ValueError as e:
+    print('env:', e)
+del os.environ['HVLITE_CYCLE_TIME']
+try:
+    hvlite.init(process_sets=[hvlite.ProcessSet([0])])
+except ValueError as e:
+    print('sets:', e)
+hvlite.init(process_sets='dynamic')                # asks for nothing new
+print('size', hvlite.global_process_set.size(), hvlite.global_process_set.rank())
+"""
+    r = run_py(code)
+    assert "env: hvlite.init() was called again with different settings: HVLITE_CYCLE_TIME changed" in r.stdout, \
+        r.stdout + r.stderr
+    assert "sets: hvlite.init() was called again with process_sets=[[0]]" in r.stdout, r.stdout + r.stderr
+    assert "size 1 0" in r.stdout, r.stdout + r.stderr
