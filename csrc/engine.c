@@ -83,6 +83,7 @@ static int startup(hvl_engine *e)
     HVL_CHECK(hvl__psets_create(e));
     if (e->params.cache_capacity > 0) HVL_CHECK(hvl__cache_create(&e->cache, e->params.cache_capacity));
     if (e->rank == 0) HVL_CHECK(hvl__coordinator_create(&e->coordinator, e));
+    HVL_CHECK(hvl__autotune_start(e));
     e->bit_words = 1 + (e->params.cache_capacity + 63) / 64;
     e->bits_mine = calloc((size_t)e->bit_words * 3, sizeof(uint64_t));
     if (!e->bits_mine) return HVL_ERR_NO_MEMORY;
@@ -97,6 +98,7 @@ static void teardown(hvl_engine *e, int clean)
 {
     hvl__cache_destroy(e->cache);
     hvl__coordinator_destroy(e->coordinator);
+    hvl__autotune_stop(e);
     hvl__psets_destroy(e, clean);
     free(e->bits_mine);
     free(e->fusion_buf);
@@ -142,12 +144,14 @@ static int run_cycles(hvl_engine *e)
 {
     hvl_response_list agreed = {0};
     int rc = HVL_OK;
-    double cycle_s = e->params.cycle_time_ms * 1e-3;
     while (rc == HVL_OK) {
+        double cycle_s = e->params.cycle_time_ms * 1e-3;   /* autotune may change it */
         wait_for_work(e, hvl__now() + (e->pending_head ? cycle_s : IDLE_TICK_S));
+        double woke = hvl__now();
         rc = hvl__queue_drain(e);
         if (rc == HVL_OK) rc = hvl__negotiate(e, &agreed);
         if (rc == HVL_OK) rc = hvl__execute(e, &agreed);
+        if (rc == HVL_OK) hvl__autotune_cycle(e, &agreed, woke);
         hvl__responses_clear(&agreed);
     }
     free(agreed.items);

@@ -4,7 +4,8 @@
  * Allgathers of one dtype fuse the same way (sized by the agreed response, i.e. the first
  * rank's shape, so every rank decides alike). Other ops run one per batch. Every rank sees
  * the same responses in the same order and the same
- * threshold (rank 0's, broadcast at start), so every rank builds the same batches.
+ * threshold (rank 0's, broadcast at start; autotune changes it on every rank in the same
+ * negotiation round), so every rank builds the same batches.
  * bg thread only. */
 #include <stdlib.h>
 #include "internal.h"

@@ -162,6 +162,26 @@ int64_t hvl_reducescatter_rows(int64_t dim0, int rank, int size);
 int hvl_dtype_size(int dtype);         /* bytes per element, 0 for an unknown dtype */
 
 int hvl_get_counters(hvl_counters *out);
+
+typedef enum {
+    HVL_AUTOTUNE_OFF = 0,       /* HVLITE_AUTOTUNE not set: the values are the settings */
+    HVL_AUTOTUNE_TUNING = 1,    /* measuring samples; the values change between them */
+    HVL_AUTOTUNE_CONVERGED = 2  /* settled: the values stay as they are until shutdown */
+} hvl_autotune_state;
+
+/* The engine's live tunable values: the settings (rank 0's) at start, then autotune's. Every
+ * rank takes a change in the same negotiation round, so all ranks report the same values once
+ * they have run the same cycles (e.g. after any collective that followed the change). */
+typedef struct {
+    int64_t fusion_threshold;   /* bytes one fused collective may carry */
+    double cycle_time_ms;       /* the engine's tick while requests are pending */
+    int response_cache;         /* 1: repeated requests are agreed through the response cache;
+                                   0: every request goes through rank 0 (or no cache) */
+    int autotune;               /* hvl_autotune_state */
+    int64_t autotune_samples;   /* samples measured, warm-up included, as of the last change */
+} hvl_tuning;
+/* HVL_ERR_SHUT_DOWN when the engine is not running. */
+int hvl_get_tuning(hvl_tuning *out);
 const char *hvl_last_error(void);      /* thread-local; never NULL */
 /* --- cffi cdef ends --- */
 

@@ -2,7 +2,8 @@
  *
  * Threads: "user" threads call hvl_enqueue/hvl_wait/...; the one background ("bg") thread runs
  * the cycle. Each shared field below names the lock that guards it. Lock order, written once:
- * queue_lock before handle_lock; never take queue_lock while holding handle_lock.
+ * queue_lock before handle_lock; never take queue_lock while holding handle_lock. autotune.c's
+ * tuning_lock is a leaf: nothing else is taken while it is held.
  * Atomic flags (shutdown_requested, fatal) use acquire/release: a reader that sees the flag set
  * also sees what was written before it.
  */
@@ -24,6 +25,7 @@ enum { HVL_LOG_TRACE = 0, HVL_LOG_DEBUG, HVL_LOG_INFO, HVL_LOG_WARNING, HVL_LOG_
 typedef struct hvl_engine hvl_engine;
 
 /* ---- settings (param.c) ---- */
+#define HVL_PATH_LEN 1024           /* longest file path setting, with its NUL */
 typedef struct {
     int64_t fusion_threshold;   /* bytes; one fused collective carries at most this much */
     int64_t allreduce_piece;    /* bytes an allreduce moves per collective call (0 = all) */
@@ -33,6 +35,12 @@ typedef struct {
     double stall_shutdown_s;    /* stop the engine on every rank over such a tensor; 0 = off */
     double peer_timeout_s;      /* a negotiation round that takes longer fails the engine */
     int log_level;
+    int autotune;               /* 1: autotune.c tunes fusion threshold, cycle time, cache use */
+    int autotune_warmup;        /* samples measured and discarded before the search */
+    int autotune_steps;         /* engine cycles that did work per sample */
+    int autotune_max_samples;   /* samples the search scores before it settles */
+    double autotune_noise;      /* the search's noise variance on standardised scores */
+    char autotune_log[HVL_PATH_LEN];   /* CSV of every sample (rank 0); "" = none */
 } hvl_params;
 
 void hvl__params_load(hvl_params *p);           /* reads HVLITE_* (and HOROVOD_*); cannot fail */
@@ -221,6 +229,34 @@ int hvl__counts_fit_int(const int64_t *bytes, int n, const char *what);
  * Errors agreed this way are not fatal: the engine fails the batch and goes on. */
 int hvl__agree(hvl_pset *ps, int local_rc, const char *what);
 
+/* ---- autotune (autotune.c: samples, agreement, log; tune_search.c: the search) ---- */
+typedef struct hvl_autotune hvl_autotune;
+/* Collective, at startup on every rank: takes rank 0's autotune settings and cycle time, checks
+ * them, opens rank 0's log (a bad setting or log path fails init on every rank with rank 0's
+ * message) and publishes the live values for hvl_get_tuning. */
+int hvl__autotune_start(hvl_engine *e);
+void hvl__autotune_stop(hvl_engine *e);                              /* cannot fail */
+/* 1 on rank 0 when it has new values to hand out (negotiation then runs a sync round). */
+int hvl__autotune_has_update(const hvl_engine *e);
+/* Collective, in one negotiation round on every rank: applies rank 0's new values before that
+ * round's responses run, so every rank fuses alike. */
+int hvl__autotune_sync(hvl_engine *e);
+/* After a cycle that woke at `woke` ran `agreed`: rank 0 adds it to the current sample; a full
+ * sample is scored, logged, and the search picks the values to measure next (or to keep).
+ * Cannot fail (a log that cannot be written is warned about and closed). */
+void hvl__autotune_cycle(hvl_engine *e, const hvl_response_list *agreed, double woke);
+
+typedef struct { int64_t fusion_threshold; double cycle_time_ms; int response_cache; } hvl_tune_point;
+typedef struct hvl_search hvl_search;
+/* A search that scores at most max_samples points; noise: variance on standardised scores. */
+int hvl__search_create(hvl_search **out, int max_samples, double noise, int cache_allowed);
+void hvl__search_destroy(hvl_search *s);
+/* Records one score (bytes/s) of point p; ignored once the search is done. Cannot fail. */
+void hvl__search_add(hvl_search *s, const hvl_tune_point *p, double score);
+int hvl__search_done(const hvl_search *s);                          /* max_samples recorded */
+/* The point to measure next; once done, the point to keep. `first` is returned before any score. */
+void hvl__search_pick(hvl_search *s, const hvl_tune_point *first, hvl_tune_point *out);
+
 /* ---- the engine (engine.c) ---- */
 struct hvl_engine {
     /* set once by the bg thread before init completes, read-only afterwards */
@@ -250,6 +286,8 @@ struct hvl_engine {
     hvl_pset **psets;           /* indexed by set id; NULL where a set was removed */
     int npsets;
     hvl_cache *cache;
+    int cache_bypass;           /* autotune: every request goes through rank 0, not the cache */
+    hvl_autotune *autotune;     /* NULL unless HVLITE_AUTOTUNE */
     hvl_coordinator *coordinator;   /* rank 0 only */
     uint64_t *bits_mine, *bits_all;
     uint64_t *bits_absent;      /* cache slots of sets this rank is not in (negotiate.c) */

@@ -14,6 +14,9 @@
  * Process sets: negotiation always runs among every rank; a rank that is not a member of a
  * cached response's set sets that bit anyway (it has nothing to wait for), so the AND is decided
  * by the members alone, and the coordinator waits for members only.
+ * Autotune: rank 0 clears FLAG_NO_TUNE_UPDATE when it has new values; every rank then takes them
+ * in this round (hvl__autotune_sync), before any of its responses run. While autotune bypasses
+ * the cache (e->cache_bypass), no request sets a cache bit: all go through rank 0.
  * bg thread only. */
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +24,7 @@
 
 #define FLAG_NO_FULL_ROUND ((uint64_t)1 << 0)
 #define FLAG_NO_SHUTDOWN ((uint64_t)1 << 1)
+#define FLAG_NO_TUNE_UPDATE ((uint64_t)1 << 2)
 #define PATIENCE_S 1.0
 
 static int bit_set(const uint64_t *words, int slot) { return (words[1 + slot / 64] >> (slot % 64)) & 1; }
@@ -50,13 +54,14 @@ static int mark_ready(hvl_engine *e)
     for (hvl_entry *en = e->pending_head; en; en = en->next_pending) {
         en->cache_slot = -1;
         if (en->sent) { need_full = 1; continue; }
-        int slot = e->cache ? hvl__cache_find(e->cache, &en->req) : -1;
+        int slot = e->cache && !e->cache_bypass ? hvl__cache_find(e->cache, &en->req) : -1;
         if (slot < 0 || now - en->enqueued_at > PATIENCE_S) { need_full = 1; continue; }
         en->cache_slot = slot;
         e->bits_mine[1 + slot / 64] |= (uint64_t)1 << (slot % 64);
     }
     e->bits_mine[0] = (need_full ? 0 : FLAG_NO_FULL_ROUND) |
-                      (__atomic_load_n(&e->shutdown_requested, __ATOMIC_ACQUIRE) ? 0 : FLAG_NO_SHUTDOWN);
+                      (__atomic_load_n(&e->shutdown_requested, __ATOMIC_ACQUIRE) ? 0 : FLAG_NO_SHUTDOWN) |
+                      (hvl__autotune_has_update(e) ? 0 : FLAG_NO_TUNE_UPDATE);
     return need_full;
 }
 
@@ -187,6 +192,7 @@ int hvl__negotiate(hvl_engine *e, hvl_response_list *out)
     if (!(e->bits_all[0] & FLAG_NO_SHUTDOWN))
         return hvl__fail(HVL_ERR_SHUT_DOWN, "hvlite has been shut down: a rank called shutdown() or "
                          "exited; collectives still pending then cannot complete");
+    if (!(e->bits_all[0] & FLAG_NO_TUNE_UPDATE)) HVL_CHECK(hvl__autotune_sync(e));
     HVL_CHECK(take_cached(e, out));
     if (!(e->bits_all[0] & FLAG_NO_FULL_ROUND)) HVL_CHECK(full_round(e, out));
     if (out->count) hvl_log(HVL_LOG_TRACE, "round: %d agreed, %.1f us", out->count, (hvl__now() - t0) * 1e6);

@@ -9,7 +9,7 @@
 
 extern char **environ;
 
-typedef enum { P_INT64, P_INT, P_DOUBLE, P_LEVEL, P_OTHER } ptype;
+typedef enum { P_INT64, P_INT, P_DOUBLE, P_LEVEL, P_PATH, P_OTHER } ptype;
 typedef struct {
     const char *suffix;     /* after HVLITE_ / HOROVOD_ */
     ptype type;
@@ -33,10 +33,18 @@ static const param_def table[] = {
     {"PEER_TIMEOUT_SECONDS", P_DOUBLE, F(peer_timeout_s), "120",
      "fail the engine when a negotiation round gets no answer for this long"},
     {"LOG_LEVEL", P_LEVEL, F(log_level), "warning", "trace, debug, info, warning or error"},
+    {"AUTOTUNE", P_INT, F(autotune), "0",
+     "1: search fusion threshold, cycle time and response-cache use on measured bytes/s"},
+    {"AUTOTUNE_LOG", P_PATH, F(autotune_log), "", "rank 0 writes every autotune sample to this CSV file"},
+    {"AUTOTUNE_WARMUP_SAMPLES", P_INT, F(autotune_warmup), "3", "autotune samples discarded at start"},
+    {"AUTOTUNE_STEPS_PER_SAMPLE", P_INT, F(autotune_steps), "10",
+     "engine cycles that did work per autotune sample (>= 1)"},
+    {"AUTOTUNE_BAYES_OPT_MAX_SAMPLES", P_INT, F(autotune_max_samples), "20",
+     "autotune samples scored by the search before it settles (1-100)"},
+    {"AUTOTUNE_GAUSSIAN_PROCESS_NOISE", P_DOUBLE, F(autotune_noise), "0.8",
+     "autotune's Gaussian-process noise variance, relative to the scores' variance"},
     /* read elsewhere, listed so they are documented and not warned about */
     {"TIMELINE", P_OTHER, 0, "", "Chrome trace output path (issue 5)"},
-    {"AUTOTUNE", P_OTHER, 0, "0", "search fusion threshold and cycle time (issue 5)"},
-    {"AUTOTUNE_LOG", P_OTHER, 0, "", "autotune samples CSV (issue 5)"},
     {"SHM_DISABLE", P_OTHER, 0, "0", "disable the shared-memory backend (issue 6)"},
     {"HIERARCHICAL_ALLREDUCE", P_OTHER, 0, "0", "hierarchical allreduce (issue 6)"},
     {"DYNAMIC_PROCESS_SETS", P_OTHER, 0, "1", "accepted for Horovod scripts: sets may always be added at run time"},
@@ -66,6 +74,7 @@ static void set_value(hvl_params *p, const param_def *d, const char *value, cons
     case P_INT: { long v = strtol(value, &end, 10); if (*end == 0 && v >= 0) { *(int *)field = (int)v; return; } break; }
     case P_DOUBLE: { double v = strtod(value, &end); if (*end == 0 && v >= 0) { *(double *)field = v; return; } break; }
     case P_LEVEL: { int v = parse_level(value); if (v >= 0) { *(int *)field = v; return; } break; }
+    case P_PATH: if (strlen(value) < HVL_PATH_LEN) { strcpy(field, value); return; } break;
     case P_OTHER: return;
     }
     hvl_log(HVL_LOG_WARNING, "ignoring %s=%s: not a valid value (%s)", from, value, d->doc);

@@ -40,7 +40,7 @@ def make_builder():
         library_dirs=mpi.library_dirs,
         libraries=mpi.libraries,
         extra_compile_args=["-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Wextra"] + mpi.compile_args,
-        extra_link_args=mpi.link_args + ["-lpthread"],
+        extra_link_args=mpi.link_args + ["-lpthread", "-lm"],
     )
     return ffi, mpi
 
