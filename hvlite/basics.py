@@ -16,7 +16,7 @@ from .errors import _check
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
            "cross_rank", "cross_size", "mpi_threads_supported", "mpi_built", "mpi_enabled",
            "nccl_built", "gloo_built", "gloo_enabled", "cuda_built", "rocm_built", "ddl_built",
-           "ccl_built", "shm_built", "engine_counters"]
+           "ccl_built", "shm_built", "engine_counters", "engine_tuning"]
 
 _atexit_registered = False
 
@@ -185,3 +185,29 @@ def engine_counters():
     c = ffi.new("hvl_counters *")
     _check(lib.hvl_get_counters(c))
     return {f: getattr(c, f) for f, _ in ffi.typeof("hvl_counters").fields}
+
+
+_AUTOTUNE_STATES = {lib.HVL_AUTOTUNE_OFF: "off", lib.HVL_AUTOTUNE_TUNING: "tuning",
+                    lib.HVL_AUTOTUNE_CONVERGED: "converged"}
+
+
+def engine_tuning():
+    """The engine's live tunable values: the settings, or what autotune is trying or chose.
+
+    Every rank takes a change of values in the same engine cycle, so once ranks have run the
+    same collectives they report the same values. With ``HVLITE_AUTOTUNE=1`` the state goes from
+    ``"tuning"`` to ``"converged"`` after the warm-up and search samples; the values then stay.
+
+    Returns:
+        A dict: ``fusion_threshold`` (bytes), ``cycle_time_ms`` (float), ``response_cache``
+        (bool: repeated requests are agreed through the response cache), ``autotune``
+        (``"off"``, ``"tuning"`` or ``"converged"``) and ``autotune_samples`` (samples measured,
+        warm-up included, as of the last change of values).
+    Raises:
+        HvliteShutdownError: the engine is not running.
+    """
+    t = ffi.new("hvl_tuning *")
+    _check(lib.hvl_get_tuning(t))
+    return {"fusion_threshold": t.fusion_threshold, "cycle_time_ms": t.cycle_time_ms,
+            "response_cache": bool(t.response_cache), "autotune": _AUTOTUNE_STATES[t.autotune],
+            "autotune_samples": t.autotune_samples}

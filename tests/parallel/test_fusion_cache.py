@@ -77,3 +77,13 @@ def test_fused_allgathers_with_rank_dependent_rows():
     assert list(hvd.synchronize(hs[60])) == list(range(SIZE))
     d = hvd.engine_counters()
     assert d["collectives"] - c0["collectives"] <= 61 // 3, "allgathers were not fused: %r" % d
+
+
+def test_engine_tuning_is_the_settings_on_every_rank():
+    """Without HVLITE_AUTOTUNE the live values are rank 0's settings, the same on every rank."""
+    t = hvd.engine_tuning()
+    assert t["autotune"] == "off" and t["autotune_samples"] == 0, t
+    assert t["response_cache"] is True and t["fusion_threshold"] > 0 and t["cycle_time_ms"] > 0, t
+    row = np.array([[t["fusion_threshold"], t["cycle_time_ms"], t["response_cache"]]], np.float64)
+    every = hvd.allgather(row, name="tuning.values")
+    assert (every == row).all(), every
