@@ -48,6 +48,14 @@ def _count(text: str) -> str:
     return str(int(text))
 
 
+def _positive(text: str) -> str:
+    """Argparse type: an integer >= 1, returned as a string."""
+    value = _count(text)
+    if value == "0":
+        raise argparse.ArgumentTypeError("%r must be at least 1" % text)
+    return value
+
+
 def _mebibytes(text: str) -> str:
     """Argparse type: a size in MiB (fractions allowed), returned as whole bytes."""
     return str(int(float(_number(text)) * 1024 * 1024))
@@ -67,6 +75,17 @@ KNOBS = (
     ("--stall-shutdown-seconds", "HVLITE_STALL_SHUTDOWN_TIME_SECONDS", _count,
      "shut down after a stall of this many seconds (0: never)"),
     ("--log-level", "HVLITE_LOG_LEVEL", str, "engine log level, e.g. warning, info, debug"),
+    ("--autotune", "HVLITE_AUTOTUNE", None,
+     "tune fusion threshold, cycle time and response-cache use on measured throughput"),
+    ("--autotune-log-file", "HVLITE_AUTOTUNE_LOG", str, "rank 0 writes every autotune sample here (CSV)"),
+    ("--autotune-warmup-samples", "HVLITE_AUTOTUNE_WARMUP_SAMPLES", _count,
+     "autotune samples discarded at the start"),
+    ("--autotune-steps-per-sample", "HVLITE_AUTOTUNE_STEPS_PER_SAMPLE", _positive,
+     "engine cycles that did work per autotune sample"),
+    ("--autotune-bayes-opt-max-samples", "HVLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", _positive,
+     "autotune samples the search scores before it settles (at most 100)"),
+    ("--autotune-gaussian-process-noise", "HVLITE_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", _number,
+     "noise variance of autotune's model, relative to the spread of its scores"),
 )
 
 
