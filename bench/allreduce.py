@@ -3,6 +3,7 @@ gloo, and the memory floor (one memcpy of the same bytes), measured in one run.
 
     hvlrun -np 2 python bench/allreduce.py                   # full table
     hvlrun -np 2 python bench/allreduce.py --smoke           # tiny sizes, a few iterations
+    hvlrun -np 2 python bench/allreduce.py --autotune        # + the 160-tensor case tuned
 
 Every case is float32, op Sum, in place, median of --iters calls after warm-up (slowest rank per
 call). hvlite, mpi4py and the memcpy floor are measured first; gloo is started afterwards and
@@ -12,6 +13,8 @@ the MPI-based columns on this 2-core machine (4 KiB mpi4py from 6 to 32 us). "16
 differ from the expected value in a separate checked call.
 """
 import argparse
+import os
+import statistics
 
 import numpy as np
 from mpi4py import MPI
@@ -74,6 +77,80 @@ def many_tensors_gloo(count, nbytes, comm, dist, iters):
     return timed(gloo, comm, iters)
 
 
+def restart_engine(base, extra):
+    """Restart hvlite with exactly the HVLITE_*/HOROVOD_* settings base + extra (mpi4py owns
+    MPI, so hvlite may stop and start again)."""
+    hvd.shutdown()
+    for name in [n for n in os.environ if n.startswith(("HVLITE_", "HOROVOD_"))]:
+        del os.environ[name]
+    os.environ.update(base)
+    os.environ.update(extra)
+    hvd.init()
+
+
+def tune_to_convergence(bufs, comm):
+    """Run the many-tensor step until autotune settled on every rank; returns the steps run."""
+    steps = 0
+    while not comm.allreduce(hvd.engine_tuning()["autotune"] == "converged", op=MPI.LAND):
+        hs = [hvd.allreduce_async_(b, op=hvd.Sum, name="many.%d" % i) for i, b in enumerate(bufs)]
+        for h in hs:
+            hvd.synchronize(h)
+        steps += 1
+    return steps
+
+
+def autotune_case(count, nbytes, comm, iters, rounds, tune_env):
+    """The many-tensor case: autotune (HVLITE_AUTOTUNE=1 + tune_env) run to convergence and timed
+    live; then the start settings vs autotune's choice given as plain settings, the engine
+    restarted for each in turn, `rounds` interleaved rounds. Returns (chosen, steps, rows)."""
+    start = {n: v for n, v in os.environ.items() if n.startswith(("HVLITE_", "HOROVOD_"))}
+    base = {n: v for n, v in start.items() if "AUTOTUNE" not in n}
+    restart_engine(base, dict(tune_env, HVLITE_AUTOTUNE="1"))
+    steps = tune_to_convergence([np.ones(nbytes // 4, np.float32) for _ in range(count)], comm)
+    chosen = hvd.engine_tuning()
+    runs = {"live": [many_tensors_case(count, nbytes, comm, iters)], "start": [], "tuned": []}
+    tuned_env = {"HVLITE_FUSION_THRESHOLD": str(chosen["fusion_threshold"]),
+                 "HVLITE_CYCLE_TIME": repr(chosen["cycle_time_ms"])}
+    if not chosen["response_cache"]:
+        tuned_env["HVLITE_CACHE_CAPACITY"] = "0"
+    values = {"live": chosen}
+    for _ in range(rounds):
+        for key, extra in (("start", {}), ("tuned", tuned_env)):
+            restart_engine(base, extra)
+            values[key] = hvd.engine_tuning()
+            runs[key].append(many_tensors_case(count, nbytes, comm, iters))
+    restart_engine(start, {})
+    t_start = statistics.median(r[0] for r in runs["start"])
+    rows = []
+    for key, label in (("start", "start settings"), ("tuned", "autotune's choice"),
+                       ("live", "autotune, live")):
+        t_hvl = statistics.median(r[0] for r in runs[key])
+        t_mpi = statistics.median(r[1] for r in runs[key])
+        v = values[key]
+        rows.append(["%d x %s, %s" % (count, human(nbytes), label), human(v["fusion_threshold"]),
+                     "%g" % v["cycle_time_ms"], "on" if v["response_cache"] else "off",
+                     ms(t_hvl), ms(t_mpi), ratio(t_hvl, t_mpi), ratio(t_hvl, t_start),
+                     sum(r[2] for r in runs[key])])
+    return chosen, steps, rows
+
+
+def autotune_table(args, comm, many, iters):
+    """--autotune: print the many-tensor case with start settings vs autotune's choice. Autotune
+    runs with the AUTOTUNE settings of the environment (tight ones under --smoke)."""
+    tune_env = {"HVLITE_AUTOTUNE_WARMUP_SAMPLES": "1", "HVLITE_AUTOTUNE_STEPS_PER_SAMPLE": "2",
+                "HVLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "4"} if args.smoke else {}
+    tune_env.update((n, v) for n, v in os.environ.items() if "AUTOTUNE" in n)
+    rounds = 2 if args.smoke else args.rounds
+    chosen, steps, rows = autotune_case(many[0], many[1], comm, iters, rounds, tune_env)
+    if comm.rank == 0:
+        print_table("autotune, %d ranks: settled after %d samples (%d steps); start settings vs "
+                    "autotune's choice as settings, engine restarted for each in turn, median of "
+                    "%d rounds x %d (times in ms)"
+                    % (comm.size, chosen["autotune_samples"], steps, rounds, iters),
+                    ["case", "fusion", "cycle ms", "cache", "hvlite", "mpi4py", "hvl/mpi",
+                     "vs start", "#wrong"], rows)
+
+
 def row(label, nbytes, t_hvl, t_mpi, t_gloo, t_mem, wrong, size):
     algbw = nbytes / t_hvl / 1e9
     busbw = algbw * 2 * (size - 1) / size
@@ -86,6 +163,9 @@ def main():
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--smoke", action="store_true", help="tiny sizes and few iterations (CI)")
     p.add_argument("--no-torch", action="store_true", help="skip the torch gloo column")
+    p.add_argument("--autotune", action="store_true",
+                   help="also: the many-tensor case with start settings vs autotune's choice")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds for --autotune")
     args = p.parse_args()
     comm = MPI.COMM_WORLD
     hvd.init()
@@ -114,6 +194,8 @@ def main():
         print("engine counters:", hvd.engine_counters())
     if dist:
         dist.destroy_process_group()
+    if args.autotune:
+        autotune_table(args, comm, many, iters)
     hvd.shutdown()
 
 

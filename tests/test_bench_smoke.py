@@ -11,3 +11,16 @@ def test_allreduce_bench_smoke():
     assert len(rows) >= 3, out
     for line in rows:
         assert line.rstrip().endswith(" 0"), "wrong results in: " + line
+
+
+def test_allreduce_bench_autotune_smoke():
+    """--autotune: autotune settles (tight settings under --smoke) and its rows are right."""
+    job = run_job(2, ["python", "bench/allreduce.py", "--smoke", "--no-torch", "--autotune"],
+                  timeout=180)
+    out = job.stdout + job.stderr
+    assert job.returncode == 0, out
+    assert "autotune, 2 ranks: settled after 5 samples" in job.stdout, out
+    rows = [line for line in job.stdout.splitlines() if "16 x 4 KiB, " in line]
+    assert len(rows) == 3, out
+    for line in rows:
+        assert line.rstrip().endswith(" 0"), "wrong results in: " + line
