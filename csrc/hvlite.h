@@ -180,7 +180,7 @@ typedef struct {
     int autotune;               /* hvl_autotune_state */
     int64_t autotune_samples;   /* samples measured, warm-up included, as of the last change */
 } hvl_tuning;
-/* HVL_ERR_SHUT_DOWN when the engine is not running. */
+/* HVL_ERR_NOT_INITIALIZED before hvl_init, HVL_ERR_SHUT_DOWN once the engine stopped. */
 int hvl_get_tuning(hvl_tuning *out);
 const char *hvl_last_error(void);      /* thread-local; never NULL */
 /* --- cffi cdef ends --- */

@@ -204,7 +204,7 @@ def engine_tuning():
         (``"off"``, ``"tuning"`` or ``"converged"``) and ``autotune_samples`` (samples measured,
         warm-up included, as of the last change of values).
     Raises:
-        HvliteShutdownError: the engine is not running.
+        HvliteShutdownError: the engine is not running (HvliteNotInitializedError before init).
     """
     t = ffi.new("hvl_tuning *")
     _check(lib.hvl_get_tuning(t))
