@@ -199,6 +199,7 @@ static int complete(hvl_coordinator *c, record_t *rec, hvl_response_list *ready)
     const hvl_response *first = rec->by_rank;
     while (!first->name) first++;
     int rc = decide(c, rec, &resp);
+    if (rc == HVL_OK && hvl__tl_active()) hvl__tl_agreed(resp.name, resp.status, resp.error, 0);
     hvl__strmap_del(&c->table, first->name);
     record_free(c, rec);
     if (rc == HVL_OK) rc = hvl__responses_push(ready, &resp);
@@ -226,6 +227,7 @@ static int add_one(hvl_coordinator *c, int rank, hvl_response *q, hvl_response_l
     }
     rec->by_rank[rank] = *q;
     rec->count++;
+    if (hvl__tl_active()) hvl__tl_arrived(q->name, q->op, rank);
     if (q->op != HVL_JOIN) return is_ready(c, rec) ? complete(c, rec, ready) : HVL_OK;
     c->joined[rank] = 1;            /* it now stands in for every tensor it never submits */
     c->last_joined = rank;
@@ -278,6 +280,7 @@ static int stall_response(hvl_coordinator *c, record_t *rec, double age, double 
              "ranks: %s); HVLITE_STALL_SHUTDOWN_TIME_SECONDS=%g", first->name, age, have, missing,
              shutdown_s);
     hvl_log(HVL_LOG_ERROR, "%s", r.error);
+    if (hvl__tl_active()) hvl__tl_agreed(r.name, r.status, r.error, 0);
     if (hvl__responses_push(ready, &r) != HVL_OK) { free(r.name); free(r.error); return HVL_ERR_NO_MEMORY; }
     hvl__strmap_del(&c->table, first->name);   /* safe while scanning: no rehash */
     record_free(c, rec);
@@ -319,6 +322,7 @@ int hvl__coordinator_stall_check(hvl_coordinator *c, double warn_s, double shutd
                     c->table.slots[i].key, have, age, missing, missing);
             rec->warned = 1;
             hvl__count(&hvl__engine.counters.stall_warnings, 1);
+            if (hvl__tl_active()) hvl__tl_note(c->table.slots[i].key, "STALL", missing);
         }
         if (stop) HVL_CHECK(stall_response(c, rec, age, shutdown_s, have, missing, ready));
     }

@@ -77,13 +77,18 @@ static int startup(hvl_engine *e)
 {
     HVL_CHECK(make_comms(e));
     hvl__log_set(e->params.log_level, e->rank);
+    hvl__params_warn();
     HVL_CHECK(agree_settings(e));
     if (e->rank == 0) hvl__params_log(&e->params);
+    if (e->rank == 0)
+        hvl_log(HVL_LOG_INFO, "hvlite starting: %d ranks on %d hosts, %s, MPI_THREAD_MULTIPLE %s", e->size,
+                e->cross_size, hvl_mpi_vendor(), e->thread_multiple ? "granted" : "not granted");
     HVL_CHECK(hvl__reduce_setup());
     HVL_CHECK(hvl__psets_create(e));
     if (e->params.cache_capacity > 0) HVL_CHECK(hvl__cache_create(&e->cache, e->params.cache_capacity));
     if (e->rank == 0) HVL_CHECK(hvl__coordinator_create(&e->coordinator, e));
     HVL_CHECK(hvl__autotune_start(e));
+    HVL_CHECK(hvl__timeline_startup(e));
     e->bit_words = 1 + (e->params.cache_capacity + 63) / 64;
     e->bits_mine = calloc((size_t)e->bit_words * 3, sizeof(uint64_t));
     if (!e->bits_mine) return HVL_ERR_NO_MEMORY;
@@ -96,6 +101,7 @@ static int startup(hvl_engine *e)
  * agreed stop: after a fatal error the other ranks may never arrive. */
 static void teardown(hvl_engine *e, int clean)
 {
+    hvl__timeline_close();          /* writes what is left; the file ends valid either way */
     hvl__cache_destroy(e->cache);
     hvl__coordinator_destroy(e->coordinator);
     hvl__autotune_stop(e);
@@ -148,10 +154,14 @@ static int run_cycles(hvl_engine *e)
         double cycle_s = e->params.cycle_time_ms * 1e-3;   /* autotune may change it */
         wait_for_work(e, hvl__now() + (e->pending_head ? cycle_s : IDLE_TICK_S));
         double woke = hvl__now();
+        int tl = hvl__tl_active();     /* timeline (rank 0): cycle spans */
+        if (tl) hvl__tl_cycle_begin();
         rc = hvl__queue_drain(e);
         if (rc == HVL_OK) rc = hvl__negotiate(e, &agreed);
+        if (tl) hvl__tl_negotiated();
         if (rc == HVL_OK) rc = hvl__execute(e, &agreed);
         if (rc == HVL_OK) hvl__autotune_cycle(e, &agreed, woke);
+        if (tl) hvl__tl_cycle_end(agreed.count);
         hvl__responses_clear(&agreed);
     }
     free(agreed.items);

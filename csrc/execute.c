@@ -67,7 +67,8 @@ static void move_piece(const hvl_batch *b, cursor_t *cur, char *piece,
  * and copied out while it is still in cache. A lone tensor is reduced in its own output. */
 static int run_allreduce(hvl_engine *e, const hvl_backend *be, hvl_batch *b)
 {
-    int esize = hvl_dtype_size(b->dtype);
+    int esize = hvl_dtype_size(b->dtype), tl = hvl__tl_active();   /* timeline: piece spans */
+    double t_in = 0, t_reduce = 0, t_out = 0;
     int64_t total = b->bytes / esize;
     int64_t piece = e->params.allreduce_piece > 0 ? e->params.allreduce_piece / esize : total;
     if (piece < 1) piece = 1;
@@ -77,9 +78,13 @@ static int run_allreduce(hvl_engine *e, const hvl_backend *be, hvl_batch *b)
             int64_t n = total - off < piece ? total - off : piece;
             const char *src = (const char *)en->req.input + off * esize;
             char *dst = (char *)en->req.output + off * esize;
+            if (tl) t_in = hvl__now();
             if (b->prescale != 1.0) { hvl__scale(dst, src, n, b->dtype, b->prescale); src = dst; }
+            if (tl) t_reduce = hvl__now();
             HVL_CHECK(be->allreduce(e, b->ps, src, dst, n, b->dtype, b->reduce_op));
+            if (tl) t_out = hvl__now();
             finish_values(b, dst, dst, n);
+            if (tl) hvl__tl_piece(t_in, t_reduce, t_out, n * esize);
         }
         return HVL_OK;
     }
@@ -89,9 +94,13 @@ static int run_allreduce(hvl_engine *e, const hvl_backend *be, hvl_batch *b)
     out = in;
     for (int64_t off = 0; off < total; off += piece) {
         int64_t n = total - off < piece ? total - off : piece;
+        if (tl) t_in = hvl__now();
         move_piece(b, &in, e->fusion_buf, n, 1);
+        if (tl) t_reduce = hvl__now();
         HVL_CHECK(be->allreduce(e, b->ps, e->fusion_buf, e->fusion_buf, n, b->dtype, b->reduce_op));
+        if (tl) t_out = hvl__now();
         move_piece(b, &out, e->fusion_buf, n, 0);
+        if (tl) hvl__tl_piece(t_in, t_reduce, t_out, n * esize);
     }
     return HVL_OK;
 }
@@ -144,6 +153,7 @@ static int run_batch(hvl_engine *e, hvl_batch *b, hvl_outcome *o)
     const hvl_backend *be = hvl__backend_for(e, b->ps, b->op, b->dtype, b->bytes);
     hvl_entry *en = b->entries[0];
     int id = 0;
+    b->backend = be ? be->name : "none";
     hvl__count(&e->counters.collectives, is_control(b->op) ? 0 : 1);
     switch (b->op) {
     case HVL_ALLREDUCE: return run_allreduce(e, be, b);
@@ -228,6 +238,7 @@ int hvl__execute(hvl_engine *e, hvl_response_list *agreed)
         rc = run_batch(e, &batches.items[i], o);
         hvl_log(HVL_LOG_TRACE, "batch: %s of %d tensors, %lld bytes, %.1f us", hvl__op_name(batches.items[i].op),
                 batches.items[i].count, (long long)batches.items[i].bytes, (hvl__now() - t0) * 1e6);
+        if (hvl__tl_active()) hvl__tl_batch(&batches.items[i], t0, rc);
         finish_batch(e, &batches.items[i], rc, o);
         free(o);
         if (rc == HVL_ERR_INVALID_ARG) rc = HVL_OK;   /* agreed by every rank: not fatal */

@@ -35,7 +35,7 @@ int hvl__fuse(hvl_engine *e, hvl_response **resps, hvl_entry **entries, int n, h
         const hvl_response *r = resps[i];
         hvl_batch *b = &out->items[out->count++];
         *b = (hvl_batch){r->op, r->dtype, r->reduce_op, r->root_rank, r->prescale, r->postscale,
-                          hvl__pset(e, r->process_set), 0, store, 0};
+                          hvl__pset(e, r->process_set), 0, store, 0, NULL};
         b->entries[b->count++] = entries[i];
         b->bytes = response_bytes(r);
         int fusible = r->op == HVL_ALLREDUCE || r->op == HVL_ALLGATHER;

@@ -182,6 +182,18 @@ typedef struct {
 } hvl_tuning;
 /* HVL_ERR_NOT_INITIALIZED before hvl_init, HVL_ERR_SHUT_DOWN once the engine stopped. */
 int hvl_get_tuning(hvl_tuning *out);
+
+/* Timeline: a Chrome trace (JSON array; Perfetto, chrome://tracing) of the engine's work as rank
+ * 0 sees it: per tensor its negotiation (and which ranks were late), queueing, fusion copies and
+ * collective; per cycle the fused batches. Only rank 0 writes; on other ranks both calls do
+ * nothing and return HVL_OK, so every rank may call them. start replaces a timeline already
+ * open (which is finished first); HVL_ERR_INVALID_ARG with the path and the reason if rank 0
+ * cannot create the file, HVL_ERR_SHUT_DOWN before init. mark_cycles != 0 also marks every
+ * engine cycle. stop writes what is left and closes the file (the file is valid JSON at every
+ * moment, also if the job is killed). stop never fails and may be called at any time.
+ * HVLITE_TIMELINE / HVLITE_TIMELINE_MARK_CYCLES start one at init. */
+int hvl_timeline_start(const char *path, int mark_cycles);
+int hvl_timeline_stop(void);
 const char *hvl_last_error(void);      /* thread-local; never NULL */
 /* --- cffi cdef ends --- */
 

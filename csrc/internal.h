@@ -25,7 +25,7 @@ enum { HVL_LOG_TRACE = 0, HVL_LOG_DEBUG, HVL_LOG_INFO, HVL_LOG_WARNING, HVL_LOG_
 typedef struct hvl_engine hvl_engine;
 
 /* ---- settings (param.c) ---- */
-#define HVL_PATH_LEN 1024           /* longest file path setting, with its NUL */
+#define HVL_PATH_MAX 4096            /* longest file path setting, with its NUL */
 typedef struct {
     int64_t fusion_threshold;   /* bytes; one fused collective carries at most this much */
     int64_t allreduce_piece;    /* bytes an allreduce moves per collective call (0 = all) */
@@ -40,15 +40,25 @@ typedef struct {
     int autotune_steps;         /* engine cycles that did work per sample */
     int autotune_max_samples;   /* samples the search scores before it settles */
     double autotune_noise;      /* the search's noise variance on standardised scores */
-    char autotune_log[HVL_PATH_LEN];   /* CSV of every sample (rank 0); "" = none */
+    char autotune_log[HVL_PATH_MAX];   /* CSV of every sample (rank 0); "" = none */
+    char timeline_path[HVL_PATH_MAX];   /* "" = no timeline at start (rank 0's value is used) */
+    int timeline_mark_cycles;
 } hvl_params;
 
-void hvl__params_load(hvl_params *p);           /* reads HVLITE_* (and HOROVOD_*); cannot fail */
+/* Reads HVLITE_* (and HOROVOD_*) silently; cannot fail. Bad values keep their defaults. */
+void hvl__params_load(hvl_params *p);
+/* Warns (once per process each) about unknown HVLITE_* names and bad values. bg thread, after
+ * the rank is known, so the lines carry it. */
+void hvl__params_warn(void);
 void hvl__params_log(const hvl_params *p);
 
 /* ---- logging and errors (log.c) ---- */
 void hvl__log_set(int level, int rank);
 void hvl_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* hvl_log for a condition that can repeat (every step, every init): only the first call with a
+ * given key logs in this process (keys are compared by a 64-bit hash); returns 1 if it logged.
+ * A call below the log level is not remembered. Any thread; cannot fail. */
+int hvl__log_once(const char *key, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Sets the calling thread's last-error message; returns rc so callers can `return hvl__fail(...)`. */
 int hvl__fail(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 const char *hvl__status_name(int rc);
@@ -325,6 +335,7 @@ typedef struct {
     int count;                  /* entries in this batch */
     hvl_entry **entries;        /* borrowed from the pending map */
     int64_t bytes;
+    const char *backend;        /* set by execute.c: name of the data plane that ran it (static) */
 } hvl_batch;
 typedef struct { hvl_batch *items; int count; hvl_entry **entry_store; } hvl_batch_list;
 /* Groups the agreed OK responses (resps[i] is entries[i]'s) in order; same result on every rank. */
@@ -342,5 +353,78 @@ int hvl__execute(hvl_engine *e, hvl_response_list *agreed);
 
 int64_t hvl__shape_elems(int ndim, const int64_t *shape);
 int64_t hvl__request_bytes(const hvl_request *q);
+
+/* ---- JSON text into a growable buffer (json_text.c); cannot fail: out of memory sets b->bad ---- */
+void hvl__json_raw(hvl_buf *b, const char *s, size_t n);
+#define HVL_JSON_LIT(b, literal) hvl__json_raw(b, literal, sizeof(literal) - 1)
+void hvl__json_int(hvl_buf *b, int64_t v);
+void hvl__json_us(hvl_buf *b, int64_t ns);          /* ns as microseconds with 3 decimals */
+void hvl__json_str(hvl_buf *b, const char *s);      /* quoted, escaped; non-UTF-8 bytes -> U+FFFD */
+void hvl__json_printf(hvl_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- timeline (timeline.c records, timeline_json.c writes) ----
+ * Rank 0 only. While a timeline is open, the bg thread's hooks append binary records to one
+ * lock-protected buffer; the writer thread swaps it out, turns it into Chrome trace JSON and
+ * appends that to the file. Each hook is guarded by `if (hvl__tl_active())` at its call site, so
+ * a job without a timeline pays one relaxed load per hook and nothing else. */
+extern int hvl__tl_on;          /* atomic, relaxed: 1 while rank 0 records (a hint; hooks recheck) */
+static inline int hvl__tl_active(void) { return __atomic_load_n(&hvl__tl_on, __ATOMIC_RELAXED); }
+
+/* bg thread hooks (each records now, unless it takes a time). Names are copied. */
+void hvl__tl_submitted(const hvl_entry *en);                 /* rank 0 took its own request */
+void hvl__tl_arrived(const char *name, int op, int rank);    /* coordinator: rank's request came */
+void hvl__tl_agreed(const char *name, int status, const char *error, int cache_hit);
+void hvl__tl_note(const char *name, const char *what, const char *detail);   /* e.g. a stall */
+void hvl__tl_cycle_begin(void);
+void hvl__tl_negotiated(void);                               /* this cycle's negotiation ended */
+/* An allreduce piece of `bytes`: copy-in from t_in, reduce from t_reduce, copy-out from t_out
+ * until now. */
+void hvl__tl_piece(double t_in, double t_reduce, double t_out, int64_t bytes);
+void hvl__tl_batch(const hvl_batch *b, double t_start, int rc);   /* b ran from t_start */
+void hvl__tl_cycle_end(int agreed);                          /* agreed: responses this cycle */
+
+/* Engine life: startup opens HVLITE_TIMELINE on rank 0 and agrees with every rank on the
+ * outcome (collective; an unwritable path fails init on every rank); close stops any open
+ * timeline (flushing it). */
+int hvl__timeline_startup(hvl_engine *e);
+void hvl__timeline_close(void);
+
+/* Records, as the writer reads them: u32 kind, then by kind (str = i32 length, bytes, NUL):
+ *   SUBMIT  f64 t, i32 op, str name          ARRIVE  f64 t, i32 op, i32 rank, i64 round, str name
+ *   AGREED  f64 t, i32 status, i32 cache_hit, str name, str error
+ *   NOTE    f64 t, str name, str what, str detail
+ *   BATCH   f64 t0, f64 t1, i32 op, i32 dtype, i32 status, i32 count, i32 scale_in,
+ *           i32 scale_out, i32 npieces, str backend, str error, npieces x hvl_tl_piece,
+ *           count x (i64 bytes, str name)
+ *   CYCLE   f64 t0, f64 t_negotiated, f64 t1, i32 agreed, i32 batches, i32 tensors, i64 bytes
+ * The writer's state is hvl_timeline (timeline.c owns the one instance). The writer wakes every
+ * HVL_TL_FLUSH_S, or sooner once HVL_TL_FLUSH_BYTES of records wait. */
+enum { HVL_TL_SUBMIT = 1, HVL_TL_ARRIVE, HVL_TL_AGREED, HVL_TL_NOTE, HVL_TL_BATCH, HVL_TL_CYCLE };
+typedef struct { double t_in, t_reduce, t_out, t_done; int64_t bytes; } hvl_tl_piece;
+#define HVL_TL_FLUSH_S 0.05
+#define HVL_TL_FLUSH_BYTES (1 << 20)
+typedef struct {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;        /* the writer sleeps on it (monotonic clock) */
+    int open;                   /* lock: records are accepted */
+    int stop;                   /* lock: the writer writes what is left and exits */
+    hvl_buf records;            /* lock: not yet taken by the writer */
+    int64_t dropped;            /* lock: records refused because the writer fell behind */
+    /* set before the writer starts, then the writer's alone until it is joined */
+    int fd;
+    char *path;                 /* owned */
+    double epoch;               /* hvl__now() at start: ts 0 */
+    int mark_cycles, size;
+    int64_t end;                /* file offset after the last event written */
+    int64_t close_at;           /* file offset of the closing ']'; spaces from end up to it */
+    int64_t events;             /* events written */
+} hvl_timeline;
+/* timeline_file.c: creates the file with its head (HVL_ERR_INVALID_ARG with the path and the
+ * reason if it cannot); appends events (each ",\n{...}", no raw newline inside) keeping the
+ * file valid JSON; ends it after the last event. timeline_json.c: the writer thread's body. */
+int hvl__tl_file_open(hvl_timeline *tl);
+int hvl__tl_file_append(hvl_timeline *tl, const char *events, size_t len);
+void hvl__tl_file_finish(hvl_timeline *tl);
+void *hvl__tl_writer_main(void *tl);
 
 #endif /* HVLITE_INTERNAL_H */

@@ -1,5 +1,7 @@
 /* log.c: rank-tagged log lines on stderr, the thread-local last-error message, and the clock.
- * Any thread. Logging never fails and never allocates; lines longer than 1 KiB are cut. */
+ * Any thread. Logging never fails and never allocates; lines longer than 1 KiB are cut.
+ * hvl__log_once logs a condition that may repeat (every step, every init) the first time only:
+ * conditions are keyed by a string, remembered for the life of the process. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -21,19 +23,61 @@ static const char *level_names[] = {"TRACE", "DEBUG", "INFO", "WARNING", "ERROR"
 
 void hvl__log_set(int level, int rank) { log_level = level; log_rank = rank; }
 
-void hvl_log(int level, const char *fmt, ...)
+static void log_line(int level, const char *fmt, va_list ap)
 {
-    if (level < log_level) return;
     char line[1200];
     int n = snprintf(line, 160, "[hvlite rank %d tid %ld] %s: ", log_rank,
                      (long)syscall(SYS_gettid), level_names[level]);
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(line + n, sizeof(line) - (size_t)n - 2, fmt, ap);
-    va_end(ap);
     strcat(line, "\n");
     fputs(line, stderr);  /* one call per line so ranks' lines do not interleave mid-line */
     fflush(stderr);
+}
+
+void hvl_log(int level, const char *fmt, ...)
+{
+    if (level < log_level) return;
+    va_list ap;
+    va_start(ap, fmt);
+    log_line(level, fmt, ap);
+    va_end(ap);
+}
+
+/* Keys already logged, as 64-bit FNV-1a hashes (open addressing; a full table logs again
+ * rather than forget a condition). once_lock guards both. */
+#define ONCE_SLOTS 512
+static uint64_t once_seen[ONCE_SLOTS];
+static pthread_mutex_t once_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t key_hash(const char *key)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (const unsigned char *p = (const unsigned char *)key; *p; p++) h = (h ^ *p) * 1099511628211ULL;
+    return h ? h : 1;   /* 0 marks a free slot */
+}
+
+/* 1 if `key` was not seen before (and is now remembered). */
+static int first_time(const char *key)
+{
+    uint64_t h = key_hash(key);
+    int first = 1;
+    pthread_mutex_lock(&once_lock);
+    for (unsigned i = 0, at = (unsigned)(h % ONCE_SLOTS); i < ONCE_SLOTS; i++, at = (at + 1) % ONCE_SLOTS) {
+        if (once_seen[at] == h) { first = 0; break; }
+        if (once_seen[at] == 0) { once_seen[at] = h; break; }
+    }
+    pthread_mutex_unlock(&once_lock);
+    return first;
+}
+
+int hvl__log_once(const char *key, int level, const char *fmt, ...)
+{
+    if (level < log_level || !first_time(key)) return 0;
+    va_list ap;
+    va_start(ap, fmt);
+    log_line(level, fmt, ap);
+    va_end(ap);
+    return 1;
 }
 
 int hvl__fail(int rc, const char *fmt, ...)

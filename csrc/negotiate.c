@@ -67,13 +67,14 @@ static int mark_ready(hvl_engine *e)
 
 static int take_cached(hvl_engine *e, hvl_response_list *out)
 {
-    int slots = e->cache ? hvl__cache_capacity(e->cache) : 0;
+    int slots = e->cache ? hvl__cache_capacity(e->cache) : 0, tl = hvl__tl_active();
     for (int slot = 0; slot < slots; slot++) {
         if (!bit_set(e->bits_all, slot)) continue;
         hvl_response r = *hvl__cache_slot(e->cache, slot);
         r.name = strdup(r.name);
         if (!r.name) return HVL_ERR_NO_MEMORY;
         hvl__cache_touch(e->cache, slot);
+        if (tl) hvl__tl_agreed(r.name, HVL_OK, NULL, 1);
         if (hvl__responses_push(out, &r) != HVL_OK) { free(r.name); return HVL_ERR_NO_MEMORY; }
         hvl__count(&e->counters.cache_hits, 1);
     }

@@ -1,6 +1,8 @@
 /* param.c: the one table of HVLITE_* settings (name, type, default, doc). Read once at init on
  * the caller's thread. HOROVOD_<same suffix> is accepted as an alias so migrating users keep
- * their settings; an unknown HVLITE_* variable gets a warning (a typo must not pass silently). */
+ * their settings; an unknown HVLITE_* variable or a bad value gets a warning (a typo must not
+ * pass silently), given by the bg thread once the rank is known (hvl__params_warn), and once per
+ * process: a job that calls init() again does not repeat it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,8 +45,11 @@ static const param_def table[] = {
      "autotune samples scored by the search before it settles (1-100)"},
     {"AUTOTUNE_GAUSSIAN_PROCESS_NOISE", P_DOUBLE, F(autotune_noise), "0.8",
      "autotune's Gaussian-process noise variance, relative to the scores' variance"},
+    {"TIMELINE", P_PATH, F(timeline_path), "",
+     "Chrome trace (JSON) file that rank 0 writes; open it in Perfetto or chrome://tracing"},
+    {"TIMELINE_MARK_CYCLES", P_INT, F(timeline_mark_cycles), "0",
+     "1: also mark every engine cycle on the timeline (CYCLE_START)"},
     /* read elsewhere, listed so they are documented and not warned about */
-    {"TIMELINE", P_OTHER, 0, "", "Chrome trace output path (issue 5)"},
     {"SHM_DISABLE", P_OTHER, 0, "0", "disable the shared-memory backend (issue 6)"},
     {"HIERARCHICAL_ALLREDUCE", P_OTHER, 0, "0", "hierarchical allreduce (issue 6)"},
     {"DYNAMIC_PROCESS_SETS", P_OTHER, 0, "1", "accepted for Horovod scripts: sets may always be added at run time"},
@@ -62,10 +67,12 @@ static int parse_level(const char *s)
     for (int i = 0; i < 5; i++)
         if (strcasecmp(s, names[i]) == 0) return i;
     if (strcasecmp(s, "warn") == 0) return HVL_LOG_WARNING;
+    if (strcasecmp(s, "fatal") == 0) return HVL_LOG_ERROR;     /* Horovod's highest level */
     return -1;
 }
 
-static void set_value(hvl_params *p, const param_def *d, const char *value, const char *from)
+/* Sets the field from `value`; a bad value keeps the field and is reported if `warn`. */
+static void set_value(hvl_params *p, const param_def *d, const char *value, const char *from, int warn)
 {
     char *end = NULL;
     void *field = (char *)p + d->offset;
@@ -74,10 +81,13 @@ static void set_value(hvl_params *p, const param_def *d, const char *value, cons
     case P_INT: { long v = strtol(value, &end, 10); if (*end == 0 && v >= 0) { *(int *)field = (int)v; return; } break; }
     case P_DOUBLE: { double v = strtod(value, &end); if (*end == 0 && v >= 0) { *(double *)field = v; return; } break; }
     case P_LEVEL: { int v = parse_level(value); if (v >= 0) { *(int *)field = v; return; } break; }
-    case P_PATH: if (strlen(value) < HVL_PATH_LEN) { strcpy(field, value); return; } break;
+    case P_PATH: if (strlen(value) < HVL_PATH_MAX) { strcpy((char *)field, value); return; } break;
     case P_OTHER: return;
     }
-    hvl_log(HVL_LOG_WARNING, "ignoring %s=%s: not a valid value (%s)", from, value, d->doc);
+    if (!warn) return;
+    char key[300];
+    snprintf(key, sizeof(key), "param %s=%.250s", from, value);
+    hvl__log_once(key, HVL_LOG_WARNING, "ignoring %s=%s: not a valid value (%s)", from, value, d->doc);
 }
 
 static const param_def *find(const char *suffix, size_t len)
@@ -87,31 +97,42 @@ static const param_def *find(const char *suffix, size_t len)
     return NULL;
 }
 
-void hvl__params_load(hvl_params *p)
+static void load(hvl_params *p, int warn)
 {
     memset(p, 0, sizeof(*p));
-    for (size_t i = 0; i < NPARAMS; i++) set_value(p, &table[i], table[i].deflt, "default");
+    for (size_t i = 0; i < NPARAMS; i++) set_value(p, &table[i], table[i].deflt, "default", warn);
     char name[128];
     for (size_t i = 0; i < NPARAMS; i++) {      /* HOROVOD_* first, so HVLITE_* wins */
         snprintf(name, sizeof(name), "HOROVOD_%s", table[i].suffix);
-        if (getenv(name)) set_value(p, &table[i], getenv(name), name);
+        if (getenv(name)) set_value(p, &table[i], getenv(name), name, warn);
         snprintf(name, sizeof(name), "HVLITE_%s", table[i].suffix);
-        if (getenv(name)) set_value(p, &table[i], getenv(name), name);
+        if (getenv(name)) set_value(p, &table[i], getenv(name), name, warn);
     }
-    for (char **env = environ; *env; env++) {
+    for (char **env = environ; warn && *env; env++) {
         if (strncmp(*env, "HVLITE_", 7) != 0) continue;
         const char *eq = strchr(*env, '=');
-        if (eq && !find(*env + 7, (size_t)(eq - *env - 7)))
-            hvl_log(HVL_LOG_WARNING, "unknown setting %.*s ignored", (int)(eq - *env), *env);
+        if (!eq || find(*env + 7, (size_t)(eq - *env - 7))) continue;
+        char key[200];
+        snprintf(key, sizeof(key), "unknown setting %.*s", (int)(eq - *env < 150 ? eq - *env : 150), *env);
+        hvl__log_once(key, HVL_LOG_WARNING, "unknown setting %.*s ignored", (int)(eq - *env), *env);
     }
+}
+
+void hvl__params_load(hvl_params *p) { load(p, 0); }
+
+void hvl__params_warn(void)
+{
+    hvl_params scratch;
+    load(&scratch, 1);
 }
 
 void hvl__params_log(const hvl_params *p)
 {
     hvl_log(HVL_LOG_DEBUG, "settings: fusion_threshold=%lld B cycle_time=%.3f ms cache_capacity=%d "
-            "stall_check=%.1f s stall_shutdown=%.1f s peer_timeout=%.1f s",
+            "stall_check=%.1f s stall_shutdown=%.1f s peer_timeout=%.1f s timeline='%s'%s",
             (long long)p->fusion_threshold, p->cycle_time_ms, p->cache_capacity, p->stall_check_s,
-            p->stall_shutdown_s, p->peer_timeout_s);
+            p->stall_shutdown_s, p->peer_timeout_s, p->timeline_path,
+            p->timeline_mark_cycles ? " (cycles marked)" : "");
     for (size_t i = 0; i < NPARAMS; i++)
         hvl_log(HVL_LOG_TRACE, "HVLITE_%s (default %s): %s", table[i].suffix, table[i].deflt, table[i].doc);
 }

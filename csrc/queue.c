@@ -177,9 +177,10 @@ int hvl__queue_drain(hvl_engine *e)
     hvl_entry *en = e->queue_head;
     e->queue_head = e->queue_tail = NULL;
     pthread_mutex_unlock(&e->queue_lock);
-    int rc = HVL_OK;
+    int rc = HVL_OK, tl = hvl__tl_active();
     for (hvl_entry *next; en; en = next) {
         next = en->next;
+        if (tl) hvl__tl_submitted(en);
         if (rc == HVL_OK) rc = hvl__strmap_put(&e->pending, en->name, en);
         if (en->req.op == HVL_JOIN) e->joined = 1;
         en->prev_pending = e->pending_tail;

@@ -11,7 +11,7 @@ import importlib
 
 __version__ = "0.1.0"
 
-_API_MODULES = ("basics", "errors", "objects", "ops", "process_sets")
+_API_MODULES = ("basics", "errors", "objects", "ops", "process_sets", "timeline")
 _api_names = None
 
 

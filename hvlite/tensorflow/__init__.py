@@ -16,6 +16,7 @@ from ..basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, 
 from ..errors import (HorovodInternalError, HvliteError, HvliteInvalidArgument,
                       HvliteShutdownError, HvliteTimeoutError, MismatchError)
 from ..process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from ..timeline import start_timeline, stop_timeline
 from .compression import Compression
 from .functions import allgather_object, broadcast_, broadcast_object, broadcast_variables
 from .gradient_tape import DistributedGradientTape
@@ -32,7 +33,8 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall",
            "reducescatter", "barrier", "join", "size_op", "rank_op", "local_size_op",
            "local_rank_op", "broadcast_variables", "broadcast_", "broadcast_object",
-           "allgather_object", "DistributedGradientTape", "DistributedOptimizer"]
+           "allgather_object", "DistributedGradientTape", "DistributedOptimizer", "start_timeline",
+           "stop_timeline"]
 
 
 def DistributedOptimizer(optimizer, *args, **kwargs):

@@ -24,6 +24,7 @@ from .ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_
                   grouped_allreduce_async_, grouped_reducescatter, join, poll, reducescatter,
                   reducescatter_async, synchronize)
 from .optimizer import DistributedOptimizer
+from ..timeline import start_timeline, stop_timeline
 from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
@@ -40,5 +41,5 @@ __all__ = [
     "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
     "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter", "join",
     "poll", "reducescatter", "reducescatter_async", "synchronize", "DistributedOptimizer",
-    "SyncBatchNorm",
+    "SyncBatchNorm", "start_timeline", "stop_timeline",
 ]

@@ -15,10 +15,10 @@ without a coordinator round. Sparse gradients are allgathered (indices and value
 or densified with ``sparse_as_dense=True``.
 """
 import contextlib
-import warnings
 
 import torch
 
+from .._once import warn_once
 from ..process_sets import _set_rank_size
 from ..handles import burst
 from ..objects import allgather_object
@@ -186,8 +186,9 @@ class _DistributedOptimizer:
     def step(self, closure=None):
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn("optimizer.step() after optimizer.synchronize() reduces the gradients "
-                              "again; wrap step() in `with optimizer.skip_synchronize():`")
+                warn_once("step after synchronize", "optimizer.step() after optimizer.synchronize() "
+                          "reduces the gradients again; wrap step() in `with optimizer.skip_synchronize():` "
+                          "(warned once per process)")
             self.synchronize()
         self._synchronized = False
         return super().step(closure)

@@ -233,3 +233,12 @@ def test_describe_exit():
     assert describe_exit(1, 12, "h", 3) == "hvlrun: rank 1 (pid 12 on h) exited with code 3"
     assert describe_exit(2, 13, "h", -signal.SIGKILL) == \
         "hvlrun: rank 2 (pid 13 on h) was killed by signal 9 (SIGKILL)"
+
+
+def test_timeline_flags(capsys):
+    exports, argv = dry_run(capsys, "-np", "2", "--timeline-filename", "/tmp/t l.json",
+                            "--timeline-mark-cycles", "python", "train.py")
+    assert exports["HVLITE_TIMELINE_MARK_CYCLES"] == "1"
+    assert argv[argv.index("HVLITE_TIMELINE") + 1] == "/tmp/t l.json"        # one argument
+    exports, _ = dry_run(capsys, "-np", "2", "--timeline-filename", "/tmp/t.json", "python", "train.py")
+    assert "HVLITE_TIMELINE_MARK_CYCLES" not in exports

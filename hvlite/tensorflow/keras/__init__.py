@@ -16,6 +16,7 @@ from ...basics import (cross_rank, cross_size, init, is_initialized, local_rank,
                        shutdown, size)
 from ...errors import HorovodInternalError, HvliteError, MismatchError
 from ...process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from ...timeline import start_timeline, stop_timeline
 from .. import functions as _functions
 from .. import ops as _ops
 from ..compression import Compression
@@ -29,7 +30,8 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "nccl_built", "HorovodInternalError", "HvliteError", "MismatchError", "ProcessSet", "add_process_set", "remove_process_set",
            "global_process_set", "Compression", "Sum", "Average", "Min", "Max", "Product",
            "DistributedOptimizer", "broadcast_global_variables", "allreduce", "allgather",
-           "broadcast", "reducescatter", "load_model", "callbacks"]
+           "broadcast", "reducescatter", "load_model", "callbacks", "start_timeline",
+           "stop_timeline"]
 
 
 def broadcast_global_variables(root_rank, model=None):

@@ -1,0 +1,78 @@
+"""The timeline in whole jobs at 2 and 3 ranks, each under a hard timeout: HVLITE_TIMELINE (via
+hvlrun --timeline-filename) covers every tensor the workload submitted with its phases; a job
+whose rank 1 is SIGKILLed mid-run leaves a file that json.load reads and that covers everything
+rank 0 submitted up to the kill; an unwritable path fails init on every rank. Run-time
+start/stop is in tests/parallel/test_timeline.py and tests/unit/test_timeline_single.py."""
+import json
+import time
+
+import pytest
+
+import timeline_trace as tt
+from jobs import MULTIPLIER, run_job
+
+
+def printed(out, tag):
+    """The JSON that rank 0 printed after ``tag`` (hvlrun prefixes lines with the rank)."""
+    lines = [line.split(tag, 1)[1] for line in out.splitlines() if tag in line]
+    assert len(lines) == 1, out
+    return json.loads(lines[0])
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_timeline_covers_every_tensor(np_, tmp_path):
+    path = tmp_path / "timeline.json"
+    mark = ["--timeline-mark-cycles"] if np_ == 3 else []
+    job = run_job(np_, ["python", "tests/scenarios/timeline_job.py"], timeout=120,
+                  hvlrun_args=["--timeline-filename", str(path)] + mark)
+    out = job.stdout + job.stderr
+    assert job.returncode == 0, out
+    submitted = printed(job.stdout, "SUBMITTED ")
+    trace = tt.load(path)
+    assert set(submitted) <= set(trace.tracks), set(submitted) - set(trace.tracks)
+    tt.check_workload(trace, np_, 3)
+    for name in submitted:
+        assert trace.open_negotiations(name) == 0, name          # every negotiation ended
+    marks = [e for e in trace.cycles if e["name"] == "CYCLE_START"]
+    assert bool(marks) == bool(mark), len(marks)
+    text = path.read_text()
+    assert text.endswith("\n]\n") and not text.endswith(" \n]\n"), text[-200:]   # finished file
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_timeline_survives_a_killed_rank(np_, tmp_path):
+    """"Covers" here means: every tensor rank 0 completed before the kill has its negotiation
+    (begin and end), its QUEUE span and its op span with the collective inside (the full
+    workload check); every tensor rank 0 had submitted but could not complete (rank 1 never
+    sent it) has its negotiation begun and not ended, with rank 0's arrival (and the other
+    survivor's) and none from rank 1."""
+    path = tmp_path / "timeline.json"
+    start = time.monotonic()
+    job = run_job(np_, ["python", "tests/scenarios/timeline_kill.py"], timeout=90,
+                  hvlrun_args=["--timeline-filename", str(path)])
+    out = job.stdout + job.stderr
+    assert job.returncode != 0 and "unreachable" not in out, out
+    assert time.monotonic() - start < 60 * MULTIPLIER
+    with open(path) as f:
+        json.load(f)                                   # strict JSON, no repair of the tail
+    trace = tt.load(path)
+    completed, pending = printed(job.stdout, "SUBMITTED "), printed(job.stdout, "PENDING ")
+    assert set(completed) | set(pending) <= set(trace.tracks)
+    tt.check_workload(trace, np_, 2)
+    survivors = {"rank %d" % r for r in range(np_) if r != 1}
+    for name in pending:
+        assert trace.open_negotiations(name) == 1, trace.of(name)
+        assert {e["name"] for e in trace.of(name, "i")} == survivors, trace.of(name)
+        assert not trace.of(name, "X"), trace.of(name)
+
+
+def test_unwritable_timeline_fails_init_on_every_rank(tmp_path):
+    path = str(tmp_path / "missing-dir" / "timeline.json")
+    job = run_job(3, ["python", "tests/scenarios/timeline_bad_path.py"], timeout=60,
+                  env={"HVLITE_TIMELINE": path})
+    out = job.stdout + job.stderr
+    lines = [line for line in job.stdout.splitlines() if "init failed:" in line]
+    assert len(lines) == 3 and "UNEXPECTED" not in out, out
+    for line in lines:
+        assert "HVLITE_TIMELINE on rank 0: timeline: cannot open '%s' for writing: No such file or " \
+               "directory" % path in line, line

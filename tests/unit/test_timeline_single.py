@@ -1,0 +1,131 @@
+"""The timeline on a one-rank job (rank 0 is the writer): the run-time API, its errors, and a
+file that stays valid JSON when the process is killed with SIGKILL while it records. Multi-rank
+coverage is in tests/test_timeline.py and tests/parallel/test_timeline.py."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import hvlite as hvd
+
+ROOT = __file__.rsplit("/tests/", 1)[0]
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import timeline_trace as tt  # noqa: E402
+
+MULTIPLIER = float(os.environ.get("HVLITE_TEST_TIMEOUT_MULTIPLIER", "1"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def engine():
+    hvd.init()
+    yield
+    hvd.stop_timeline()
+
+
+def run_py(code, env=None, timeout=60):
+    full_env = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=timeout * MULTIPLIER, env=full_env, cwd=ROOT)
+
+
+def test_start_stop_at_run_time_covers_the_tensors(tmp_path):
+    path = tmp_path / "t.json"
+    hvd.start_timeline(str(path))
+    names = tt.run_workload(hvd, 3, tag="unit.")
+    hvd.stop_timeline()
+    trace = tt.load(path)
+    tt.check_workload(trace, 1, 3, tag="unit.")
+    assert set(names) <= set(trace.tracks)
+    assert not [e for e in trace.cycles if e["name"] == "CYCLE_START"]   # not asked for
+
+
+def test_mark_cycles_and_path_objects(tmp_path):
+    path = tmp_path / "cycles.json"
+    hvd.start_timeline(path, mark_cycles=True)            # an os.PathLike works too
+    hvd.allreduce(np.ones(4), name="unit.marked")
+    time.sleep(0.1)                                        # idle cycles are marked as well
+    hvd.stop_timeline()
+    trace = tt.load(path)
+    marks = [e for e in trace.cycles if e["name"] == "CYCLE_START"]
+    assert len(marks) >= 2 and all(e["ph"] == "i" for e in marks)
+    assert trace.of("unit.marked", "X", "ALLREDUCE")
+
+
+def test_start_again_finishes_the_first_file(tmp_path):
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    hvd.start_timeline(str(first))
+    hvd.allreduce(np.ones(4), name="unit.first")
+    hvd.start_timeline(str(second))
+    hvd.allreduce(np.ones(4), name="unit.second")
+    hvd.stop_timeline()
+    hvd.stop_timeline()                                    # nothing open: no-op
+    a, b = tt.load(first), tt.load(second)
+    assert "unit.first" in a.tracks and "unit.second" not in a.tracks
+    assert "unit.second" in b.tracks and "unit.first" not in b.tracks
+
+
+def test_unwritable_path_is_a_clear_error(tmp_path):
+    missing = str(tmp_path / "no" / "such" / "dir" / "t.json")
+    with pytest.raises(hvd.HvliteInvalidArgument, match="cannot open '%s' for writing: No such file or directory"
+                       % missing.replace(".", r"\.")):
+        hvd.start_timeline(missing)
+    with pytest.raises(ValueError, match="needs a file path"):
+        hvd.start_timeline("")
+    with pytest.raises(ValueError, match="needs a file path"):
+        hvd.start_timeline(None)
+    assert (hvd.allreduce(np.ones(3), op=hvd.Sum) == 1).all()      # the engine is unaffected
+
+
+def test_before_init_raises_value_error():
+    r = run_py("import hvlite\nfor f in (lambda: hvlite.start_timeline('x.json'), hvlite.stop_timeline):\n"
+               "    try:\n        f()\n    except ValueError as e:\n        print('VE', e)")
+    assert r.stdout.count("VE hvlite has not been initialized") == 2, r.stdout + r.stderr
+
+
+def test_env_names_and_horovod_alias(tmp_path):
+    path = tmp_path / "env.json"
+    r = run_py("import numpy as np, hvlite; hvlite.init(); hvlite.allreduce(np.ones(2), name='env.t')",
+               env={"HOROVOD_TIMELINE": str(path), "HOROVOD_TIMELINE_MARK_CYCLES": "1"})
+    assert r.returncode == 0, r.stderr
+    trace = tt.load(path)                                   # closed at exit (atexit shutdown)
+    assert trace.of("env.t", "E") and any(e["name"] == "CYCLE_START" for e in trace.cycles)
+
+
+BUSY = """
+import os, sys, numpy as np, hvlite as hvd
+hvd.init()
+arrays = [np.ones(2000 + i, np.float32) for i in range(40)]
+step = 0
+while True:
+    hvd.grouped_allreduce(arrays, name="busy", op=hvd.Sum)
+    if step == 20:
+        print("recording", flush=True)
+    step += 1
+"""
+
+
+def test_sigkill_while_recording_leaves_valid_json(tmp_path):
+    """A one-rank job records ~40 tensors a step, continuously; it is killed with SIGKILL at a
+    random moment, several times. Each file must json.load, and hold the steps written so far."""
+    rng = random.Random(5)
+    for attempt in range(4):
+        path = tmp_path / ("busy%d.json" % attempt)
+        env = dict(os.environ, PYTHONPATH=ROOT, HVLITE_TIMELINE=str(path))
+        proc = subprocess.Popen([sys.executable, "-c", BUSY], stdout=subprocess.PIPE, text=True,
+                                env=env, cwd=ROOT)
+        try:
+            assert proc.stdout.readline().strip() == "recording"
+            time.sleep(rng.uniform(0.05, 0.6))
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30 * MULTIPLIER)
+        with open(path) as f:
+            events = json.load(f)                          # strict: no repair of a missing tail
+        trace = tt.load(path)
+        assert len(events) > 100 and len(trace.of("busy.0", "X", "ALLREDUCE")) >= 10
