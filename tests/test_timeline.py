@@ -76,3 +76,25 @@ def test_unwritable_timeline_fails_init_on_every_rank(tmp_path):
     for line in lines:
         assert "HVLITE_TIMELINE on rank 0: timeline: cannot open '%s' for writing: No such file or " \
                "directory" % path in line, line
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_late_rank_is_named(np_, tmp_path):
+    """tests/scenarios/stall.py: the last rank submits 'lonely' 3 s after the others, twice (new,
+    then cached). Both negotiations must name it as the late rank, and the stall warning shows
+    on the tensor's track."""
+    path = tmp_path / "timeline.json"
+    job = run_job(np_, ["python", "tests/scenarios/stall.py"], timeout=60,
+                  env={"HVLITE_STALL_CHECK_TIME_SECONDS": "1"},
+                  hvlrun_args=["--timeline-filename", str(path)])
+    assert job.returncode == 0, job.stdout + job.stderr
+    trace = tt.load(path)
+    late = str(np_ - 1)
+    ends = trace.of("lonely", "E")
+    assert len(ends) == 2, trace.of("lonely")
+    for end in ends:
+        assert end["args"]["late_ranks"] == late and end["args"]["rounds"] > 1, end
+    begins = trace.of("lonely", "B")
+    assert all(e["ts"] - b["ts"] > 2e6 for b, e in zip(begins, ends))   # waited ~3 s
+    stalls = trace.of("lonely", "i", "STALL")
+    assert len(stalls) == 2 and all(s["args"]["detail"] == late for s in stalls), stalls
