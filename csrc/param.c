@@ -37,8 +37,14 @@ static const param_def table[] = {
     {"TIMELINE", P_OTHER, 0, "", "Chrome trace output path (issue 5)"},
     {"AUTOTUNE", P_OTHER, 0, "0", "search fusion threshold and cycle time (issue 5)"},
     {"AUTOTUNE_LOG", P_OTHER, 0, "", "autotune samples CSV (issue 5)"},
-    {"SHM_DISABLE", P_OTHER, 0, "0", "disable the shared-memory backend (issue 6)"},
-    {"HIERARCHICAL_ALLREDUCE", P_OTHER, 0, "0", "hierarchical allreduce (issue 6)"},
+    {"SHM_DISABLE", P_INT, F(shm_disable), "0",
+     "1: never use the shared-memory data plane (collectives of one-host sets go to MPI)"},
+    {"HIERARCHICAL_ALLREDUCE", P_INT, F(hierarchical_allreduce), "0",
+     "1: allreduce across hosts as shm reduce on each host, MPI among hosts, shm broadcast"},
+    {"SHM_CHUNK", P_INT64, F(shm_chunk), "1048576",
+     "bytes per shared-memory pipeline step and rank (segment: 2 per rank on the host)"},
+    {"TEST_FAKE_HOSTS", P_INT, F(test_fake_hosts), "0",
+     "tests only: split each host's ranks into this many consecutive fake hosts"},
     {"MPICC", P_OTHER, 0, "", "build time: the MPI compiler wrapper to build against"},
     {"MPIEXEC", P_OTHER, 0, "", "hvlrun: the mpiexec to launch with"},
     {"TEST_TIMEOUT_MULTIPLIER", P_OTHER, 0, "1", "tests: stretch every job timeout"},
@@ -102,6 +108,8 @@ void hvl__params_log(const hvl_params *p)
             "stall_check=%.1f s stall_shutdown=%.1f s peer_timeout=%.1f s",
             (long long)p->fusion_threshold, p->cycle_time_ms, p->cache_capacity, p->stall_check_s,
             p->stall_shutdown_s, p->peer_timeout_s);
+    hvl_log(HVL_LOG_DEBUG, "settings: shm_disable=%d hierarchical_allreduce=%d shm_chunk=%lld B fake_hosts=%d",
+            p->shm_disable, p->hierarchical_allreduce, (long long)p->shm_chunk, p->test_fake_hosts);
     for (size_t i = 0; i < NPARAMS; i++)
         hvl_log(HVL_LOG_TRACE, "HVLITE_%s (default %s): %s", table[i].suffix, table[i].deflt, table[i].doc);
 }

@@ -43,7 +43,7 @@ int hvl__psets_create(hvl_engine *e)
     ps->one_host = members_on_one_host(e, ps);
     e->psets[0] = ps;
     e->npsets = 1;
-    return HVL_OK;
+    return hvl__shm_open(e, ps);     /* collective: the set's shared-memory segment */
 }
 
 void hvl__psets_destroy(hvl_engine *e, int clean)
@@ -51,6 +51,7 @@ void hvl__psets_destroy(hvl_engine *e, int clean)
     for (int i = 0; i < e->npsets; i++) {
         hvl_pset *ps = e->psets[i];
         if (!ps) continue;
+        hvl__shm_close(ps, clean);
         if (clean && i != 0 && ps->comm != MPI_COMM_NULL) MPI_Comm_free(&ps->comm);
         free(ps->ranks);
         free(ps);
