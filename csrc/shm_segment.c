@@ -61,7 +61,7 @@ static int check_peer(hvl_engine *e, const hvl_shm_ctl *c, double waited, const 
                          what, c->rank, c->pid);
     if (e->params.peer_timeout_s > 0 && waited > e->params.peer_timeout_s)
         return hvl__fail(HVL_ERR_TIMEOUT, "%s: rank %d (pid %d) on this host did not arrive for "
-                         "%.0f s (HVLITE_PEER_TIMEOUT_SECONDS); it hangs outside hvlite",
+                         "%.0f s (HVLITE_PEER_TIMEOUT_SECONDS); it is stopped or hangs outside hvlite",
                          what, c->rank, c->pid, waited);
     if (waited > SHUTDOWN_GRACE_S && __atomic_load_n(&e->shutdown_requested, __ATOMIC_ACQUIRE))
         return hvl__fail(HVL_ERR_SHUT_DOWN, "%s: shut down while waiting for rank %d", what, c->rank);
