@@ -4,7 +4,9 @@
 #include "internal.h"
 
 static const hvl_backend *const registry[] = {
-    /* NCCL (GPU buffers) and shared memory (one host) plug in here, before MPI. */
+    /* NCCL (GPU buffers) plugs in here, before shared memory. */
+    &hvl__backend_shm,      /* every member of the set on this host (HVLITE_SHM_DISABLE=1: off) */
+    &hvl__backend_hier,     /* allreduce across hosts, if HVLITE_HIERARCHICAL_ALLREDUCE=1 */
     &hvl__backend_mpi,
 };
 
@@ -17,4 +19,4 @@ const hvl_backend *hvl__backend_for(const hvl_engine *e, const hvl_pset *ps, int
 
 int hvl_mpi_built(void) { return 1; }
 int hvl_nccl_built(void) { return 0; }
-int hvl_shm_built(void) { return 0; }
+int hvl_shm_built(void) { return 1; }   /* the engine is Linux-only (futex, /dev/shm) */

@@ -65,11 +65,38 @@ static int make_comms(hvl_engine *e)
 /* Settings that must agree for every rank to build the same batches come from rank 0. */
 static int agree_settings(hvl_engine *e)
 {
-    int64_t v[3] = {e->params.fusion_threshold, e->params.cache_capacity, e->params.allreduce_piece};
-    HVL_CHECK(hvl__mpi_check(MPI_Bcast(v, 3, MPI_INT64_T, 0, e->comm), "MPI_Bcast (settings)"));
-    e->params.fusion_threshold = v[0];
-    e->params.cache_capacity = (int)v[1];
-    e->params.allreduce_piece = v[2];
+    hvl_params *p = &e->params;
+    int64_t v[7] = {p->fusion_threshold, p->cache_capacity, p->allreduce_piece, p->shm_disable,
+                    p->hierarchical_allreduce, p->shm_chunk, p->test_fake_hosts};
+    HVL_CHECK(hvl__mpi_check(MPI_Bcast(v, 7, MPI_INT64_T, 0, e->comm), "MPI_Bcast (settings)"));
+    p->fusion_threshold = v[0];
+    p->cache_capacity = (int)v[1];
+    p->allreduce_piece = v[2];
+    p->shm_disable = (int)v[3];
+    p->hierarchical_allreduce = (int)v[4];
+    p->shm_chunk = v[5];
+    p->test_fake_hosts = (int)v[6];
+    return HVL_OK;
+}
+
+/* HVLITE_TEST_FAKE_HOSTS=H (tests only): each host's ranks are split into H consecutive groups
+ * that the engine treats as hosts of their own (local and cross communicators, topology
+ * queries, process sets' one_host), so multi-host paths run on one machine. */
+static int split_fake_hosts(hvl_engine *e)
+{
+    int hosts = e->params.test_fake_hosts;
+    MPI_Comm local;
+    if (hosts < 2) return HVL_OK;
+    HVL_CHECK(hvl__mpi_check(MPI_Comm_split(e->local_comm, (int)((int64_t)e->local_rank * hosts / e->local_size),
+                                            e->rank, &local), "MPI_Comm_split (fake hosts)"));
+    MPI_Comm_free(&e->local_comm);
+    MPI_Comm_free(&e->cross_comm);
+    e->local_comm = local;
+    MPI_Comm_rank(e->local_comm, &e->local_rank);
+    MPI_Comm_size(e->local_comm, &e->local_size);
+    HVL_CHECK(hvl__mpi_check(MPI_Comm_split(e->comm, e->local_rank, e->rank, &e->cross_comm), "MPI_Comm_split"));
+    MPI_Comm_rank(e->cross_comm, &e->cross_rank);
+    MPI_Comm_size(e->cross_comm, &e->cross_size);
     return HVL_OK;
 }
 
@@ -79,6 +106,7 @@ static int startup(hvl_engine *e)
     hvl__log_set(e->params.log_level, e->rank);
     hvl__params_warn();
     HVL_CHECK(agree_settings(e));
+    HVL_CHECK(split_fake_hosts(e));
     if (e->rank == 0) hvl__params_log(&e->params);
     if (e->rank == 0)
         hvl_log(HVL_LOG_INFO, "hvlite starting: %d ranks on %d hosts, %s, MPI_THREAD_MULTIPLE %s", e->size,

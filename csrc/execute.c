@@ -63,10 +63,36 @@ static void move_piece(const hvl_batch *b, cursor_t *cur, char *piece,
     }
 }
 
+/* The batch as a stream (internal.h) for backends that chunk it themselves: fill and drain
+ * walk the fused layout with one cursor each. */
+typedef struct { hvl_stream s; hvl_batch *b; cursor_t in, out; } batch_stream;
+
+static void stream_fill(hvl_stream *s, int64_t off, int64_t n, void *to)
+{
+    (void)off;   /* consecutive ranges: the cursor is already there */
+    move_piece(((batch_stream *)s)->b, &((batch_stream *)s)->in, to, n, 1);
+}
+
+static void stream_drain(hvl_stream *s, int64_t off, int64_t n, const void *from)
+{
+    (void)off;
+    move_piece(((batch_stream *)s)->b, &((batch_stream *)s)->out, (char *)from, n, 0);
+}
+
+static int run_allreduce_stream(hvl_engine *e, const hvl_backend *be, hvl_batch *b)
+{
+    batch_stream bs = {{b->bytes / hvl_dtype_size(b->dtype), b->dtype, b->reduce_op, stream_fill, stream_drain},
+                       b, {0, 0}, {0, 0}};
+    while (bs.in.i < b->count && entry_elems(b->entries[bs.in.i]) == 0) bs.in.i++;
+    bs.out = bs.in;
+    return be->allreduce_stream(e, b->ps, &bs.s);
+}
+
 /* Allreduce a batch piece by piece (HVLITE_ALLREDUCE_PIECE): each piece is copied in, reduced
  * and copied out while it is still in cache. A lone tensor is reduced in its own output. */
 static int run_allreduce(hvl_engine *e, const hvl_backend *be, hvl_batch *b)
 {
+    if (be->allreduce_stream) return run_allreduce_stream(e, be, b);
     int esize = hvl_dtype_size(b->dtype), tl = hvl__tl_active();   /* timeline: piece spans */
     double t_in = 0, t_reduce = 0, t_out = 0;
     int64_t total = b->bytes / esize;
@@ -148,9 +174,8 @@ static int is_control(int op)
     return op == HVL_BARRIER || op == HVL_JOIN || op == HVL_PROCESS_SET_ADD || op == HVL_PROCESS_SET_REMOVE;
 }
 
-static int run_batch(hvl_engine *e, hvl_batch *b, hvl_outcome *o)
+static int run_batch(hvl_engine *e, const hvl_backend *be, hvl_batch *b, hvl_outcome *o)
 {
-    const hvl_backend *be = hvl__backend_for(e, b->ps, b->op, b->dtype, b->bytes);
     hvl_entry *en = b->entries[0];
     int id = 0;
     b->backend = be ? be->name : "none";
@@ -234,11 +259,13 @@ int hvl__execute(hvl_engine *e, hvl_response_list *agreed)
     for (int i = 0; i < batches.count && (rc == HVL_OK || rc == HVL_ERR_INVALID_ARG); i++) {
         hvl_outcome *o = calloc((size_t)batches.items[i].count, sizeof(hvl_outcome));
         if (!o) { rc = HVL_ERR_NO_MEMORY; break; }
+        hvl_batch *b = &batches.items[i];
+        const hvl_backend *be = hvl__backend_for(e, b->ps, b->op, b->dtype, b->bytes);
         double t0 = hvl__now();
-        rc = run_batch(e, &batches.items[i], o);
-        hvl_log(HVL_LOG_TRACE, "batch: %s of %d tensors, %lld bytes, %.1f us", hvl__op_name(batches.items[i].op),
-                batches.items[i].count, (long long)batches.items[i].bytes, (hvl__now() - t0) * 1e6);
-        if (hvl__tl_active()) hvl__tl_batch(&batches.items[i], t0, rc);
+        rc = run_batch(e, be, b, o);
+        hvl_log(HVL_LOG_TRACE, "batch: %s of %d tensors, %lld bytes, %.1f us, backend %s", hvl__op_name(b->op),
+                b->count, (long long)b->bytes, (hvl__now() - t0) * 1e6, be->name);
+        if (hvl__tl_active()) hvl__tl_batch(b, t0, rc);
         finish_batch(e, &batches.items[i], rc, o);
         free(o);
         if (rc == HVL_ERR_INVALID_ARG) rc = HVL_OK;   /* agreed by every rank: not fatal */

@@ -96,6 +96,8 @@ typedef struct {
     int64_t cache_hits;         /* responses agreed by the bit-vector fast path */
     int64_t cache_misses;       /* responses agreed through the coordinator */
     int64_t stall_warnings;     /* stall warnings issued (rank 0 only) */
+    int64_t shm_collectives;    /* collectives run by the shared-memory backend (one host) */
+    int64_t hierarchical_allreduces;   /* allreduces run shm -> MPI across hosts -> shm */
 } hvl_counters;
 
 /* Start the engine: initialise MPI if nobody has (else reuse it), start the background thread.

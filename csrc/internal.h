@@ -43,6 +43,10 @@ typedef struct {
     char autotune_log[HVL_PATH_MAX];   /* CSV of every sample (rank 0); "" = none */
     char timeline_path[HVL_PATH_MAX];   /* "" = no timeline at start (rank 0's value is used) */
     int timeline_mark_cycles;
+    int shm_disable;            /* 1: never use the shared-memory data plane */
+    int hierarchical_allreduce; /* 1: multi-host allreduces go shm -> MPI among hosts -> shm */
+    int64_t shm_chunk;          /* bytes per shared-memory pipeline step (per rank and buffer) */
+    int test_fake_hosts;        /* tests only: split each host's ranks as if on this many hosts */
 } hvl_params;
 
 /* Reads HVLITE_* (and HOROVOD_*) silently; cannot fail. Bad values keep their defaults. */
@@ -201,9 +205,22 @@ void hvl__pset_remove(hvl_engine *e, int id);        /* frees the set; cannot fa
  * if other_rank is not NULL, global rank `other`'s. HVL_ERR_INVALID_ARG if there is no such set. */
 int hvl__pset_lookup(hvl_engine *e, int id, int *size, int *rank, int other, int *other_rank);
 
-/* ---- data planes (backend.c registry, backend_mpi.c) ----
+/* ---- data planes (backend.c registry, backend_mpi.c, backend_shm.c, backend_hier.c) ----
  * Every collective runs among the members of one process set `ps` (this rank is one of them);
  * ranks and counts below are indexed by the rank within the set. */
+
+/* A fused allreduce seen as one stream of `count` elements, for a backend that does its own
+ * chunking (the shm backend moves each chunk straight between the tensors and its segment, with
+ * no fusion-buffer copy). fill writes elements [off, off + n) of the batch, prescale applied, to
+ * `to`; drain takes them reduced from `from` into the outputs, average and postscale applied.
+ * Each is called over consecutive ranges, in order, covering [0, count). Owned by execute.c. */
+typedef struct hvl_stream {
+    int64_t count;
+    int dtype, reduce_op;
+    void (*fill)(struct hvl_stream *s, int64_t off, int64_t n, void *to);
+    void (*drain)(struct hvl_stream *s, int64_t off, int64_t n, const void *from);
+} hvl_stream;
+
 typedef struct {
     const char *name;
     /* 1 if this backend runs `op` on `dtype` for `bytes` of payload among `ps`. */
@@ -220,9 +237,24 @@ typedef struct {
     /* dst receives this rank's counts[rank] elements of the reduction of src. */
     int (*reducescatter)(hvl_engine *e, hvl_pset *ps, const void *src, void *dst,
                          const int64_t *counts, int dtype, int reduce_op);
+    /* Optional (NULL: the engine calls .allreduce on HVLITE_ALLREDUCE_PIECE pieces). */
+    int (*allreduce_stream)(hvl_engine *e, hvl_pset *ps, hvl_stream *s);
 } hvl_backend;
 const hvl_backend *hvl__backend_for(const hvl_engine *e, const hvl_pset *ps, int op, int dtype, int64_t bytes);
 extern const hvl_backend hvl__backend_mpi;
+extern const hvl_backend hvl__backend_shm;    /* every member on this host */
+extern const hvl_backend hvl__backend_hier;   /* allreduce across hosts: shm, MPI, shm */
+
+/* ---- shared memory (shm_segment.c; types in shm.h) ----
+ * Per set, ps->backend_state: the members on this host, their segment, leaders' communicator.
+ * open is collective over ps->comm; a segment that cannot be made on some rank leaves the set
+ * without one on every rank (a warning; MPI serves it). Fails only on MPI errors or no memory. */
+int hvl__shm_open(hvl_engine *e, hvl_pset *ps);
+void hvl__shm_close(hvl_pset *ps, int clean);   /* clean: communicators may be freed */
+
+/* out[i] = a[i] op b[i] for n elements (reduce_kernels.c); out may be a or b, else no overlap.
+ * Average sums. Integers wrap; bool Sum/Max = any, Min/Product = all. Cannot fail. */
+void hvl__reduce_pair(void *out, const void *a, const void *b, int64_t n, int dtype, int reduce_op);
 
 /* ---- MPI helpers (mpi_util.c) ---- */
 int hvl__mpi_check(int mpi_rc, const char *what);                    /* MPI code -> status */

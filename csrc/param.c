@@ -49,9 +49,15 @@ static const param_def table[] = {
      "Chrome trace (JSON) file that rank 0 writes; open it in Perfetto or chrome://tracing"},
     {"TIMELINE_MARK_CYCLES", P_INT, F(timeline_mark_cycles), "0",
      "1: also mark every engine cycle on the timeline (CYCLE_START)"},
+    {"SHM_DISABLE", P_INT, F(shm_disable), "0",
+     "1: never use the shared-memory data plane (collectives of one-host sets go to MPI)"},
+    {"HIERARCHICAL_ALLREDUCE", P_INT, F(hierarchical_allreduce), "0",
+     "1: allreduce across hosts as shm reduce on each host, MPI among hosts, shm broadcast"},
+    {"SHM_CHUNK", P_INT64, F(shm_chunk), "1048576",
+     "bytes per shared-memory pipeline step and rank (segment: 2 per rank on the host)"},
+    {"TEST_FAKE_HOSTS", P_INT, F(test_fake_hosts), "0",
+     "tests only: split each host's ranks into this many consecutive fake hosts"},
     /* read elsewhere, listed so they are documented and not warned about */
-    {"SHM_DISABLE", P_OTHER, 0, "0", "disable the shared-memory backend (issue 6)"},
-    {"HIERARCHICAL_ALLREDUCE", P_OTHER, 0, "0", "hierarchical allreduce (issue 6)"},
     {"DYNAMIC_PROCESS_SETS", P_OTHER, 0, "1", "accepted for Horovod scripts: sets may always be added at run time"},
     {"MPICC", P_OTHER, 0, "", "build time: the MPI compiler wrapper to build against"},
     {"MPIEXEC", P_OTHER, 0, "", "hvlrun: the mpiexec to launch with"},
@@ -133,6 +139,8 @@ void hvl__params_log(const hvl_params *p)
             (long long)p->fusion_threshold, p->cycle_time_ms, p->cache_capacity, p->stall_check_s,
             p->stall_shutdown_s, p->peer_timeout_s, p->timeline_path,
             p->timeline_mark_cycles ? " (cycles marked)" : "");
+    hvl_log(HVL_LOG_DEBUG, "settings: shm_disable=%d hierarchical_allreduce=%d shm_chunk=%lld B fake_hosts=%d",
+            p->shm_disable, p->hierarchical_allreduce, (long long)p->shm_chunk, p->test_fake_hosts);
     for (size_t i = 0; i < NPARAMS; i++)
         hvl_log(HVL_LOG_TRACE, "HVLITE_%s (default %s): %s", table[i].suffix, table[i].deflt, table[i].doc);
 }

@@ -47,7 +47,7 @@ int hvl__psets_create(hvl_engine *e)
     ps->one_host = members_on_one_host(e, ps);
     e->psets[0] = ps;
     e->npsets = 1;
-    return HVL_OK;
+    return hvl__shm_open(e, ps);     /* collective: the set's shared-memory segment */
 }
 
 void hvl__psets_destroy(hvl_engine *e, int clean)
@@ -61,6 +61,7 @@ void hvl__psets_destroy(hvl_engine *e, int clean)
     for (int i = 0; i < n; i++) {
         hvl_pset *ps = sets[i];
         if (!ps) continue;
+        hvl__shm_close(ps, clean);
         if (clean && i != 0 && ps->comm != MPI_COMM_NULL) MPI_Comm_free(&ps->comm);
         free(ps->ranks);
         free(ps);
@@ -146,6 +147,7 @@ int hvl__pset_add(hvl_engine *e, const int64_t *members, int n, int *id_out)
         return rc;
     }
     *id_out = ps->id;
+    HVL_CHECK(hvl__shm_open(e, ps));     /* collective among the members (others return at once) */
     hvl_log(HVL_LOG_DEBUG, "process set %d added: %d ranks, this rank %d", ps->id, n, ps->rank);
     return HVL_OK;
 }
@@ -157,6 +159,7 @@ void hvl__pset_remove(hvl_engine *e, int id)
     pthread_mutex_lock(&e->queue_lock);
     e->psets[id] = NULL;
     pthread_mutex_unlock(&e->queue_lock);
+    hvl__shm_close(ps, 1);
     if (ps->comm != MPI_COMM_NULL) MPI_Comm_free(&ps->comm);
     free(ps->ranks);
     free(ps);

@@ -1,7 +1,8 @@
 """Whole-job scenarios (tests/scenarios/*.py) under hvlrun or plain mpiexec, each with a hard
-timeout: stall warning, a rank killed by SIGKILL, mpi4py initialising MPI first, and running
-without hvlrun."""
+timeout: stall warning, a rank killed by SIGKILL (also mid shared-memory allreduce: no segment
+may be left in /dev/shm), mpi4py initialising MPI first, and running without hvlrun."""
 import os
+import re
 import subprocess
 import sys
 import time
@@ -64,3 +65,30 @@ def test_plain_mpiexec_without_hvlrun():
                          stdin=subprocess.DEVNULL)
     assert job.returncode == 0, job.stdout + job.stderr
     assert "matches the single-process answer" in job.stdout
+
+
+def test_killed_rank_during_shm_allreduce_leaks_no_segment():
+    start = time.monotonic()
+    job = run_job(2, ["python", "tests/scenarios/shm_kill.py"], timeout=60)
+    elapsed = time.monotonic() - start
+    out = job.stdout + job.stderr
+    assert job.returncode != 0, out
+    assert elapsed < 30 * MULTIPLIER, "job took %.1f s to end after a rank died" % elapsed
+    pids = re.findall(r"pid of rank \d: (\d+)", out)
+    assert len(pids) == 2 and "rank 1" in out and "SIGKILL" in out, out
+    left = [n for n in os.listdir("/dev/shm") if n.startswith("hvlite-") and any("-%s-" % p in n for p in pids)]
+    assert left == [], "segments left in /dev/shm: %s" % left
+    assert "unreachable" not in out
+
+
+def test_stopped_rank_during_shm_allreduce_times_out():
+    start = time.monotonic()
+    job = run_job(2, ["python", "tests/scenarios/shm_stopped_peer.py"], timeout=60,
+                  env={"HVLITE_PEER_TIMEOUT_SECONDS": "2"})
+    elapsed = time.monotonic() - start
+    out = job.stdout + job.stderr
+    assert job.returncode == 3, out
+    assert elapsed < 20 * MULTIPLIER, "the job took %.1f s" % elapsed
+    assert "rank 0 timeout" in out and "shm allreduce" in out, out
+    assert re.search(r"rank 1 \(pid \d+\) on this host did not arrive for 2 s", out), out
+    assert "UNEXPECTED" not in out

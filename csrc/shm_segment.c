@@ -1,0 +1,229 @@
+/* shm_segment.c: the shared-memory segment of a process set on this host, and the arrivals that
+ * order its members' steps (layout and protocol in shm.h). bg thread only.
+ *
+ * Naming and leaks: local rank 0 creates "/hvlite-<uid>-<pid>-<random>" (O_EXCL), the others
+ * open it, every member maps it, they agree (one allreduce) that all have, and rank 0 unlinks
+ * the name at once. From then on the segment has no name: the mappings keep it alive and it
+ * vanishes with the last process, so a SIGKILL leaks nothing in /dev/shm (only a kill inside
+ * the few milliseconds of setup could). Shutdown unmaps.
+ *
+ * Waiting: an arrival bumps the member's futex word and wakes sleepers only if some peer
+ * registered as one. A waiter spins for a few microseconds (only when every local member can
+ * have a core of its own: oversubscribed, a spinner steals the core its peer needs), then
+ * sleeps on the futex in short naps, checking between naps that the peer's process is alive,
+ * the peer timeout and shutdown. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include "shm.h"
+
+#define SPIN_S 50e-6            /* busy-wait before sleeping (see the note above) */
+#define NAP_S 0.05              /* futex sleep between liveness checks */
+#define SHUTDOWN_GRACE_S 1.0    /* a wait this old gives up when shutdown is requested */
+#define DATA_ALIGN 4096
+
+static void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static void futex_wait(uint32_t *word, uint32_t seen, double seconds)
+{
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, NULL, 0);   /* shared: no PRIVATE flag */
+}
+
+static void futex_wake(uint32_t *word) { syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
+
+static int reached(const hvl_shm_ctl *c, uint32_t target)
+{
+    return (int32_t)(__atomic_load_n(&c->seq, __ATOMIC_ACQUIRE) - target) >= 0;
+}
+
+/* Between naps: is there a reason to stop waiting for member `peer`? */
+static int check_peer(hvl_engine *e, const hvl_shm_ctl *c, double waited, const char *what)
+{
+    if (kill(c->pid, 0) != 0 && errno == ESRCH)
+        return hvl__fail(HVL_ERR_SYSTEM, "%s: rank %d (pid %d) on this host has died",
+                         what, c->rank, c->pid);
+    if (e->params.peer_timeout_s > 0 && waited > e->params.peer_timeout_s)
+        return hvl__fail(HVL_ERR_TIMEOUT, "%s: rank %d (pid %d) on this host did not arrive for "
+                         "%.0f s (HVLITE_PEER_TIMEOUT_SECONDS); it is stopped or hangs outside hvlite",
+                         what, c->rank, c->pid, waited);
+    if (waited > SHUTDOWN_GRACE_S && __atomic_load_n(&e->shutdown_requested, __ATOMIC_ACQUIRE))
+        return hvl__fail(HVL_ERR_SHUT_DOWN, "%s: shut down while waiting for rank %d", what, c->rank);
+    int fatal = __atomic_load_n(&e->fatal, __ATOMIC_ACQUIRE);
+    return fatal != HVL_OK ? hvl__fail(fatal, "%s: the engine failed", what) : HVL_OK;
+}
+
+static int wait_for(hvl_engine *e, hvl_shm *s, hvl_shm_ctl *c, uint32_t target, const char *what)
+{
+    if (reached(c, target)) return HVL_OK;
+    double start = hvl__now();
+    while (hvl__now() - start < s->spin_s)
+        for (int i = 0; i < 32; i++) {
+            if (reached(c, target)) return HVL_OK;
+            cpu_relax();
+        }
+    for (;;) {
+        /* Register, then look again: the arriving member stores seq, then reads sleepers (both
+         * sequentially consistent), so either it sees us or we see its arrival. */
+        __atomic_add_fetch(&c->sleepers, 1, __ATOMIC_SEQ_CST);
+        uint32_t seen = __atomic_load_n(&c->seq, __ATOMIC_SEQ_CST);
+        if ((int32_t)(seen - target) < 0) futex_wait(&c->seq, seen, NAP_S);
+        __atomic_sub_fetch(&c->sleepers, 1, __ATOMIC_SEQ_CST);
+        if (reached(c, target)) return HVL_OK;
+        HVL_CHECK(check_peer(e, c, hvl__now() - start, what));
+    }
+}
+
+int hvl__shm_sync(hvl_engine *e, hvl_shm *s, const char *what)
+{
+    hvl_shm_ctl *mine = &s->ctl[s->local_rank];
+    uint32_t target = ++s->arrivals;
+    __atomic_store_n(&mine->seq, target, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&mine->sleepers, __ATOMIC_SEQ_CST)) futex_wake(&mine->seq);
+    for (int r = 0; r < s->local_size; r++)
+        if (r != s->local_rank) HVL_CHECK(wait_for(e, s, &s->ctl[r], target, what));
+    return HVL_OK;
+}
+
+void hvl__shm_announce(hvl_shm *s, int64_t v) { s->ctl[s->local_rank].value[(s->arrivals + 1) & 1] = v; }
+
+int64_t hvl__shm_announced(const hvl_shm *s, int r) { return s->ctl[r].value[s->arrivals & 1]; }
+
+/* Local rank 0: a new, exclusive segment; its name goes to `name` ("" on failure). */
+static int create_segment(char *name, size_t len, size_t bytes)
+{
+    int fd = -1;
+    for (int attempt = 0; attempt < 8 && fd < 0; attempt++) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        unsigned token = (unsigned)ts.tv_nsec ^ ((unsigned)getpid() << 16) ^ (unsigned)attempt * 2654435761u;
+        snprintf(name, len, "/hvlite-%u-%d-%08x", (unsigned)getuid(), (int)getpid(), token);
+        fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0) {
+        int err = errno;
+        if (fd >= 0) { close(fd); shm_unlink(name); }
+        name[0] = 0;
+        return hvl__fail(HVL_ERR_SYSTEM, "cannot create a %zu-byte shared-memory segment in /dev/shm: %s",
+                         bytes, strerror(err));
+    }
+    return fd;
+}
+
+/* Collective over s->local_comm: create (rank 0) or open the segment, map it, agree that every
+ * member has, unlink the name. HVL_OK, HVL_ERR_SYSTEM (some member could not, all agree;
+ * *failed_here says if it was this one, with the reason as the last error), or an MPI error. */
+static int map_segment(hvl_engine *e, hvl_shm *s, int *failed_here)
+{
+    char name[96] = {0};
+    size_t ctl_bytes = sizeof(hvl_shm_ctl) * (size_t)s->local_size;
+    size_t data_off = (ctl_bytes + DATA_ALIGN - 1) / DATA_ALIGN * DATA_ALIGN;
+    size_t bytes = data_off + (size_t)s->local_size * 2 * (size_t)s->chunk;
+    int fd = s->local_rank == 0 ? create_segment(name, sizeof(name), bytes) : -1;
+    int rc = hvl__mpi_check(MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, s->local_comm), "MPI_Bcast (shm name)");
+    if (rc != HVL_OK) { if (fd >= 0) { close(fd); shm_unlink(name); } return rc; }
+    if (s->local_rank != 0 && name[0]) fd = shm_open(name, O_RDWR, 0);
+    void *p = fd >= 0 ? mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    int err = errno, mapped = p != MAP_FAILED, all_mapped = 0;
+    if (fd >= 0) close(fd);
+    if (!mapped && name[0]) hvl__fail(HVL_ERR_SYSTEM, "cannot map shared-memory segment %s: %s", name, strerror(err));
+    *failed_here = !mapped && (name[0] || s->local_rank == 0);
+    rc = hvl__mpi_check(MPI_Allreduce(&mapped, &all_mapped, 1, MPI_INT, MPI_MIN, s->local_comm), "MPI_Allreduce (shm mapped)");
+    if (s->local_rank == 0 && name[0]) shm_unlink(name);   /* every member has mapped it, or gave up */
+    if (rc == HVL_OK && !all_mapped) rc = HVL_ERR_SYSTEM;
+    if (rc != HVL_OK) { if (mapped) munmap(p, bytes); return rc; }
+    s->base = p;
+    s->map_bytes = bytes;
+    s->ctl = p;
+    s->data = (char *)p + data_off;
+    s->ctl[s->local_rank].pid = (int32_t)getpid();
+    s->ctl[s->local_rank].rank = e->rank;
+    memset(s->data + (size_t)s->local_rank * 2 * (size_t)s->chunk, 0, 2 * (size_t)s->chunk);  /* fault in */
+    return hvl__mpi_check(MPI_Barrier(s->local_comm), "MPI_Barrier (shm ready)");   /* pids written */
+}
+
+/* The global rank of this host's first member: the same on every rank of the host (and of a
+ * fake host: e->local_comm is already split), different across hosts. */
+static int host_key(hvl_engine *e)
+{
+    MPI_Group local, world;
+    int zero = 0, key = 0;
+    MPI_Comm_group(e->local_comm, &local);
+    MPI_Comm_group(e->comm, &world);
+    MPI_Group_translate_ranks(local, 1, &zero, world, &key);
+    MPI_Group_free(&local);
+    MPI_Group_free(&world);
+    return key;
+}
+
+/* The set's communicators on this host and, across hosts, among local rank 0s; the segment. */
+static int build(hvl_engine *e, hvl_pset *ps, hvl_shm *s, int *usable)
+{
+    HVL_CHECK(hvl__mpi_check(MPI_Comm_split(ps->comm, host_key(e), ps->rank, &s->local_comm), "MPI_Comm_split (host)"));
+    MPI_Comm_set_errhandler(s->local_comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(s->local_comm, &s->local_rank);
+    MPI_Comm_size(s->local_comm, &s->local_size);
+    if (!ps->one_host) {
+        HVL_CHECK(hvl__mpi_check(MPI_Comm_split(ps->comm, s->local_rank == 0 ? 0 : MPI_UNDEFINED, ps->rank,
+                                                &s->leaders_comm), "MPI_Comm_split (leaders)"));
+        if (s->leaders_comm != MPI_COMM_NULL) MPI_Comm_set_errhandler(s->leaders_comm, MPI_ERRORS_RETURN);
+    }
+    int64_t least = ((int64_t)s->local_size * 64 + DATA_ALIGN - 1) / DATA_ALIGN * DATA_ALIGN;
+    if (s->chunk < least) s->chunk = least;   /* a cache line per member and step, at least */
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    s->spin_s = cpus > 0 && s->local_size <= cpus ? SPIN_S : 0;
+    if (!(s->scratch = malloc((size_t)s->chunk)))
+        return hvl__fail(HVL_ERR_NO_MEMORY, "out of memory for a %lld-byte shm buffer", (long long)s->chunk);
+    int failed_here = 0, rc = s->local_size > 1 ? map_segment(e, s, &failed_here) : HVL_OK;
+    *usable = rc == HVL_OK;
+    if (failed_here)
+        hvl_log(HVL_LOG_WARNING, "%s; process set %d uses MPI instead of shared memory", hvl_last_error(), ps->id);
+    return rc == HVL_ERR_SYSTEM ? HVL_OK : rc;
+}
+
+int hvl__shm_open(hvl_engine *e, hvl_pset *ps)
+{
+    if (e->params.shm_disable || ps->rank < 0 || ps->size < 2) return HVL_OK;
+    if (!ps->one_host && !e->params.hierarchical_allreduce) return HVL_OK;
+    hvl_shm *s = calloc(1, sizeof(*s));
+    if (!s) return hvl__fail(HVL_ERR_NO_MEMORY, "out of memory opening shared memory");
+    s->local_comm = s->leaders_comm = MPI_COMM_NULL;
+    int64_t chunk = (e->params.shm_chunk + DATA_ALIGN - 1) / DATA_ALIGN * DATA_ALIGN;
+    s->chunk = chunk < DATA_ALIGN ? DATA_ALIGN : chunk > ((int64_t)1 << 30) ? (int64_t)1 << 30 : chunk;
+    ps->backend_state = s;
+    int usable = 0, all_usable = 0;
+    int rc = build(e, ps, s, &usable);
+    if (rc == HVL_OK)   /* every host must have its segment, or no rank of the set uses any */
+        rc = hvl__mpi_check(MPI_Allreduce(&usable, &all_usable, 1, MPI_INT, MPI_MIN, ps->comm), "MPI_Allreduce (shm usable)");
+    if (rc != HVL_OK || !all_usable) hvl__shm_close(ps, rc == HVL_OK);
+    return rc;
+}
+
+void hvl__shm_close(hvl_pset *ps, int clean)
+{
+    hvl_shm *s = ps->backend_state;
+    if (!s) return;
+    if (s->base) munmap(s->base, s->map_bytes);
+    if (clean && s->local_comm != MPI_COMM_NULL) MPI_Comm_free(&s->local_comm);
+    if (clean && s->leaders_comm != MPI_COMM_NULL) MPI_Comm_free(&s->leaders_comm);
+    free(s->scratch);
+    free(s);
+    ps->backend_state = NULL;
+}
