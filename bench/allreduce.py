@@ -1,16 +1,19 @@
-"""Allreduce benchmark: hvlite vs the MPI underneath (mpi4py on the same MPI), torch.distributed
-gloo, and the memory floor (one memcpy of the same bytes), measured in one run.
+"""Allreduce benchmark: hvlite on its shared-memory data plane and on its MPI data plane, against
+the MPI underneath (mpi4py on the same MPI), torch.distributed gloo, and the memory floor (one
+memcpy of the same bytes), measured in one run.
 
-    hvlrun -np 2 python bench/allreduce.py                   # full table
+    hvlrun -np 2 python bench/allreduce.py                   # full table, 4 KiB .. 256 MiB
     hvlrun -np 2 python bench/allreduce.py --smoke           # tiny sizes, a few iterations
     hvlrun -np 2 python bench/allreduce.py --autotune        # + the 160-tensor case tuned
 
 Every case is float32, op Sum, in place, median of --iters calls after warm-up (slowest rank per
-call). hvlite, mpi4py and the memcpy floor are measured first; gloo is started afterwards and
-measured in a second phase of the same run, because a live gloo process group was seen to slow
-the MPI-based columns on this 2-core machine (4 KiB mpi4py from 6 to 32 us). "160 x 100 KiB" submits 160 named tensors asynchronously and then waits for all of them
-(hvlite fuses them); the references make 160 separate calls. #wrong counts result elements that
-differ from the expected value in a separate checked call.
+call; cases of more than 64 MiB take a third as many). Phases, in order: hvlite as configured
+(on one host: the shm data plane) with mpi4py and the memcpy floor beside it; hvlite restarted
+with HVLITE_SHM_DISABLE=1 (its MPI data plane); gloo last, because a live gloo process group was
+seen to slow the MPI-based columns on this 2-core machine (4 KiB mpi4py from 6 to 32 us).
+"160 x 100 KiB" submits 160 named tensors asynchronously and then waits for all of them (hvlite
+fuses them); the references make 160 separate calls. #wrong counts result elements that differ
+from the expected value in a separate checked call, in both hvlite phases.
 """
 import argparse
 import os
@@ -23,6 +26,7 @@ import hvlite as hvd
 from harness import human, init_gloo, memcpy_floor, ms, print_table, ratio, timed
 
 KIB = 1024
+MIB = 1024 * KIB
 
 
 def check_wrong(run_once, n, size):
@@ -31,14 +35,18 @@ def check_wrong(run_once, n, size):
     return int(np.count_nonzero(buf != size))
 
 
-def one_tensor_case(nbytes, comm, iters):
+def one_tensor_hvlite(nbytes, comm, iters):
+    """hvlite's time for one in-place allreduce of nbytes, and the wrong elements of a check."""
     n = nbytes // 4
     buf = np.ones(n, np.float32)
     name = "bench.%d" % nbytes
     t_hvl = timed(lambda: hvd.allreduce_(buf, op=hvd.Sum, name=name), comm, iters)
-    wrong = check_wrong(lambda b: hvd.allreduce_(b, op=hvd.Sum, name=name), n, comm.size)
-    t_mpi = timed(lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM), comm, iters)
-    return t_hvl, t_mpi, wrong
+    return t_hvl, check_wrong(lambda b: hvd.allreduce_(b, op=hvd.Sum, name=name), n, comm.size)
+
+
+def one_tensor_mpi(nbytes, comm, iters):
+    buf = np.ones(nbytes // 4, np.float32)
+    return timed(lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM), comm, iters)
 
 
 def one_tensor_gloo(nbytes, comm, dist, iters):
@@ -47,24 +55,33 @@ def one_tensor_gloo(nbytes, comm, dist, iters):
     return timed(lambda: dist.all_reduce(tbuf), comm, iters)
 
 
-def many_tensors_case(count, nbytes, comm, iters):
+def many_tensors_hvlite(count, nbytes, comm, iters):
     bufs = [np.ones(nbytes // 4, np.float32) for _ in range(count)]
 
     def hvl():
         hs = [hvd.allreduce_async_(b, op=hvd.Sum, name="many.%d" % i) for i, b in enumerate(bufs)]
         for h in hs:
             hvd.synchronize(h)
-
-    def mpi():
-        for b in bufs:
-            comm.Allreduce(MPI.IN_PLACE, b, op=MPI.SUM)
     t_hvl = timed(hvl, comm, iters)
     for b in bufs:
         b[...] = 1
     hvl()
-    wrong = sum(int(np.count_nonzero(b != comm.size)) for b in bufs)
-    t_mpi = timed(mpi, comm, iters)
-    return t_hvl, t_mpi, wrong
+    return t_hvl, sum(int(np.count_nonzero(b != comm.size)) for b in bufs)
+
+
+def many_tensors_mpi(count, nbytes, comm, iters):
+    bufs = [np.ones(nbytes // 4, np.float32) for _ in range(count)]
+
+    def mpi():
+        for b in bufs:
+            comm.Allreduce(MPI.IN_PLACE, b, op=MPI.SUM)
+    return timed(mpi, comm, iters)
+
+
+def many_tensors_case(count, nbytes, comm, iters):
+    """hvlite and mpi4py on the many-tensor step: (t_hvl, t_mpi, wrong) (autotune table)."""
+    t_hvl, wrong = many_tensors_hvlite(count, nbytes, comm, iters)
+    return t_hvl, many_tensors_mpi(count, nbytes, comm, iters), wrong
 
 
 def many_tensors_gloo(count, nbytes, comm, dist, iters):
@@ -151,11 +168,28 @@ def autotune_table(args, comm, many, iters):
                      "vs start", "#wrong"], rows)
 
 
-def row(label, nbytes, t_hvl, t_mpi, t_gloo, t_mem, wrong, size):
-    algbw = nbytes / t_hvl / 1e9
+def iters_for(nbytes, iters):
+    """Calls to time for a case: a third as many above 64 MiB (each takes 0.1-1 s here)."""
+    return iters if nbytes <= 64 * MIB else max(5, iters // 3)
+
+
+def hvlite_column(cases, comm, iters):
+    """Time hvlite on every case with the engine as it is now: [(t, wrong)] per case."""
+    out = []
+    for label, nbytes, many in cases:
+        n = iters_for(nbytes, iters)
+        out.append(many_tensors_hvlite(many[0], many[1], comm, n) if many
+                   else one_tensor_hvlite(nbytes, comm, n))
+    return out
+
+
+def row(label, nbytes, shm, hmpi, t_mpi, t_gloo, t_mem, size):
+    (t_shm, wrong_shm), (t_hmpi, wrong_hmpi) = shm, hmpi
+    algbw = nbytes / t_shm / 1e9
     busbw = algbw * 2 * (size - 1) / size
-    return [label, ms(t_hvl), ms(t_mpi), ms(t_gloo), ms(t_mem), ratio(t_hvl, t_mpi),
-            ratio(t_hvl, t_gloo), ratio(t_hvl, t_mem), "%.2f" % algbw, "%.2f" % busbw, wrong]
+    return [label, ms(t_shm), ms(t_hmpi), ms(t_mpi), ms(t_gloo), ms(t_mem), ratio(t_shm, t_hmpi),
+            ratio(t_shm, t_mpi), ratio(t_shm, t_gloo), ratio(t_shm, t_mem), "%.2f" % algbw,
+            "%.2f" % busbw, wrong_shm + wrong_hmpi]
 
 
 def main():
@@ -163,35 +197,47 @@ def main():
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--smoke", action="store_true", help="tiny sizes and few iterations (CI)")
     p.add_argument("--no-torch", action="store_true", help="skip the torch gloo column")
+    p.add_argument("--max-mib", type=float, default=256, help="largest single-tensor size")
     p.add_argument("--autotune", action="store_true",
                    help="also: the many-tensor case with start settings vs autotune's choice")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds for --autotune")
     args = p.parse_args()
     comm = MPI.COMM_WORLD
     hvd.init()
-    sizes = [4 * KIB, 256 * KIB] if args.smoke else [4 * KIB, 256 * KIB, 4 * KIB * KIB, 64 * KIB * KIB]
+    sizes = [4 * KIB, 256 * KIB] if args.smoke else \
+        [s for s in (4 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)
+         if s <= args.max_mib * MIB]
     iters = 5 if args.smoke else args.iters
     many = (16, 4 * KIB) if args.smoke else (160, 100 * KIB)
-    measured = []        # phase 1: hvlite, mpi4py, memcpy
-    for nbytes in sizes:
-        measured.append((human(nbytes), nbytes) + one_tensor_case(nbytes, comm, iters)
-                        + (memcpy_floor(nbytes, comm, iters),))
-    total = many[0] * many[1]
-    measured.append(("%d x %s" % (many[0], human(many[1])), total)
-                    + many_tensors_case(many[0], many[1], comm, iters) + (memcpy_floor(total, comm, iters),))
-    dist = None if args.no_torch else init_gloo(comm)    # phase 2: torch.distributed gloo
-    gloo = [None] * len(measured)
+    cases = [(human(n), n, None) for n in sizes]
+    cases.append(("%d x %s" % (many[0], human(many[1])), many[0] * many[1], many))
+    # phase 1: hvlite as configured (shm on one host), mpi4py, memcpy
+    start = {n: v for n, v in os.environ.items() if n.startswith(("HVLITE_", "HOROVOD_"))}
+    shm = hvlite_column(cases, comm, iters)
+    counters = hvd.engine_counters()
+    backend = "shm" if counters.get("shm_collectives") else "MPI"
+    t_mpi = [many_tensors_mpi(c[2][0], c[2][1], comm, iters) if c[2]
+             else one_tensor_mpi(c[1], comm, iters_for(c[1], iters)) for c in cases]
+    t_mem = [memcpy_floor(c[1], comm, iters_for(c[1], iters)) for c in cases]
+    # phase 2: hvlite on its MPI data plane
+    restart_engine(start, {"HVLITE_SHM_DISABLE": "1"})
+    hmpi = hvlite_column(cases, comm, iters)
+    restart_engine(start, {})
+    dist = None if args.no_torch else init_gloo(comm)    # phase 3: torch.distributed gloo
+    gloo = [None] * len(cases)
     if dist:
-        gloo = [one_tensor_gloo(nbytes, comm, dist, iters) for nbytes in sizes]
-        gloo.append(many_tensors_gloo(many[0], many[1], comm, dist, iters))
-    rows = [row(label, nbytes, t_hvl, t_mpi, t_gloo, t_mem, wrong, comm.size)
-            for (label, nbytes, t_hvl, t_mpi, wrong, t_mem), t_gloo in zip(measured, gloo)]
+        gloo = [many_tensors_gloo(c[2][0], c[2][1], comm, dist, iters) if c[2]
+                else one_tensor_gloo(c[1], comm, dist, iters_for(c[1], iters)) for c in cases]
+    rows = [row(c[0], c[1], a, b, m, g, f, comm.size)
+            for c, a, b, m, g, f in zip(cases, shm, hmpi, t_mpi, gloo, t_mem)]
     if comm.rank == 0:
-        print_table("allreduce float32 Sum, %d ranks, %s, median of %d (times in ms)"
-                    % (comm.size, hvd.mpi_vendor(), iters),
-                    ["case", "hvlite", "mpi4py", "gloo", "memcpy", "hvl/mpi", "hvl/gloo",
-                     "hvl/memcpy", "algbw GB/s", "busbw GB/s", "#wrong"], rows)
-        print("engine counters:", hvd.engine_counters())
+        print_table("allreduce float32 Sum, %d ranks, %s, median of %d (times in ms); hvlite "
+                    "ran on its %s data plane, then restarted with HVLITE_SHM_DISABLE=1 (hvl-mpi)"
+                    % (comm.size, hvd.mpi_vendor().strip(), iters, backend),
+                    ["case", "hvlite", "hvl-mpi", "mpi4py", "gloo", "memcpy", "hvl/hvl-mpi",
+                     "hvl/mpi4py", "hvl/gloo", "hvl/memcpy", "algbw GB/s", "busbw GB/s", "#wrong"],
+                    rows)
+        print("engine counters after phase 1:", counters)
     if dist:
         dist.destroy_process_group()
     if args.autotune:

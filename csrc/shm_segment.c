@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +27,8 @@
 #include <sys/syscall.h>
 #include "shm.h"
 
-#define SPIN_S 50e-6            /* busy-wait before sleeping (see the note above) */
+#define SPIN_S 20e-6            /* busy-wait first, when every member has a core */
+#define YIELD_S 2e-3            /* then poll with sched_yield, before sleeping on the futex */
 #define NAP_S 0.05              /* futex sleep between liveness checks */
 #define SHUTDOWN_GRACE_S 1.0    /* a wait this old gives up when shutdown is requested */
 #define DATA_ALIGN 4096
@@ -78,6 +80,13 @@ static int wait_for(hvl_engine *e, hvl_shm *s, hvl_shm_ctl *c, uint32_t target, 
             if (reached(c, target)) return HVL_OK;
             cpu_relax();
         }
+    /* A step's copies take 10-200 us, and a futex wake-up costs about as much again on a VM,
+     * so keep polling a while, but give the core to any other runnable thread (this rank's
+     * training thread, or an oversubscribed peer) at every look. */
+    while (hvl__now() - start < YIELD_S) {
+        if (reached(c, target)) return HVL_OK;
+        sched_yield();
+    }
     for (;;) {
         /* Register, then look again: the arriving member stores seq, then reads sleepers (both
          * sequentially consistent), so either it sees us or we see its arrival. */

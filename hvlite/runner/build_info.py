@@ -9,8 +9,9 @@ Contract:
     (``<mpi_bindir>/mpiexec`` for "site", ``<sys.prefix>/bin/mpiexec`` for "pypi-mpich");
     ``mpiexec`` then ``mpirun`` on ``PATH``. A candidate from the build info that does not exist
     is skipped.
-  * :func:`check_build_report` formats the ``--check-build`` text; it runs at most one
-    ``mpiexec --version``.
+  * :func:`check_build_report` formats the ``--check-build`` text: the build, the features, and
+    the data planes in the engine's priority order with whether the settings leave each on; it
+    runs at most one ``mpiexec --version``.
 """
 
 import json
@@ -96,13 +97,15 @@ def _box(flag: bool) -> str:
     return "[X]" if flag else "[ ]"
 
 
-def check_build_report(info: Optional[Mapping], mpiexec: Optional[str], how: str) -> str:
+def check_build_report(info: Optional[Mapping], mpiexec: Optional[str], how: str,
+                       environ: Optional[Mapping[str, str]] = None) -> str:
     """Format the ``--check-build`` report.
 
     Args:
         info: the build info, or None when the engine is not built.
         mpiexec: the mpiexec :func:`find_mpiexec` chose, or None.
         how: where it came from (second value of :func:`find_mpiexec`).
+        environ: the settings that decide which data planes are on; ``os.environ`` when omitted.
 
     Returns:
         The report, several lines ending in a newline.
@@ -125,4 +128,31 @@ def check_build_report(info: Optional[Mapping], mpiexec: Optional[str], how: str
               "    %s MPI" % _box(built),
               "    %s NCCL" % _box(built and bool(info.get("nccl"))),
               "    %s shared memory" % _box(built and bool(info.get("shm")))]
+    if built:
+        lines += ["", "Data planes, in the order the engine offers each collective to them:"]
+        lines += ["    %d. %s" % (i + 1, text) for i, text in enumerate(_data_planes(info, environ))]
     return "\n".join(lines) + "\n"
+
+
+def _setting(environ: Mapping[str, str], suffix: str) -> str:
+    """Return ``HVLITE_<suffix>`` (or its ``HOROVOD_`` alias) from ``environ``, else ``""``."""
+    return environ.get("HVLITE_" + suffix, environ.get("HOROVOD_" + suffix, "")).strip()
+
+
+def _data_planes(info: Mapping, environ: Optional[Mapping[str, str]]) -> list:
+    """Describe each backend of the engine's registry (csrc/backend.c), in its priority order,
+    with whether this environment's settings leave it on. Cannot fail."""
+    environ = os.environ if environ is None else environ
+    shm_off = _setting(environ, "SHM_DISABLE") not in ("", "0")
+    hier_on = _setting(environ, "HIERARCHICAL_ALLREDUCE") not in ("", "0")
+    planes = ["NCCL: GPU buffers (%s)" % ("built" if info.get("nccl") else "not built")]
+    if not info.get("shm"):
+        planes.append("shared memory: not built")
+    else:
+        planes.append("shared memory: every collective of a set whose ranks share one host (%s)"
+                      % ("OFF: HVLITE_SHM_DISABLE is set" if shm_off else "on; HVLITE_SHM_DISABLE=1 turns it off"))
+        planes.append("hierarchical: allreduce of a set spread over hosts (%s)"
+                      % ("on: HVLITE_HIERARCHICAL_ALLREDUCE is set" if hier_on and not shm_off
+                         else "off; hvlrun --hierarchical-allreduce turns it on"))
+    planes.append("MPI: everything else (always)")
+    return planes

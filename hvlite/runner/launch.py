@@ -89,6 +89,12 @@ KNOBS = (
      "autotune samples the search scores before it settles (at most 100)"),
     ("--autotune-gaussian-process-noise", "HVLITE_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", _number,
      "noise variance of autotune's model, relative to the spread of its scores"),
+    ("--hierarchical-allreduce", "HVLITE_HIERARCHICAL_ALLREDUCE", None,
+     "multi-host allreduce: shared-memory reduce on each host, MPI among hosts, shm broadcast"),
+    ("--shm-disable", "HVLITE_SHM_DISABLE", None,
+     "never use the shared-memory data plane (one-host sets then use MPI)"),
+    ("--shm-chunk-mb", "HVLITE_SHM_CHUNK", _mebibytes,
+     "shared-memory pipeline step per rank in MiB (sets bytes)"),
 )
 
 
@@ -201,7 +207,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         info = None
     mpiexec, how = find_mpiexec(info)
     if args.check_build:
-        sys.stdout.write(check_build_report(info, mpiexec, how))
+        sys.stdout.write(check_build_report(info, mpiexec, how, dict(os.environ, **knob_env(args))))
         return 0
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.module:

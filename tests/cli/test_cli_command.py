@@ -242,3 +242,33 @@ def test_timeline_flags(capsys):
     assert argv[argv.index("HVLITE_TIMELINE") + 1] == "/tmp/t l.json"        # one argument
     exports, _ = dry_run(capsys, "-np", "2", "--timeline-filename", "/tmp/t.json", "python", "train.py")
     assert "HVLITE_TIMELINE_MARK_CYCLES" not in exports
+
+
+def test_check_build_report_lists_data_planes_in_priority_order():
+    info = {"version": "0.1.0", "mpi_source": "site", "nccl": False, "shm": True}
+    report = build_info.check_build_report(info, None, "not found", {})
+    planes = report.split("Data planes")[1].splitlines()[1:]
+    assert [p.split(":")[0].split(". ")[1] for p in planes] == \
+        ["NCCL", "shared memory", "hierarchical", "MPI"]
+    assert "on; HVLITE_SHM_DISABLE=1 turns it off" in planes[1]
+    assert "off; hvlrun --hierarchical-allreduce" in planes[2]
+    off = build_info.check_build_report(info, None, "not found", {"HOROVOD_SHM_DISABLE": "1"})
+    assert "OFF: HVLITE_SHM_DISABLE is set" in off
+    hier = build_info.check_build_report(info, None, "not found", {"HVLITE_HIERARCHICAL_ALLREDUCE": "1"})
+    assert "on: HVLITE_HIERARCHICAL_ALLREDUCE is set" in hier
+
+
+def test_check_build_flags_change_the_data_planes(capsys):
+    assert main(["--check-build", "--shm-disable"]) == 0
+    out = capsys.readouterr().out
+    if "NOT BUILT" not in out:
+        assert "OFF: HVLITE_SHM_DISABLE is set" in out
+
+
+def test_shm_flags(capsys, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    exports, _ = dry_run(capsys, "-np", "2", "--hierarchical-allreduce", "--shm-disable",
+                         "--shm-chunk-mb", "0.5", "python", "train.py")
+    assert exports["HVLITE_HIERARCHICAL_ALLREDUCE"] == "1"
+    assert exports["HVLITE_SHM_DISABLE"] == "1"
+    assert exports["HVLITE_SHM_CHUNK"] == str(512 * 1024)
