@@ -7,10 +7,13 @@ memcpy of the same bytes), measured in one run.
     hvlrun -np 2 python bench/allreduce.py --autotune        # + the 160-tensor case tuned
 
 Every case is float32, op Sum, in place, median of --iters calls after warm-up (slowest rank per
-call; cases of more than 64 MiB take a third as many). Phases, in order: hvlite as configured
-(on one host: the shm data plane) with mpi4py and the memcpy floor beside it; hvlite restarted
-with HVLITE_SHM_DISABLE=1 (its MPI data plane); gloo last, because a live gloo process group was
-seen to slow the MPI-based columns on this 2-core machine (4 KiB mpi4py from 6 to 32 us).
+call; cases of more than 64 MiB take half as many). Phases, in order: hvlite as configured
+(on one host: the shm data plane), mpi4py, the memcpy floor, hvlite restarted with
+HVLITE_SHM_DISABLE=1 (its MPI data plane); these phases run --repeat times in turn (this VM's
+memory bandwidth drifts by up to 2x over minutes, so interleaving keeps the ratios honest) and
+each cell is the median of the repeats' medians. gloo runs last, once, because a live gloo
+process group was seen to slow the MPI-based columns on this 2-core machine (4 KiB mpi4py from
+6 to 32 us).
 "160 x 100 KiB" submits 160 named tensors asynchronously and then waits for all of them (hvlite
 fuses them); the references make 160 separate calls. #wrong counts result elements that differ
 from the expected value in a separate checked call, in both hvlite phases.
@@ -169,8 +172,8 @@ def autotune_table(args, comm, many, iters):
 
 
 def iters_for(nbytes, iters):
-    """Calls to time for a case: a third as many above 64 MiB (each takes 0.1-1 s here)."""
-    return iters if nbytes <= 64 * MIB else max(5, iters // 3)
+    """Calls to time for a case: half as many above 64 MiB (each takes 0.1-1 s here)."""
+    return iters if nbytes <= 64 * MIB else max(3, iters // 2)
 
 
 def hvlite_column(cases, comm, iters):
@@ -192,9 +195,20 @@ def row(label, nbytes, shm, hmpi, t_mpi, t_gloo, t_mem, size):
             "%.2f" % busbw, wrong_shm + wrong_hmpi]
 
 
+def median_of(runs):
+    """Per case, the median over repeats: runs is [repeat][case] of times or (time, wrong)."""
+    if isinstance(runs[0][0], tuple):
+        return [(statistics.median(r[i][0] for r in runs), sum(r[i][1] for r in runs))
+                for i in range(len(runs[0]))]
+    return [statistics.median(r[i] for r in runs) for i in range(len(runs[0]))]
+
+
 def main():
     p = argparse.ArgumentParser(description="hvlite allreduce benchmark")
-    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--iters", type=int, default=10, help="timed calls per case and repeat")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="run the phases this many times, interleaved; a cell is the median of "
+                        "the repeats' medians (this VM's memory bandwidth drifts by 2x)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes and few iterations (CI)")
     p.add_argument("--no-torch", action="store_true", help="skip the torch gloo column")
     p.add_argument("--max-mib", type=float, default=256, help="largest single-tensor size")
@@ -207,37 +221,39 @@ def main():
     sizes = [4 * KIB, 256 * KIB] if args.smoke else \
         [s for s in (4 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)
          if s <= args.max_mib * MIB]
-    iters = 5 if args.smoke else args.iters
+    iters, repeat = (5, 1) if args.smoke else (args.iters, args.repeat)
     many = (16, 4 * KIB) if args.smoke else (160, 100 * KIB)
     cases = [(human(n), n, None) for n in sizes]
     cases.append(("%d x %s" % (many[0], human(many[1])), many[0] * many[1], many))
-    # phase 1: hvlite as configured (shm on one host), mpi4py, memcpy
     start = {n: v for n, v in os.environ.items() if n.startswith(("HVLITE_", "HOROVOD_"))}
-    shm = hvlite_column(cases, comm, iters)
-    counters = hvd.engine_counters()
+    runs = {"hvl": [], "hmpi": [], "mpi": [], "mem": []}
+    for _ in range(repeat):
+        # hvlite as configured (shm on one host), mpi4py, memcpy; hvlite on its MPI data plane
+        runs["hvl"].append(hvlite_column(cases, comm, iters))
+        counters = hvd.engine_counters()
+        runs["mpi"].append([many_tensors_mpi(c[2][0], c[2][1], comm, iters) if c[2]
+                            else one_tensor_mpi(c[1], comm, iters_for(c[1], iters)) for c in cases])
+        runs["mem"].append([memcpy_floor(c[1], comm, iters_for(c[1], iters)) for c in cases])
+        restart_engine(start, {"HVLITE_SHM_DISABLE": "1"})
+        runs["hmpi"].append(hvlite_column(cases, comm, iters))
+        restart_engine(start, {})
     backend = "shm" if counters.get("shm_collectives") else "MPI"
-    t_mpi = [many_tensors_mpi(c[2][0], c[2][1], comm, iters) if c[2]
-             else one_tensor_mpi(c[1], comm, iters_for(c[1], iters)) for c in cases]
-    t_mem = [memcpy_floor(c[1], comm, iters_for(c[1], iters)) for c in cases]
-    # phase 2: hvlite on its MPI data plane
-    restart_engine(start, {"HVLITE_SHM_DISABLE": "1"})
-    hmpi = hvlite_column(cases, comm, iters)
-    restart_engine(start, {})
-    dist = None if args.no_torch else init_gloo(comm)    # phase 3: torch.distributed gloo
+    dist = None if args.no_torch else init_gloo(comm)    # last: torch.distributed gloo
     gloo = [None] * len(cases)
     if dist:
         gloo = [many_tensors_gloo(c[2][0], c[2][1], comm, dist, iters) if c[2]
                 else one_tensor_gloo(c[1], comm, dist, iters_for(c[1], iters)) for c in cases]
+    shm, hmpi, t_mpi, t_mem = (median_of(runs[k]) for k in ("hvl", "hmpi", "mpi", "mem"))
     rows = [row(c[0], c[1], a, b, m, g, f, comm.size)
             for c, a, b, m, g, f in zip(cases, shm, hmpi, t_mpi, gloo, t_mem)]
     if comm.rank == 0:
-        print_table("allreduce float32 Sum, %d ranks, %s, median of %d (times in ms); hvlite "
-                    "ran on its %s data plane, then restarted with HVLITE_SHM_DISABLE=1 (hvl-mpi)"
-                    % (comm.size, hvd.mpi_vendor().strip(), iters, backend),
+        print_table("allreduce float32 Sum, %d ranks, %s; hvlite on its %s data plane, hvl-mpi: "
+                    "restarted with HVLITE_SHM_DISABLE=1; median of %d repeats x %d calls "
+                    "(times in ms)" % (comm.size, hvd.mpi_vendor().strip(), backend, repeat, iters),
                     ["case", "hvlite", "hvl-mpi", "mpi4py", "gloo", "memcpy", "hvl/hvl-mpi",
                      "hvl/mpi4py", "hvl/gloo", "hvl/memcpy", "algbw GB/s", "busbw GB/s", "#wrong"],
                     rows)
-        print("engine counters after phase 1:", counters)
+        print("engine counters of the last hvlite phase:", counters)
     if dist:
         dist.destroy_process_group()
     if args.autotune:

@@ -3,15 +3,18 @@ plane (the same engine restarted with HVLITE_SHM_DISABLE=1), raw mpi4py on the s
 the memory floor, per size. The "shm/hvl-mpi" column is what decides, per op, which sizes the
 shm backend takes (csrc/backend_shm.c); bench/README.md records the crossovers.
 
-    hvlrun -np 2 python bench/collectives.py [--iters N] [--smoke] [--ops allgather,broadcast]
+    hvlrun -np 2 python bench/collectives.py [--iters N] [--repeat R] [--smoke]
+                                             [--ops allgather,broadcast] [--sizes-kib 4,64]
 
 Sizes are the bytes each rank sends (allgather: its rows; broadcast: the buffer; reducescatter:
 the whole input, float32 Sum; alltoall: its whole input, split evenly). Each time is the median
-of --iters calls of the slowest rank. #wrong counts wrong elements of one checked call of each
+of --iters calls of the slowest rank; the phases (hvlite, mpi4py, memcpy, hvlite restarted on
+MPI) run --repeat times in turn and a cell is the median of the repeats. #wrong counts wrong elements of one checked call of each
 hvlite phase against NumPy.
 """
 import argparse
 import os
+import statistics
 
 import numpy as np
 from mpi4py import MPI
@@ -93,27 +96,45 @@ def hvlite_phase(ops, sizes, comm, iters):
     return out
 
 
+def median_cells(runs):
+    """{key: median over repeats} from [repeat]{key: time or (time, wrong)}."""
+    out = {}
+    for key, first in runs[0].items():
+        if isinstance(first, tuple):
+            out[key] = (statistics.median(r[key][0] for r in runs), sum(r[key][1] for r in runs))
+        else:
+            out[key] = statistics.median(r[key] for r in runs)
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description="hvlite collectives benchmark (shm vs MPI data plane)")
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--iters", type=int, default=10, help="timed calls per case and repeat")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="run the phases this many times, interleaved; a cell is the median of "
+                        "the repeats' medians")
     p.add_argument("--smoke", action="store_true", help="tiny sizes and few iterations (CI)")
     p.add_argument("--ops", default="allgather,broadcast,reducescatter,alltoall")
+    p.add_argument("--sizes-kib", default="4,64,256,1024,4096,16384,65536",
+                   help="bytes per rank, in KiB, comma-separated")
     args = p.parse_args()
     comm = MPI.COMM_WORLD
     hvd.init()
     ops = args.ops.split(",")
-    sizes = [4 * KIB, 64 * KIB] if args.smoke else \
-        [4 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB]
-    iters = 3 if args.smoke else args.iters
+    sizes = [4 * KIB, 64 * KIB] if args.smoke else [int(float(k) * KIB) for k in args.sizes_kib.split(",")]
+    iters, repeat = (3, 1) if args.smoke else (args.iters, args.repeat)
     start = {n: v for n, v in os.environ.items() if n.startswith(("HVLITE_", "HOROVOD_"))}
-    shm = hvlite_phase(ops, sizes, comm, iters)
-    shm_ran = hvd.engine_counters().get("shm_collectives", 0) > 0
-    ref = {(op, n): timed(mpi_call(op, inputs(op, n, comm), comm), comm, iters)
-           for op in ops for n in sizes}
-    floor = {n: memcpy_floor(n, comm, iters) for n in sizes}
-    restart_engine({"HVLITE_SHM_DISABLE": "1"}, start)
-    hmpi = hvlite_phase(ops, sizes, comm, iters)
-    restart_engine({}, start)
+    runs = {"hvl": [], "hmpi": [], "mpi": [], "mem": []}
+    for _ in range(repeat):
+        runs["hvl"].append(hvlite_phase(ops, sizes, comm, iters))
+        shm_ran = hvd.engine_counters().get("shm_collectives", 0) > 0
+        runs["mpi"].append({(op, n): timed(mpi_call(op, inputs(op, n, comm), comm), comm, iters)
+                            for op in ops for n in sizes})
+        runs["mem"].append({n: memcpy_floor(n, comm, iters) for n in sizes})
+        restart_engine({"HVLITE_SHM_DISABLE": "1"}, start)
+        runs["hmpi"].append(hvlite_phase(ops, sizes, comm, iters))
+        restart_engine({}, start)
+    shm, hmpi, ref, floor = (median_cells(runs[k]) for k in ("hvl", "hmpi", "mpi", "mem"))
     rows = []
     for op in ops:
         for n in sizes:
@@ -122,9 +143,10 @@ def main():
                          ratio(t_shm, t_hmpi), ratio(t_shm, ref[op, n]), ratio(t_shm, floor[n]),
                          w_shm + w_hmpi])
     if comm.rank == 0:
-        print_table("collectives float32, %d ranks, %s, median of %d (times in ms); hvlite on its "
-                    "%s data plane, then restarted with HVLITE_SHM_DISABLE=1 (hvl-mpi)"
-                    % (comm.size, hvd.mpi_vendor().strip(), iters, "shm" if shm_ran else "MPI"),
+        print_table("collectives float32, %d ranks, %s; hvlite as configured (shm data plane "
+                    "where it takes the size: %s), hvl-mpi: restarted with HVLITE_SHM_DISABLE=1; "
+                    "median of %d repeats x %d calls (times in ms)"
+                    % (comm.size, hvd.mpi_vendor().strip(), "yes" if shm_ran else "no", repeat, iters),
                     ["op", "bytes/rank", "hvlite", "hvl-mpi", "mpi4py", "memcpy", "hvl/hvl-mpi",
                      "hvl/mpi4py", "hvl/memcpy", "#wrong"], rows)
     hvd.shutdown()

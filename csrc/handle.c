@@ -172,10 +172,26 @@ int hvl_result_copy(int64_t id, void *dst, int64_t nbytes)
     if (nbytes != o.result_bytes)
         return hvl__fail(HVL_ERR_INVALID_ARG, "result has %lld bytes, destination %lld",
                          (long long)o.result_bytes, (long long)nbytes);
+    if (!o.result) return hvl__fail(HVL_ERR_INVALID_ARG, "the result of handle %lld was taken", (long long)id);
     /* The result buffer does not move until hvl_release, which only the caller does. */
     if (nbytes) memcpy(dst, o.result, (size_t)nbytes);
     return HVL_OK;
 }
+
+int hvl_result_take(int64_t id, void **data)
+{
+    pthread_mutex_lock(&handle_lock);
+    slot_t *s = lookup(id);
+    int rc = !s ? HVL_ERR_INVALID_ARG : s->state != SLOT_DONE ? HVL_ERR_IN_PROGRESS : HVL_OK;
+    *data = rc == HVL_OK ? s->outcome.result : NULL;
+    if (rc == HVL_OK) s->outcome.result = NULL;
+    pthread_mutex_unlock(&handle_lock);
+    if (rc != HVL_OK) return hvl__fail(rc, "handle %lld is %s", (long long)id, rc == HVL_ERR_IN_PROGRESS ? "not complete" : "unknown or released");
+    if (!*data) return hvl__fail(HVL_ERR_INVALID_ARG, "handle %lld has no result to take", (long long)id);
+    return HVL_OK;
+}
+
+void hvl_result_free(void *data) { free(data); }
 
 int hvl_result_value(int64_t id, int64_t *value)
 {

@@ -147,6 +147,11 @@ int hvl_poll(int64_t handle, int *done);
  * into dst (nbytes must equal the result's size). Valid until hvl_release. */
 int hvl_result_shape(int64_t handle, int *ndim, int64_t *shape);
 int hvl_result_copy(int64_t handle, void *dst, int64_t nbytes);
+/* Hand the engine-owned result over instead of copying it: *data is the buffer (never NULL,
+ * also for 0 bytes), now the caller's, freed with hvl_result_free. The shape stays readable;
+ * hvl_result_copy and a second take fail after it. */
+int hvl_result_take(int64_t handle, void **data);
+void hvl_result_free(void *data);
 /* Join: the last rank that joined; process set add: the new set's id. */
 int hvl_result_value(int64_t handle, int64_t *value);
 /* Size of process set id and this rank's rank in it (-1: not a member).

@@ -53,8 +53,9 @@ static const param_def table[] = {
      "1: never use the shared-memory data plane (collectives of one-host sets go to MPI)"},
     {"HIERARCHICAL_ALLREDUCE", P_INT, F(hierarchical_allreduce), "0",
      "1: allreduce across hosts as shm reduce on each host, MPI among hosts, shm broadcast"},
-    {"SHM_CHUNK", P_INT64, F(shm_chunk), "1048576",
-     "bytes per shared-memory pipeline step and rank (segment: 2 per rank on the host)"},
+    {"SHM_CHUNK", P_INT64, F(shm_chunk), "0",
+     "bytes per shared-memory pipeline step and rank (segment: 2 per rank on the host); "
+     "0 = 1 MiB, or 4 MiB when the host runs more ranks than cores"},
     {"TEST_FAKE_HOSTS", P_INT, F(test_fake_hosts), "0",
      "tests only: split each host's ranks into this many consecutive fake hosts"},
     /* read elsewhere, listed so they are documented and not warned about */

@@ -24,3 +24,15 @@ def test_allreduce_bench_autotune_smoke():
     assert len(rows) == 3, out
     for line in rows:
         assert line.rstrip().endswith(" 0"), "wrong results in: " + line
+
+
+def test_collectives_bench_smoke():
+    """bench/collectives.py: every op on shm and on MPI, right results (#wrong 0)."""
+    job = run_job(2, ["python", "bench/collectives.py", "--smoke"], timeout=180)
+    out = job.stdout + job.stderr
+    assert job.returncode == 0, out
+    rows = [line for line in job.stdout.splitlines() if "KiB" in line and "x" in line]
+    assert len(rows) == 8, out
+    assert "shm data plane where it takes the size: yes" in job.stdout, out
+    for line in rows:
+        assert line.rstrip().endswith(" 0"), "wrong results in: " + line

@@ -20,9 +20,9 @@ subclasses for what the engine and the other ranks report.
 import torch
 
 from .. import ops as _np_ops
-from .._lib import lib
+from .._lib import ffi, lib
 from ..basics import rank, size
-from ..handles import NULL, Handle, auto_name, pointer, result_into, submit
+from ..handles import NULL, Handle, auto_name, pointer, result_buffer, submit
 from ..process_sets import _set_id, _set_rank_size
 from .compression import Compression
 
@@ -68,11 +68,14 @@ def _reduce_op(average, op):
     return _np_ops._reduce_op(average, op)
 
 
-def _empty_result(dtype):
-    def allocate(shape):
-        out = torch.empty(shape, dtype=dtype)
-        return out, _ptr(out), out.numel() * out.element_size()
-    return allocate
+def _result_tensor(handle, dtype):
+    """The engine-owned result of a finished allgather/alltoall as a tensor over that memory
+    (no copy; freed with the tensor)."""
+    shape, owner, count = result_buffer(handle)
+    if count == 0:
+        return torch.empty(shape, dtype=dtype)
+    nbytes = count * torch.empty((), dtype=dtype).element_size()
+    return torch.frombuffer(ffi.buffer(owner, nbytes), dtype=dtype).reshape(shape)
 
 
 # ---- allreduce ----
@@ -199,7 +202,7 @@ def allgather_async(tensor, name=None, process_set=None):
     src = _contiguous(tensor).detach()
     return submit(lib.HVL_ALLGATHER, name or auto_name("allgather", process_set), _engine_dtype(src),
                   tuple(src.shape), _ptr(src), NULL, (src,),
-                  lambda h: result_into(h, _empty_result(src.dtype)),
+                  lambda h: _result_tensor(h, src.dtype),
                   process_set=_set_id(process_set))
 
 
@@ -285,7 +288,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     n = _set_rank_size(process_set)[1]
 
     def finish(h):
-        out = result_into(h, _empty_result(src.dtype))
+        out = _result_tensor(h, src.dtype)
         if split_list is None:
             return out
         from ..handles import received_splits

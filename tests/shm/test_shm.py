@@ -2,8 +2,8 @@
 backend. SPMD: run by tests/test_shm.py under hvlrun -np 2, 3 and 4.
 
 The engine restarts with each configuration of CONFIGS, in order (mpi4py owns MPI, so it can):
-the shm backend with its default 1 MiB chunk; with a 20 KiB chunk, so the same tensors cross
-many steps of both reduce paths (two-phase chunks above 16 KiB, one-phase below); the MPI
+the shm backend with its default chunk (1 MiB, or 4 MiB with more ranks than cores); with a
+20 KiB chunk, so the same tensors cross many steps of both reduce paths (two-phase chunks above 16 KiB, one-phase below); the MPI
 backend (HVLITE_SHM_DISABLE=1); hierarchical allreduce over 2 fake hosts. In each, every op x
 dtype x shape (0-d, 0-element, odd counts, tensors larger than a chunk, fused batches) is checked
 on every rank against NumPy, the engine's counters prove which backend ran, and the results are

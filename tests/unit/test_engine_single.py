@@ -50,6 +50,34 @@ def test_one_rank_semantics():
     hvd.barrier()
 
 
+def test_gathered_results_own_the_engines_memory():
+    """allgather/alltoall hand the engine's result buffer to the array (no copy): the array is
+    writable, outlives its handle, and a taken result cannot be taken or copied again."""
+    import gc
+    from hvlite._lib import ffi, lib
+    from hvlite.handles import NULL, address, result_buffer, submit
+    x = np.arange(6, dtype=np.float64).reshape(3, 2)
+    outs = [hvd.allgather(x, name="own.%d" % i) for i in range(3)] + [hvd.alltoall(x, name="own.a2a")]
+    gc.collect()
+    for out in outs:
+        assert out.flags.writeable and out.flags.c_contiguous
+        np.testing.assert_array_equal(out, x)
+        out += 1
+        np.testing.assert_array_equal(out, x + 1)
+    empty = hvd.allgather(np.zeros((0, 4), np.int8), name="own.empty")
+    assert empty.shape == (0, 4) and empty.dtype == np.int8
+
+    def finish(h):
+        shape, owner, count = result_buffer(h)
+        assert shape == (3, 2) and count == 6
+        assert lib.hvl_result_take(h._id, ffi.new("void **")) == lib.HVL_ERR_INVALID_ARG
+        assert lib.hvl_result_copy(h._id, ffi.new("char[48]"), 48) == lib.HVL_ERR_INVALID_ARG
+        return ffi.string(lib.hvl_last_error()).decode()
+    h = submit(lib.HVL_ALLGATHER, "own.twice", dtypes.to_engine(x.dtype), x.shape, address(x),
+               NULL, (x,), finish)
+    assert "was taken" in h.wait()
+
+
 def test_reducescatter_rows_split():
     lib = hvd._lib.lib
     assert [lib.hvl_reducescatter_rows(7, r, 3) for r in range(3)] == [3, 2, 2]
