@@ -10,8 +10,13 @@
  *   reducescatter: every member's output region advances chunk/n per step; each rank reduces
  *     its own piece straight into its output.
  *   allgather, broadcast, alltoall: publish my piece(s), sync, copy the others' out.
- * The registry offers every collective of a one-host set here: measured at 2-4 ranks, none
- * is slower than MPI at any size (bench/allreduce.py, bench/README.md). bg thread only. */
+ * The registry offers every collective of a one-host set here, but for one crossover, decided by
+ * measurement against hvlite's own MPI data plane (bench/allreduce.py, bench/collectives.py;
+ * tables in bench/README.md): at 2 ranks a broadcast of 1 MiB or more ran 1.2-1.8x faster on
+ * MPI (its large-message protocol moves the data once; here the root copies in and the peer
+ * copies out), so those go to MPI. From 3 ranks on, and for every other op and size at 2-4
+ * ranks, shm was as fast or faster (differences under 0.1 ms at small sizes flip from run to
+ * run: negotiation and scheduling, not the data plane). bg thread only. */
 #include <stdlib.h>
 #include <string.h>
 #include "shm.h"
@@ -210,11 +215,15 @@ static int alltoallv(hvl_engine *e, hvl_pset *ps, const void *src, const int64_t
     return rc;
 }
 
+#define BROADCAST_TWO_RANKS_MAX ((int64_t)1 << 20)   /* see the note at the top */
+
+/* bytes is the agreed response's size, the same on every rank, so every rank picks alike. */
 static int can_run(const hvl_engine *e, const hvl_pset *ps, int op, int dtype, int64_t bytes)
 {
     const hvl_shm *s = ps->backend_state;
-    (void)e; (void)dtype; (void)bytes;
+    (void)e; (void)dtype;
     if (!s || !s->base || !ps->one_host) return 0;
+    if (op == HVL_BROADCAST && s->local_size == 2 && bytes >= BROADCAST_TWO_RANKS_MAX) return 0;
     return op == HVL_ALLREDUCE || op == HVL_REDUCESCATTER || op == HVL_ALLGATHER ||
            op == HVL_BROADCAST || op == HVL_ALLTOALL;
 }

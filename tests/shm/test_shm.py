@@ -33,6 +33,9 @@ CONFIGS = {
 }
 MIB = 1 << 20
 ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float32": 2.0 ** -24, "float64": 2.0 ** -53}
+# At 2 ranks the shm backend hands broadcasts of 1 MiB or more to MPI (measured faster there,
+# csrc/backend_shm.c); check_data_movement makes one such broadcast per root.
+BIG_BROADCASTS_ON_MPI = SIZE if SIZE == 2 else 0
 RESULTS = {}          # (config, dtype name) -> {case: (result, float rounding magnitude or None)}
 _running = ["shm"]    # the configuration the engine runs now (conftest started it plainly)
 
@@ -216,7 +219,7 @@ def test_backend(config, dtype):
     check_reducescatter(dtype, got)
     ran = {k: v - before[k] for k, v in hvd.engine_counters().items()}
     if config.startswith("shm"):
-        assert ran["shm_collectives"] == ran["collectives"] > 0, ran
+        assert ran["shm_collectives"] == ran["collectives"] - BIG_BROADCASTS_ON_MPI > 0, ran
     elif config == "mpi":
         assert ran["shm_collectives"] == 0 and ran["hierarchical_allreduces"] == 0, ran
     else:
