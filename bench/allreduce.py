@@ -26,7 +26,8 @@ import numpy as np
 from mpi4py import MPI
 
 import hvlite as hvd
-from harness import human, init_gloo, memcpy_floor, ms, print_table, ratio, timed
+from harness import (add_repeat_args, human, init_gloo, median_over_repeats, memcpy_floor, ms,
+                     print_table, ratio, restart_engine, timed)
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -97,17 +98,6 @@ def many_tensors_gloo(count, nbytes, comm, dist, iters):
     return timed(gloo, comm, iters)
 
 
-def restart_engine(base, extra):
-    """Restart hvlite with exactly the HVLITE_*/HOROVOD_* settings base + extra (mpi4py owns
-    MPI, so hvlite may stop and start again)."""
-    hvd.shutdown()
-    for name in [n for n in os.environ if n.startswith(("HVLITE_", "HOROVOD_"))]:
-        del os.environ[name]
-    os.environ.update(base)
-    os.environ.update(extra)
-    hvd.init()
-
-
 def tune_to_convergence(bufs, comm):
     """Run the many-tensor step until autotune settled on every rank; returns the steps run."""
     steps = 0
@@ -125,7 +115,7 @@ def autotune_case(count, nbytes, comm, iters, rounds, tune_env):
     restarted for each in turn, `rounds` interleaved rounds. Returns (chosen, steps, rows)."""
     start = {n: v for n, v in os.environ.items() if n.startswith(("HVLITE_", "HOROVOD_"))}
     base = {n: v for n, v in start.items() if "AUTOTUNE" not in n}
-    restart_engine(base, dict(tune_env, HVLITE_AUTOTUNE="1"))
+    restart_engine(hvd, base, dict(tune_env, HVLITE_AUTOTUNE="1"))
     steps = tune_to_convergence([np.ones(nbytes // 4, np.float32) for _ in range(count)], comm)
     chosen = hvd.engine_tuning()
     runs = {"live": [many_tensors_case(count, nbytes, comm, iters)], "start": [], "tuned": []}
@@ -136,10 +126,10 @@ def autotune_case(count, nbytes, comm, iters, rounds, tune_env):
     values = {"live": chosen}
     for _ in range(rounds):
         for key, extra in (("start", {}), ("tuned", tuned_env)):
-            restart_engine(base, extra)
+            restart_engine(hvd, base, extra)
             values[key] = hvd.engine_tuning()
             runs[key].append(many_tensors_case(count, nbytes, comm, iters))
-    restart_engine(start, {})
+    restart_engine(hvd, start, {})
     t_start = statistics.median(r[0] for r in runs["start"])
     rows = []
     for key, label in (("start", "start settings"), ("tuned", "autotune's choice"),
@@ -195,20 +185,9 @@ def row(label, nbytes, shm, hmpi, t_mpi, t_gloo, t_mem, size):
             "%.2f" % busbw, wrong_shm + wrong_hmpi]
 
 
-def median_of(runs):
-    """Per case, the median over repeats: runs is [repeat][case] of times or (time, wrong)."""
-    if isinstance(runs[0][0], tuple):
-        return [(statistics.median(r[i][0] for r in runs), sum(r[i][1] for r in runs))
-                for i in range(len(runs[0]))]
-    return [statistics.median(r[i] for r in runs) for i in range(len(runs[0]))]
-
-
 def main():
     p = argparse.ArgumentParser(description="hvlite allreduce benchmark")
-    p.add_argument("--iters", type=int, default=10, help="timed calls per case and repeat")
-    p.add_argument("--repeat", type=int, default=3,
-                   help="run the phases this many times, interleaved; a cell is the median of "
-                        "the repeats' medians (this VM's memory bandwidth drifts by 2x)")
+    add_repeat_args(p)
     p.add_argument("--smoke", action="store_true", help="tiny sizes and few iterations (CI)")
     p.add_argument("--no-torch", action="store_true", help="skip the torch gloo column")
     p.add_argument("--max-mib", type=float, default=256, help="largest single-tensor size")
@@ -234,16 +213,16 @@ def main():
         runs["mpi"].append([many_tensors_mpi(c[2][0], c[2][1], comm, iters) if c[2]
                             else one_tensor_mpi(c[1], comm, iters_for(c[1], iters)) for c in cases])
         runs["mem"].append([memcpy_floor(c[1], comm, iters_for(c[1], iters)) for c in cases])
-        restart_engine(start, {"HVLITE_SHM_DISABLE": "1"})
+        restart_engine(hvd, start, {"HVLITE_SHM_DISABLE": "1"})
         runs["hmpi"].append(hvlite_column(cases, comm, iters))
-        restart_engine(start, {})
+        restart_engine(hvd, start, {})
     backend = "shm" if counters.get("shm_collectives") else "MPI"
     dist = None if args.no_torch else init_gloo(comm)    # last: torch.distributed gloo
     gloo = [None] * len(cases)
     if dist:
         gloo = [many_tensors_gloo(c[2][0], c[2][1], comm, dist, iters) if c[2]
                 else one_tensor_gloo(c[1], comm, dist, iters_for(c[1], iters)) for c in cases]
-    shm, hmpi, t_mpi, t_mem = (median_of(runs[k]) for k in ("hvl", "hmpi", "mpi", "mem"))
+    shm, hmpi, t_mpi, t_mem = (median_over_repeats(runs[k]) for k in ("hvl", "hmpi", "mpi", "mem"))
     rows = [row(c[0], c[1], a, b, m, g, f, comm.size)
             for c, a, b, m, g, f in zip(cases, shm, hmpi, t_mpi, gloo, t_mem)]
     if comm.rank == 0:

@@ -1,6 +1,6 @@
 """The other collectives on one host: hvlite's shared-memory data plane against its MPI data
 plane (the same engine restarted with HVLITE_SHM_DISABLE=1), raw mpi4py on the same MPI, and
-the memory floor, per size. The "shm/hvl-mpi" column is what decides, per op, which sizes the
+the memory floor, per size. The "hvl/hvl-mpi" column is what decides, per op, which sizes the
 shm backend takes (csrc/backend_shm.c); bench/README.md records the crossovers.
 
     hvlrun -np 2 python bench/collectives.py [--iters N] [--repeat R] [--smoke]
@@ -9,31 +9,21 @@ shm backend takes (csrc/backend_shm.c); bench/README.md records the crossovers.
 Sizes are the bytes each rank sends (allgather: its rows; broadcast: the buffer; reducescatter:
 the whole input, float32 Sum; alltoall: its whole input, split evenly). Each time is the median
 of --iters calls of the slowest rank; the phases (hvlite, mpi4py, memcpy, hvlite restarted on
-MPI) run --repeat times in turn and a cell is the median of the repeats. #wrong counts wrong elements of one checked call of each
-hvlite phase against NumPy.
+MPI) run --repeat times in turn and a cell is the median of the repeats. #wrong counts wrong
+elements of one checked call of each hvlite phase against NumPy.
 """
 import argparse
 import os
-import statistics
 
 import numpy as np
 from mpi4py import MPI
 
 import hvlite as hvd
-from harness import human, memcpy_floor, ms, print_table, ratio, timed
+from harness import (add_repeat_args, human, median_over_repeats, memcpy_floor, ms, print_table,
+                     ratio, restart_engine, timed)
 
 KIB = 1024
 MIB = 1024 * KIB
-
-
-def restart_engine(extra, start):
-    """Restart hvlite with the starting HVLITE_* settings plus `extra` (mpi4py owns MPI)."""
-    hvd.shutdown()
-    for name in [n for n in os.environ if n.startswith(("HVLITE_", "HOROVOD_"))]:
-        del os.environ[name]
-    os.environ.update(start)
-    os.environ.update(extra)
-    hvd.init()
 
 
 def inputs(op, nbytes, comm):
@@ -96,23 +86,9 @@ def hvlite_phase(ops, sizes, comm, iters):
     return out
 
 
-def median_cells(runs):
-    """{key: median over repeats} from [repeat]{key: time or (time, wrong)}."""
-    out = {}
-    for key, first in runs[0].items():
-        if isinstance(first, tuple):
-            out[key] = (statistics.median(r[key][0] for r in runs), sum(r[key][1] for r in runs))
-        else:
-            out[key] = statistics.median(r[key] for r in runs)
-    return out
-
-
 def main():
     p = argparse.ArgumentParser(description="hvlite collectives benchmark (shm vs MPI data plane)")
-    p.add_argument("--iters", type=int, default=10, help="timed calls per case and repeat")
-    p.add_argument("--repeat", type=int, default=3,
-                   help="run the phases this many times, interleaved; a cell is the median of "
-                        "the repeats' medians")
+    add_repeat_args(p)
     p.add_argument("--smoke", action="store_true", help="tiny sizes and few iterations (CI)")
     p.add_argument("--ops", default="allgather,broadcast,reducescatter,alltoall")
     p.add_argument("--sizes-kib", default="4,64,256,1024,4096,16384,65536",
@@ -131,10 +107,10 @@ def main():
         runs["mpi"].append({(op, n): timed(mpi_call(op, inputs(op, n, comm), comm), comm, iters)
                             for op in ops for n in sizes})
         runs["mem"].append({n: memcpy_floor(n, comm, iters) for n in sizes})
-        restart_engine({"HVLITE_SHM_DISABLE": "1"}, start)
+        restart_engine(hvd, start, {"HVLITE_SHM_DISABLE": "1"})
         runs["hmpi"].append(hvlite_phase(ops, sizes, comm, iters))
-        restart_engine({}, start)
-    shm, hmpi, ref, floor = (median_cells(runs[k]) for k in ("hvl", "hmpi", "mpi", "mem"))
+        restart_engine(hvd, start, {})
+    shm, hmpi, ref, floor = (median_over_repeats(runs[k]) for k in ("hvl", "hmpi", "mpi", "mem"))
     rows = []
     for op in ops:
         for n in sizes:

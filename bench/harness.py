@@ -2,8 +2,10 @@
 
 Contract: benchmarks run under ``hvlrun -np N`` with mpi4py and (optionally) torch installed.
 ``timed(fn, comm, iters, warmup)`` aligns ranks with a barrier before every call, times each
-call, takes the slowest rank per call and returns the median in seconds. Nothing here asserts a
-time: benchmarks print tables; tests never depend on speed.
+call, takes the slowest rank per call and returns the median in seconds. ``add_repeat_args``,
+``median_over_repeats`` and ``restart_engine`` serve benchmarks that run their phases several
+times in turn (hvlite as configured, references, hvlite restarted with other settings). Nothing
+here asserts a time: benchmarks print tables; tests never depend on speed.
 """
 import os
 import socket
@@ -25,6 +27,38 @@ def timed(fn, comm, iters=20, warmup=3):
         fn()
         samples.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
     return statistics.median(samples)
+
+
+def add_repeat_args(parser):
+    """--iters and --repeat, as every interleaving benchmark takes them."""
+    parser.add_argument("--iters", type=int, default=10, help="timed calls per case and repeat")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="run the phases this many times, interleaved; a cell is the median "
+                             "of the repeats' medians (this VM's memory bandwidth drifts by 2x)")
+
+
+def median_over_repeats(runs):
+    """Cells from ``runs``, one per repeat, each a list or dict of times or (time, wrong): the
+    median time over repeats (and the wrong counts summed), in the same list or dict shape."""
+    keys = list(runs[0].keys()) if isinstance(runs[0], dict) else range(len(runs[0]))
+
+    def cell(k):
+        if isinstance(runs[0][k], tuple):
+            return statistics.median(r[k][0] for r in runs), sum(r[k][1] for r in runs)
+        return statistics.median(r[k] for r in runs)
+    cells = {k: cell(k) for k in keys}
+    return cells if isinstance(runs[0], dict) else [cells[k] for k in keys]
+
+
+def restart_engine(hvd, base, extra):
+    """Restart hvlite (module ``hvd``) with exactly the HVLITE_*/HOROVOD_* settings base + extra
+    (mpi4py owns MPI, so hvlite may stop and start again in one process)."""
+    hvd.shutdown()
+    for name in [n for n in os.environ if n.startswith(("HVLITE_", "HOROVOD_"))]:
+        del os.environ[name]
+    os.environ.update(base)
+    os.environ.update(extra)
+    hvd.init()
 
 
 def memcpy_floor(nbytes, comm, iters=20):
