@@ -206,6 +206,9 @@ static int build(hvl_engine *e, hvl_pset *ps, hvl_shm *s, int *usable)
     if (s->chunk == 0) s->chunk = oversubscribed ? CHUNK_OVERSUBSCRIBED : CHUNK_DEFAULT;
     int64_t least = ((int64_t)s->local_size * 64 + DATA_ALIGN - 1) / DATA_ALIGN * DATA_ALIGN;
     if (s->chunk < least) s->chunk = least;   /* a cache line per member and step, at least */
+    if (!ps->one_host)   /* hierarchical steps meet across hosts: every host must step alike */
+        HVL_CHECK(hvl__mpi_check(MPI_Allreduce(MPI_IN_PLACE, &s->chunk, 1, MPI_INT64_T, MPI_MAX, ps->comm),
+                                 "MPI_Allreduce (shm step)"));
     s->spin_s = oversubscribed ? 0 : SPIN_S;
     if (!(s->scratch = malloc((size_t)s->chunk)))
         return hvl__fail(HVL_ERR_NO_MEMORY, "out of memory for a %lld-byte shm buffer", (long long)s->chunk);
