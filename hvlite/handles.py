@@ -142,8 +142,7 @@ def result_buffer(handle):
     data = ffi.new("void **")
     _check(lib.hvl_result_take(handle._id, data))
     owner = ffi.gc(data[0], lib.hvl_result_free)
-    nbytes = int(np.prod(shape, dtype=np.int64))
-    return shape, owner, nbytes
+    return shape, owner, int(np.prod(shape, dtype=np.int64))
 
 
 def result_array(handle, dtype):

@@ -149,7 +149,8 @@ def _data_planes(info: Mapping, environ: Optional[Mapping[str, str]]) -> list:
     if not info.get("shm"):
         planes.append("shared memory: not built")
     else:
-        planes.append("shared memory: every collective of a set whose ranks share one host (%s)"
+        planes.append("shared memory: collectives of a set whose ranks share one host, but "
+                      "broadcasts of 1 MiB or more at 2 ranks (%s)"
                       % ("OFF: HVLITE_SHM_DISABLE is set" if shm_off else "on; HVLITE_SHM_DISABLE=1 turns it off"))
         planes.append("hierarchical: allreduce of a set spread over hosts (%s)"
                       % ("on: HVLITE_HIERARCHICAL_ALLREDUCE is set" if hier_on and not shm_off
