@@ -190,7 +190,7 @@ static void log_sample(hvl_engine *e, hvl_autotune *t, int warmup, double second
 {
     if (!t->log) return;
     const hvl_tune_point *p = &t->current;
-    int n = fprintf(t->log, "%lld,%s,%lld,%g,%d,%d,%lld,%.6f,%.0f\n", (long long)t->samples,
+    int n = fprintf(t->log, "%lld,%s,%lld,%g,%d,%d,%lld,%.9g,%.0f\n", (long long)t->samples,
                     warmup ? "warmup" : "tune", (long long)p->fusion_threshold, p->cycle_time_ms,
                     p->response_cache, t->cycles, (long long)t->bytes, seconds, score);
     if (n < 0 || fflush(t->log) != 0) {
