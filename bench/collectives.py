@@ -1,7 +1,7 @@
 """The other collectives on one host: hvlite's shared-memory data plane against its MPI data
 plane (the same engine restarted with HVLITE_SHM_DISABLE=1), raw mpi4py on the same MPI, and
 the memory floor, per size. The "hvl/hvl-mpi" column is what decides, per op, which sizes the
-shm backend takes (csrc/backend_shm.c); bench/README.md records the crossovers.
+shm backend takes (csrc/backends/backend_shm.c); bench/README.md records the crossovers.
 
     hvlrun -np 2 python bench/collectives.py [--iters N] [--repeat R] [--smoke]
                                              [--ops allgather,broadcast] [--sizes-kib 4,64]

@@ -1,6 +1,7 @@
 """cffi builder for ``hvlite._core`` (API mode), used by setup.py.
 
-Contract: ``ffibuilder`` compiles every ``csrc/*.c`` file into one extension module whose cdef is
+Contract: ``ffibuilder`` compiles every ``.c`` file under ``csrc/`` (its folders: ``core``,
+``backends``, ``kernels``, ``observe``, ``util``) into one extension module whose cdef is
 the part of ``csrc/hvlite.h`` between the cffi markers, so constants and prototypes come from C
 and no Python copy needs keeping in sync. MPI compile/link flags come from ``hvlite._mpi_find``
 (``HVLITE_MPICC`` -> ``mpicc`` on PATH -> the PyPI ``mpich`` wheel). Raises ``RuntimeError``
@@ -29,14 +30,18 @@ def read_cdef():
 
 def make_builder():
     mpi = _mpi_find.find_mpi()
-    sources = sorted(os.path.relpath(os.path.join(CSRC, f)) for f in os.listdir(CSRC) if f.endswith(".c"))
+    sources, folders = [], [CSRC]
+    for here, dirs, files in sorted(os.walk(CSRC)):
+        dirs.sort()
+        folders += [os.path.join(here, d) for d in dirs]
+        sources += sorted(os.path.relpath(os.path.join(here, f)) for f in files if f.endswith(".c"))
     ffi = FFI()
     ffi.cdef(read_cdef())
     ffi.set_source(
         "hvlite._core",
         '#include "hvlite.h"\n',
         sources=sources,
-        include_dirs=[CSRC] + mpi.include_dirs,
+        include_dirs=folders + mpi.include_dirs,
         library_dirs=mpi.library_dirs,
         libraries=mpi.libraries,
         extra_compile_args=["-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Wextra"] + mpi.compile_args,

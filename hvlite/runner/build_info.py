@@ -140,7 +140,7 @@ def _setting(environ: Mapping[str, str], suffix: str) -> str:
 
 
 def _data_planes(info: Mapping, environ: Optional[Mapping[str, str]]) -> list:
-    """Describe each backend of the engine's registry (csrc/backend.c), in its priority order,
+    """Describe each backend of the engine's registry (csrc/backends/backend.c), in its priority order,
     with whether this environment's settings leave it on. Cannot fail."""
     environ = os.environ if environ is None else environ
     shm_off = _setting(environ, "SHM_DISABLE") not in ("", "0")

@@ -34,7 +34,7 @@ CONFIGS = {
 MIB = 1 << 20
 ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float32": 2.0 ** -24, "float64": 2.0 ** -53}
 # At 2 ranks the shm backend hands broadcasts of 1 MiB or more to MPI (measured faster there,
-# csrc/backend_shm.c); check_data_movement makes one such broadcast per root.
+# csrc/backends/backend_shm.c); check_data_movement makes one such broadcast per root.
 BIG_BROADCASTS_ON_MPI = SIZE if SIZE == 2 else 0
 RESULTS = {}          # (config, dtype name) -> {case: (result, float rounding magnitude or None)}
 _running = ["shm"]    # the configuration the engine runs now (conftest started it plainly)
