@@ -32,7 +32,8 @@ typedef enum {
     HVL_ERR_NO_MEMORY = 7,
     HVL_ERR_SHUT_DOWN = 8,     /* engine not running, or shut down while the request was pending */
     HVL_ERR_IN_PROGRESS = 9,   /* hvl_wait timed out; the request is still pending */
-    HVL_ERR_NOT_INITIALIZED = 10   /* called before hvl_init (never started in this process) */
+    HVL_ERR_NOT_INITIALIZED = 10,  /* called before hvl_init (never started in this process) */
+    HVL_ERR_DEADLOCK = 11      /* every rank waits on collectives that can never complete */
 } hvl_status;
 
 typedef enum {

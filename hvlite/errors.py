@@ -7,7 +7,8 @@ returns on ``HVL_OK`` and otherwise raises the class mapped below with the engin
 from ._lib import ffi, lib
 
 __all__ = ["HvliteError", "HorovodInternalError", "HvliteInvalidArgument", "MismatchError",
-           "HvliteTimeoutError", "HvliteShutdownError", "HvliteNotInitializedError"]
+           "HvliteTimeoutError", "HvliteShutdownError", "HvliteNotInitializedError",
+           "HvliteDeadlockError"]
 
 
 class HvliteError(RuntimeError):
@@ -30,6 +31,13 @@ class HvliteTimeoutError(HvliteError):
     """Other ranks did not answer in time (a dead or hung peer, or a stalled tensor)."""
 
 
+class HvliteDeadlockError(HvliteError):
+    """Every rank a collective needs waits in hvlite on collectives that can never complete (the
+    ranks called different collectives, or the same ones in another order); raised on every
+    waiting rank after HVLITE_DEADLOCK_SECONDS, naming what each rank waits on. The engine keeps
+    running."""
+
+
 class HvliteShutdownError(HvliteError):
     """The engine is not running: not initialised, shut down by a rank, or failed."""
 
@@ -44,6 +52,7 @@ _BY_STATUS = {
     lib.HVL_ERR_MISMATCH: MismatchError,
     lib.HVL_ERR_TIMEOUT: HvliteTimeoutError,
     lib.HVL_ERR_SHUT_DOWN: HvliteShutdownError,
+    lib.HVL_ERR_DEADLOCK: HvliteDeadlockError,
 }
 
 

@@ -83,7 +83,7 @@ def test_killed_rank_during_shm_allreduce_leaks_no_segment():
 
 def test_stopped_rank_during_shm_allreduce_times_out():
     start = time.monotonic()
-    job = run_job(2, ["python", "tests/scenarios/shm_stopped_peer.py"], timeout=60,
+    job = run_job(2, ["python", "tests/scenarios/stopped_peer.py", "shm"], timeout=60,
                   env={"HVLITE_PEER_TIMEOUT_SECONDS": "2"})
     elapsed = time.monotonic() - start
     out = job.stdout + job.stderr

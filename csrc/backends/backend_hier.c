@@ -15,7 +15,7 @@
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* Local rank 0: the other members' reduced slices into `mine`, then MPI among the hosts. */
-static int across_hosts(hvl_shm *s, char *mine, int64_t m, int dtype, int reduce_op)
+static int across_hosts(hvl_engine *e, hvl_shm *s, char *mine, int64_t m, int dtype, int reduce_op)
 {
     int esize = hvl_dtype_size(dtype);
     for (int r = 1; r < s->local_size; r++) {
@@ -23,9 +23,11 @@ static int across_hosts(hvl_shm *s, char *mine, int64_t m, int dtype, int reduce
         hvl__shm_slice(m, s->local_size, esize, r, &start, &len);
         if (len) memcpy(mine + start * esize, hvl__shm_buf(s, r) + start * esize, (size_t)(len * esize));
     }
-    return hvl__mpi_check(MPI_Allreduce(MPI_IN_PLACE, mine, (int)m, hvl__mpi_dtype(dtype),
-                                        hvl__mpi_op(reduce_op, dtype), s->leaders_comm),
-                          "MPI_Allreduce (hierarchical, across hosts)");
+    MPI_Request req;
+    HVL_CHECK(hvl__mpi_check(MPI_Iallreduce(MPI_IN_PLACE, mine, (int)m, hvl__mpi_dtype(dtype),
+                                            hvl__mpi_op(reduce_op, dtype), s->leaders_comm, &req),
+                             "MPI_Iallreduce (hierarchical, across hosts)"));
+    return hvl__mpi_progress_wait(&req, e->params.peer_timeout_s, "hierarchical allreduce across hosts");
 }
 
 static int allreduce_stream(hvl_engine *e, hvl_pset *ps, void *state, hvl_stream *st)
@@ -43,7 +45,7 @@ static int allreduce_stream(hvl_engine *e, hvl_pset *ps, void *state, hvl_stream
             hvl__shm_reduce_slice(s, m, st->dtype, st->reduce_op);
             HVL_CHECK(hvl__shm_sync(e, s, "hierarchical allreduce (reduced on host)"));
         }
-        if (s->local_rank == 0) HVL_CHECK(across_hosts(s, mine, m, st->dtype, st->reduce_op));
+        if (s->local_rank == 0) HVL_CHECK(across_hosts(e, s, mine, m, st->dtype, st->reduce_op));
         if (shared) HVL_CHECK(hvl__shm_sync(e, s, "hierarchical allreduce (reduced across hosts)"));
         st->drain(st, off, m, shared ? hvl__shm_buf(s, 0) : s->scratch);
     }

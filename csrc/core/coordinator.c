@@ -5,6 +5,9 @@
  * submitted (stalls): a warning after HVLITE_STALL_CHECK_TIME_SECONDS, and after
  * HVLITE_STALL_SHUTDOWN_TIME_SECONDS an error response that stops every rank's engine.
  * A tensor of a process set waits for that set's members only; ranks are global ranks here.
+ * Deadlocks: each rank's message says how long it has waited in hvlite without submitting, and
+ * on what; when waiting ranks wait only on tensors that waiting ranks will never submit, those
+ * tensors fail on every rank with a message naming each side (deadlock_check).
  * bg thread of rank 0 only. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,9 +24,16 @@ typedef struct {
     int warned;
 } record_t;
 
+typedef struct {
+    double blocked_for;        /* seconds waiting in hvlite without submitting, at its last message */
+    int count;                 /* tensors it waits on (engine names, owned) */
+    char **names;
+} rank_waits_t;
+
 struct hvl_coordinator {
     hvl_engine *engine;        /* its process-set table says who must submit */
     int size;
+    rank_waits_t *waits;       /* per rank */
     hvl_strmap table;          /* name -> record_t (key: by_rank[first submitter].name) */
     char *joined;              /* joined[r]: rank r called join and it has not completed */
     int last_joined;           /* the rank that joined last (join's result) */
@@ -45,11 +55,23 @@ int hvl__coordinator_create(hvl_coordinator **out, hvl_engine *e)
 {
     hvl_coordinator *c = calloc(1, sizeof(*c));
     if (c) c->joined = calloc((size_t)e->size, 1);
-    if (!c || !c->joined) { free(c); return hvl__oom("the coordinator's table"); }
+    if (c) c->waits = calloc((size_t)e->size, sizeof(rank_waits_t));
+    if (!c || !c->joined || !c->waits) {
+        if (c) free(c->joined);
+        free(c);
+        return hvl__oom("the coordinator's table");
+    }
     c->engine = e;
     c->size = e->size;
     *out = c;
     return HVL_OK;
+}
+
+static void forget_waits(rank_waits_t *w)
+{
+    for (int i = 0; i < w->count; i++) free(w->names[i]);
+    free(w->names);
+    memset(w, 0, sizeof(*w));
 }
 
 static void record_free(hvl_coordinator *c, record_t *rec)
@@ -65,6 +87,8 @@ void hvl__coordinator_destroy(hvl_coordinator *c)
     for (size_t i = 0; i < c->table.cap; i++)
         if (hvl__strmap_live(&c->table, i)) record_free(c, c->table.slots[i].value);
     hvl__strmap_free(&c->table);
+    for (int r = 0; r < c->size; r++) forget_waits(&c->waits[r]);
+    free(c->waits);
     free(c->joined);
     free(c);
 }
@@ -247,8 +271,24 @@ static int add_one(hvl_coordinator *c, int rank, hvl_desc *q, hvl_response_list 
     return is_ready(c, rec) ? complete(c, rec, ready) : HVL_OK;
 }
 
+/* A rank's message starts with its waiting state: f64 seconds, i32 count, that many names. */
+static int read_waits(hvl_coordinator *c, int rank, hvl_buf *b)
+{
+    rank_waits_t *w = &c->waits[rank];
+    forget_waits(w);
+    w->blocked_for = hvl__buf_get_f64(b);
+    int32_t n = hvl__buf_get_i32(b);
+    if (b->bad || n < 0 || (size_t)n > b->len) return hvl__fail(HVL_ERR_SYSTEM, "coordinator: corrupt waits from rank %d", rank);
+    if (n && !(w->names = calloc((size_t)n, sizeof(char *)))) return hvl__oom("a rank's waits");
+    for (w->count = 0; w->count < n; w->count++)
+        if (!(w->names[w->count] = hvl__buf_get_str(b)))
+            return hvl__fail(HVL_ERR_SYSTEM, "coordinator: corrupt waits from rank %d", rank);
+    return HVL_OK;
+}
+
 int hvl__coordinator_add(hvl_coordinator *c, int rank, hvl_buf *requests, hvl_response_list *ready)
 {
+    HVL_CHECK(read_waits(c, rank, requests));
     while (requests->pos < requests->len) {
         hvl_desc q;
         if (hvl__wire_get_desc(requests, &q) != HVL_OK) {
@@ -331,4 +371,135 @@ int hvl__coordinator_stall_check(hvl_coordinator *c, double warn_s, double shutd
         if (stop) HVL_CHECK(stall_response(c, rec, age, shutdown_s, have, missing, ready));
     }
     return HVL_OK;
+}
+
+/* ---- deadlocks ---- */
+
+/* Could `rec` still complete, when the ranks marked in `stuck` will never submit anything? Yes
+ * if a member that has not submitted it is not stuck (a joined member stands in, except for
+ * whole-job ops, which need every rank itself). */
+static int can_complete(const hvl_coordinator *c, const record_t *rec, const char *stuck)
+{
+    const hvl_pset *ps = hvl__pset(c->engine, rec->set);
+    int whole = hvl__op_is(first_of(rec)->op, HVL_OPF_WHOLE_JOB);
+    if (!ps) return 1;             /* its set is being removed: that resolves it */
+    for (int i = 0; i < ps->size; i++) {
+        int m = ps->ranks[i];
+        if (!rec->by_rank[m].name && !(c->joined[m] && !whole) && !stuck[m]) return 1;
+    }
+    return 0;
+}
+
+/* stuck[r] = 1 for the ranks that wait in vain: start from every rank that has waited
+ * deadlock_s, then free any rank that waits on a tensor that could still complete, until
+ * nothing changes. Returns how many are stuck. */
+static int find_stuck(const hvl_coordinator *c, double deadlock_s, char *stuck)
+{
+    int changed = 1, count = 0;
+    for (int r = 0; r < c->size; r++)
+        stuck[r] = c->waits[r].count > 0 && c->waits[r].blocked_for >= deadlock_s;
+    while (changed) {
+        changed = 0;
+        for (int r = 0; r < c->size; r++) {
+            for (int i = 0; stuck[r] && i < c->waits[r].count; i++) {
+                const record_t *rec = hvl__strmap_get(&c->table, c->waits[r].names[i]);
+                if (!rec || can_complete(c, rec, stuck)) stuck[r] = 0, changed = 1;   /* not seen: in flight */
+            }
+        }
+    }
+    for (int r = 0; r < c->size; r++) count += stuck[r];
+    return count;
+}
+
+/* "allreduce 'a' (submitted only by rank 0) and join (submitted only by ranks 1,2)" */
+static void describe_waits(const hvl_coordinator *c, int rank, hvl_buf *out)
+{
+    for (int i = 0; i < c->waits[rank].count; i++) {
+        const record_t *rec = hvl__strmap_get(&c->table, c->waits[rank].names[i]);
+        const hvl_desc *d = first_of(rec);
+        char have[256];
+        rank_list(c, rec, 1, have, sizeof(have));
+        if (i) hvl__buf_printf(out, " and ");
+        if (d->op == HVL_JOIN) hvl__buf_printf(out, "join");
+        else hvl__buf_printf(out, "%s '%s'", hvl__op_name(d->op), d->name);
+        hvl__buf_printf(out, " (submitted only by rank%s %s)", strchr(have, ',') ? "s" : "", have);
+    }
+}
+
+/* "collective deadlock: rank 0 waits on ...; ranks 1,2 wait on ..." (ranks with the same waits
+ * grouped), NUL-terminated in out. */
+static void deadlock_message(const hvl_coordinator *c, const char *stuck, double deadlock_s, hvl_buf *out)
+{
+    hvl_buf mine = {0}, other = {0};
+    char *said = calloc((size_t)c->size, 1);
+    hvl__buf_printf(out, "collective deadlock: ");
+    for (int r = 0, groups = 0; said && r < c->size; r++) {
+        if (!stuck[r] || said[r]) continue;
+        mine.len = 0;
+        describe_waits(c, r, &mine);
+        hvl__buf_put(&mine, "", 1);
+        hvl_buf ranks = {0};
+        for (int q = r; q < c->size; q++) {
+            if (!stuck[q] || said[q]) continue;
+            other.len = 0;
+            describe_waits(c, q, &other);
+            hvl__buf_put(&other, "", 1);
+            if (mine.bad || other.bad || strcmp(mine.data, other.data) != 0) continue;
+            said[q] = 1;
+            hvl__buf_printf(&ranks, "%s%d", ranks.len ? "," : "", q);
+        }
+        hvl__buf_put(&ranks, "", 1);
+        int many = !ranks.bad && strchr(ranks.data, ',') != NULL;
+        hvl__buf_printf(out, "%srank%s %s wait%s on %s", groups++ ? "; " : "", many ? "s" : "",
+                        ranks.bad ? "?" : ranks.data, many ? "" : "s", mine.bad ? "?" : mine.data);
+        hvl__buf_free(&ranks);
+    }
+    hvl__buf_printf(out, "; none of them can go on (found after %g s of waiting: HVLITE_DEADLOCK_SECONDS)", deadlock_s);
+    hvl__buf_put(out, "", 1);
+    hvl__buf_free(&mine);
+    hvl__buf_free(&other);
+    free(said);
+}
+
+/* The deadlock response that ends one tensor on every rank (its record leaves the table). */
+static int deadlock_response(hvl_coordinator *c, record_t *rec, const char *message, hvl_response_list *ready)
+{
+    const hvl_desc *first = first_of(rec);
+    hvl_response r = {.d = *first, .status = HVL_ERR_DEADLOCK};
+    r.d.name = strdup(first->name);
+    r.error = strdup(message);
+    if (!r.d.name || !r.error) { free(r.d.name); free(r.error); return hvl__oom("a deadlock response"); }
+    if (hvl__tl_active()) hvl__tl_agreed(r.d.name, r.status, r.error, 0);
+    int rc = hvl__responses_push(ready, &r);
+    if (rc != HVL_OK) { free(r.d.name); free(r.error); return rc; }
+    if (first->op == HVL_JOIN)     /* a failed join: its ranks take part in collectives again */
+        for (int m = 0; m < c->size; m++)
+            if (rec->by_rank[m].name) c->joined[m] = 0;
+    hvl__strmap_del(&c->table, first->name);
+    record_free(c, rec);
+    return HVL_OK;
+}
+
+int hvl__coordinator_deadlock_check(hvl_coordinator *c, double deadlock_s, hvl_response_list *ready)
+{
+    if (deadlock_s <= 0) return HVL_OK;
+    char *stuck = calloc((size_t)c->size, 1);
+    hvl_buf message = {0};
+    int rc = HVL_OK;
+    if (!stuck) return hvl__oom("the deadlock check");
+    if (find_stuck(c, deadlock_s, stuck) == 0) goto out;
+    deadlock_message(c, stuck, deadlock_s, &message);
+    if (message.bad) { rc = hvl__oom("a deadlock message"); goto out; }
+    hvl_log(HVL_LOG_WARNING, "%s", message.data);
+    for (int r = 0; r < c->size; r++) {
+        for (int i = 0; stuck[r] && i < c->waits[r].count; i++) {
+            record_t *rec = hvl__strmap_get(&c->table, c->waits[r].names[i]);
+            if (rec) HVL_CHECK_GOTO(deadlock_response(c, rec, message.data, ready), rc, out);
+        }
+        if (stuck[r]) forget_waits(&c->waits[r]);   /* reported once; its next message says more */
+    }
+out:
+    hvl__buf_free(&message);
+    free(stuck);
+    return rc;
 }

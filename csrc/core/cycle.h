@@ -9,7 +9,7 @@
 #include "engine.h"
 
 /* ---- handles (handle.c): what a waiting user thread sees ---- */
-int hvl__handle_new(int64_t *id);                                   /* under queue_lock */
+int hvl__handle_new(int64_t *id, const char *name);                 /* under queue_lock */
 typedef struct {
     int status;
     char *message;              /* moved into the handle */
@@ -26,13 +26,19 @@ typedef struct {
 void hvl__handle_complete(int64_t id, hvl_outcome *o);
 void hvl__handles_notify(void);
 void hvl__handles_fail_all(int status, const char *message);        /* every pending handle */
+/* Waiting in hvlite (any thread): how long this process has been waiting on handles without
+ * submitting anything (0: it is not waiting, or a thread submitted since), and what it waits on
+ * (i32 count, then the tensors' engine names). */
+double hvl__waits_blocked_for(void);
+void hvl__waits_describe(hvl_buf *out);
 
 /* ---- queue (queue.c): the door into the engine and the life of an entry ---- */
 int hvl__queue_drain(hvl_engine *e);                                 /* queue -> pending */
 /* Pairs this cycle's agreed responses with this rank's entries, in order. An error response
  * (a mismatch, ...) finishes its entry with that error at once; a response of a set this rank
  * is not in (or that was removed) is skipped; on a joined rank a tensor it never submitted
- * gets a stand-in entry (zero input, scratch output). The pairs of OK responses go to
+ * gets a stand-in entry (zero input, scratch output); a deadlock response for a tensor this rank
+ * never submitted is skipped. The pairs of OK responses go to
  * resps[]/entries[] (room for agreed->count), *n their count. HVL_ERR_TIMEOUT for a stall
  * shutdown response (fatal: every rank stops at it); HVL_ERR_SYSTEM if an agreed tensor is not
  * pending here (a bug: the ranks are out of step). */

@@ -77,6 +77,7 @@ static int startup(hvl_engine *e)
     hvl__params_warn();
     HVL_CHECK(hvl__params_agree(&e->params, e->comm));
     HVL_CHECK(split_fake_hosts(e));
+    HVL_CHECK(hvl__peers_learn(e));
     if (e->rank == 0) hvl__params_log(&e->params);
     if (e->rank == 0)
         hvl_log(HVL_LOG_INFO, "hvlite starting: %d ranks on %d hosts, %s, MPI_THREAD_MULTIPLE %s", e->size,
@@ -94,6 +95,7 @@ static void teardown(hvl_engine *e, int clean)
 {
     hvl__timeline_close();          /* writes what is left; the file ends valid either way */
     hvl__negotiation_destroy(e->negotiation);
+    hvl__peers_forget();
     hvl__autotune_stop(e);
     hvl__psets_destroy(e, clean);
     free(e->fusion_buf);
@@ -221,7 +223,7 @@ static void *bg_main(void *arg)
     }
     report_startup(rc);
     if (rc != HVL_OK) { teardown(e, 0); return NULL; }
-    rc = run_cycles(e);
+    rc = hvl__peers_explain(e, run_cycles(e));   /* a timeout names the silent ranks it can see */
     char message[1024];
     stop_reason(rc, message, sizeof(message));
     if (rc != HVL_ERR_SHUT_DOWN) {

@@ -26,6 +26,7 @@ typedef struct {
     double stall_check_s;       /* warn about tensors some ranks have not submitted; 0 = off */
     double stall_shutdown_s;    /* stop the engine on every rank over such a tensor; 0 = off */
     double peer_timeout_s;      /* a wait on peers that takes longer fails the engine */
+    double deadlock_s;          /* fail tensors every waiting rank waits on in vain after this; 0 = off */
     int log_level;
     int autotune;               /* 1: autotune tunes fusion threshold, cycle time, cache use */
     int autotune_warmup;        /* samples measured and discarded before the search */
@@ -120,6 +121,13 @@ struct hvl_engine {
 };
 
 extern hvl_engine hvl__engine;
+/* The other ranks (peers.c). learn: collective, at startup (pids and hosts of every rank).
+ * explain: for rc == HVL_ERR_TIMEOUT, adds to the last error's message the ranks on this host
+ * that are stopped or dead, as /proc shows them; returns rc. */
+int hvl__peers_learn(hvl_engine *e);
+void hvl__peers_forget(void);
+int hvl__peers_explain(hvl_engine *e, int rc);
+
 /* Life status (state.c). The bg thread marks the engine running once startup succeeded, and
  * stopped (with the reason) when its cycle ends. Any thread may ask. */
 void hvl__mark_running(void);

@@ -215,7 +215,7 @@ static int execute_one(hvl_engine *e, hvl_batch *b)
     hvl_plane p = data ? hvl__plane_for(e, b->ps, b->op, b->dtype, b->bytes) : (hvl_plane){0};
     b->backend = data ? p.be->name : "none";
     double t0 = hvl__now();
-    int rc = run_batch(e, &p, b, o);
+    int rc = hvl__peers_explain(e, run_batch(e, &p, b, o));   /* a timeout names the silent ranks */
     if (data) {
         hvl__count(&e->counters.collectives, 1);
         hvl__plane_count(e, &p, b->bytes);

@@ -1,7 +1,9 @@
-/* handle.c: the handle table. A handle is born pending at enqueue, completed once by the bg
- * thread with an outcome (status, message, engine-owned result), and freed by hvl_release.
- * Any thread; everything here is guarded by handle_lock (taken after queue_lock, never before).
- * Waiters sleep on one condition variable that every completion broadcasts. */
+/* handle.c: the handle table, and who waits on it. A handle is born pending at enqueue,
+ * completed once by the bg thread with an outcome (status, message, engine-owned result), and
+ * freed by hvl_release. Waiters sleep on one condition variable that every completion
+ * broadcasts. While a thread sleeps in hvl_wait this process counts as waiting in hvlite, on
+ * that handle's tensor; the negotiation reports it (deadlock detection, coordinator.c).
+ * Any thread; everything here is guarded by handle_lock (taken after queue_lock, never before). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +15,7 @@ enum { SLOT_FREE = 0, SLOT_PENDING, SLOT_DONE };
 typedef struct {
     int state;
     uint32_t generation;      /* bumps on reuse, so a stale id never finds a new handle */
+    char *name;               /* the tensor's engine name (owned), for deadlock reports */
     hvl_outcome outcome;
 } slot_t;
 
@@ -22,6 +25,17 @@ static pthread_once_t cond_once = PTHREAD_ONCE_INIT;
 static slot_t *slots;          /* handle_lock */
 static int64_t nslots;         /* handle_lock */
 static int64_t free_hint;      /* handle_lock */
+
+/* Waiting in hvlite. Python waits in 1 s slices (so Ctrl-C is seen): a wait that ends with
+ * "still in progress" and starts again within WAIT_GAP_S is the same wait. A submission from any
+ * thread ends a waiting spell: this process was not stuck, it was working. */
+#define WAIT_GAP_S 0.25
+#define MAX_LISTED_WAITS 64
+static int64_t waiting_on[MAX_LISTED_WAITS];   /* handle_lock: handles slept on now (0: free) */
+static int waiting;            /* handle_lock: threads in hvl_wait now */
+static double waiting_since;   /* handle_lock: start of this waiting spell */
+static double idle_since;      /* handle_lock: when `waiting` last fell to 0 */
+static double last_submit;     /* handle_lock: the last hvl__handle_new */
 
 static void make_cond(void)
 {
@@ -44,7 +58,7 @@ static slot_t *lookup(int64_t id)
     return s;
 }
 
-int hvl__handle_new(int64_t *id)
+int hvl__handle_new(int64_t *id, const char *name)
 {
     pthread_once(&cond_once, make_cond);
     pthread_mutex_lock(&handle_lock);
@@ -59,11 +73,15 @@ int hvl__handle_new(int64_t *id)
         i = nslots;
         nslots = n;
     }
+    char *copy = strdup(name);
+    if (!copy) { pthread_mutex_unlock(&handle_lock); return hvl__oom("a handle's name"); }
     slots[i].state = SLOT_PENDING;
     slots[i].generation = (slots[i].generation % 0x7fffffffu) + 1;   /* 1..2^31-1: ids stay > 0 */
+    slots[i].name = copy;
     memset(&slots[i].outcome, 0, sizeof(hvl_outcome));
     free_hint = i + 1;
     *id = make_id(i, slots[i].generation);
+    last_submit = hvl__now();
     pthread_mutex_unlock(&handle_lock);
     return HVL_OK;
 }
@@ -111,6 +129,22 @@ static void deadline_after(struct timespec *ts, double seconds)
     ts->tv_nsec = (long)((t - (double)(time_t)t) * 1e9);
 }
 
+/* This thread starts or stops sleeping on handle id (handle_lock held): the waiting spell. */
+static int wait_begin(int64_t id)
+{
+    double now = hvl__now();
+    if (waiting++ == 0 && now - idle_since > WAIT_GAP_S) waiting_since = now;
+    for (int i = 0; i < MAX_LISTED_WAITS; i++)
+        if (!waiting_on[i]) { waiting_on[i] = id; return i; }
+    return -1;                     /* counted, not listed */
+}
+
+static void wait_end(int listed)
+{
+    if (listed >= 0) waiting_on[listed] = 0;
+    if (--waiting == 0) idle_since = hvl__now();
+}
+
 int hvl_wait(int64_t id, double timeout_s)
 {
     pthread_once(&cond_once, make_cond);
@@ -118,15 +152,18 @@ int hvl_wait(int64_t id, double timeout_s)
     if (timeout_s > 1e9) timeout_s = -1;   /* ~30 years: forever, without time_t overflow */
     if (timeout_s >= 0) deadline_after(&deadline, timeout_s);
     pthread_mutex_lock(&handle_lock);
-    slot_t *s;
+    slot_t *s = lookup(id);
+    int listed = s && s->state == SLOT_PENDING ? wait_begin(id) : -2;
     while ((s = lookup(id)) && s->state == SLOT_PENDING) {
         int rc = timeout_s >= 0 ? pthread_cond_timedwait(&done_cond, &handle_lock, &deadline)
                                 : pthread_cond_wait(&done_cond, &handle_lock);
         if (rc == ETIMEDOUT && (s = lookup(id)) && s->state == SLOT_PENDING) {
+            wait_end(listed);
             pthread_mutex_unlock(&handle_lock);
             return hvl__fail(HVL_ERR_IN_PROGRESS, "still in progress after %.3f s", timeout_s);
         }
     }
+    if (listed != -2) wait_end(listed);
     int status = HVL_ERR_INVALID_ARG;
     if (!s) hvl__fail(status, "unknown or released handle %lld", (long long)id);
     else if ((status = s->outcome.status) != HVL_OK)
@@ -218,6 +255,8 @@ int hvl_release(int64_t id)
     int rc = !s ? HVL_ERR_INVALID_ARG : s->state != SLOT_DONE ? HVL_ERR_IN_PROGRESS : HVL_OK;
     if (rc == HVL_OK) {
         o = s->outcome;
+        free(s->name);
+        s->name = NULL;
         s->state = SLOT_FREE;
         int64_t index = (id & 0xffffffff) - 1;
         if (index < free_hint) free_hint = index;
@@ -228,4 +267,27 @@ int hvl_release(int64_t id)
     free(o.recv_splits);
     if (rc != HVL_OK) return hvl__fail(rc, "cannot release handle %lld: %s", (long long)id, rc == HVL_ERR_IN_PROGRESS ? "still pending" : "unknown");
     return HVL_OK;
+}
+
+double hvl__waits_blocked_for(void)
+{
+    pthread_mutex_lock(&handle_lock);
+    double now = hvl__now(), since = waiting_since > last_submit ? waiting_since : last_submit;
+    int in_spell = waiting > 0 || now - idle_since <= WAIT_GAP_S;
+    double blocked = in_spell && waiting_since > 0 ? now - since : 0;
+    pthread_mutex_unlock(&handle_lock);
+    return blocked > 0 ? blocked : 0;
+}
+
+void hvl__waits_describe(hvl_buf *out)
+{
+    pthread_mutex_lock(&handle_lock);
+    int32_t n = 0;
+    for (int i = 0; i < MAX_LISTED_WAITS; i++) n += waiting_on[i] != 0;
+    hvl__buf_i32(out, n);
+    for (int i = 0; i < MAX_LISTED_WAITS; i++) {
+        slot_t *s = waiting_on[i] ? lookup(waiting_on[i]) : NULL;
+        if (waiting_on[i]) hvl__buf_str(out, s && s->name ? s->name : "");
+    }
+    pthread_mutex_unlock(&handle_lock);
 }

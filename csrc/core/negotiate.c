@@ -8,7 +8,9 @@
  * response. A bit that survives the AND is a tensor every rank is ready to run again.
  * Step 2, only when some rank asked (a request missing from the cache, or requests waiting at
  * rank 0): every rank sends its requests not yet sent to rank 0, which updates its readiness
- * table and broadcasts the responses of tensors now ready everywhere (or their errors).
+ * table and broadcasts the responses of tensors now ready everywhere (or their errors). Each
+ * rank's message starts with how long it has been waiting in hvlite and, past a second, on
+ * which tensors, so rank 0 can tell a deadlock from a slow rank (coordinator.c).
  * A request sent to rank 0 stays there until it completes and never sets its cache bit again;
  * its rank keeps asking for step 2, so the others send theirs too. A cached request that waited
  * longer than PATIENCE_S goes to rank 0 as well, so the stall inspector sees it.
@@ -32,6 +34,7 @@
 #define FLAG_NO_SHUTDOWN ((uint64_t)1 << 1)
 #define FLAG_NO_TUNE_UPDATE ((uint64_t)1 << 2)
 #define PATIENCE_S 1.0
+#define REPORT_WAITS_AFTER_S 1.0   /* below this, a rank's waits are not worth listing */
 
 struct hvl_negotiation {
     hvl_cache *cache;           /* NULL when HVLITE_CACHE_CAPACITY=0 */
@@ -73,6 +76,12 @@ void hvl__negotiation_drop_set(hvl_negotiation *n, int set)
     if (n->coordinator) hvl__coordinator_drop_set(n->coordinator, set);
     if (n->cache) hvl__cache_erase_set(n->cache, set);
     n->absent_dirty = 1;
+}
+
+/* The polite wait on the other ranks (bounded by the peer timeout). */
+static int wait_peers(hvl_engine *e, MPI_Request *req, const char *what)
+{
+    return hvl__mpi_wait(req, e->params.peer_timeout_s, what);
 }
 
 static int bit_set(const uint64_t *words, int slot) { return (words[1 + slot / 64] >> (slot % 64)) & 1; }
@@ -141,6 +150,7 @@ static int coordinate(hvl_engine *e, const char *all, const int *counts, const i
     }
     HVL_CHECK_GOTO(hvl__coordinator_stall_check(c, e->params.stall_check_s, e->params.stall_shutdown_s, &ready),
                    rc, out);
+    HVL_CHECK_GOTO(hvl__coordinator_deadlock_check(c, e->params.deadlock_s, &ready), rc, out);
     for (int i = 0; i < ready.count; i++) hvl__wire_put_response(reply, &ready.items[i]);
     if (reply->bad) rc = hvl__oom("the response list");
 out:
@@ -153,13 +163,12 @@ out:
 static int gather_requests(hvl_engine *e, hvl_buf *mine, char **all, int *counts, int *displs)
 {
     int64_t len = (int64_t)mine->len, *lens = NULL, total = 0;
-    double timeout = e->params.peer_timeout_s;
     MPI_Request req;
     int rc;
     if (e->rank == 0 && !(lens = malloc(sizeof(int64_t) * (size_t)e->size))) return hvl__oom("request sizes");
     HVL_CHECK_GOTO(hvl__mpi_check(MPI_Igather(&len, 1, MPI_INT64_T, lens, 1, MPI_INT64_T, 0, e->comm, &req),
                                   "MPI_Igather"), rc, out);
-    HVL_CHECK_GOTO(hvl__mpi_wait(&req, timeout, "negotiation (gather sizes)"), rc, out);
+    HVL_CHECK_GOTO(wait_peers(e, &req, "negotiation (gather sizes)"), rc, out);
     for (int r = 0; e->rank == 0 && r < e->size; r++) {
         counts[r] = (int)lens[r];
         displs[r] = (int)total;
@@ -168,7 +177,7 @@ static int gather_requests(hvl_engine *e, hvl_buf *mine, char **all, int *counts
     if (e->rank == 0 && !(*all = malloc((size_t)total + 1))) { rc = hvl__oom("the requests of every rank"); goto out; }
     HVL_CHECK_GOTO(hvl__mpi_check(MPI_Igatherv(mine->data, (int)len, MPI_BYTE, *all, counts, displs, MPI_BYTE, 0,
                                                e->comm, &req), "MPI_Igatherv"), rc, out);
-    rc = hvl__mpi_wait(&req, timeout, "negotiation (gather requests)");
+    rc = wait_peers(e, &req, "negotiation (gather requests)");
 out:
     free(lens);
     return rc;
@@ -177,16 +186,15 @@ out:
 static int broadcast_responses(hvl_engine *e, hvl_buf *reply)
 {
     int64_t len = (int64_t)reply->len;
-    double timeout = e->params.peer_timeout_s;
     MPI_Request req;
     HVL_CHECK(hvl__mpi_check(MPI_Ibcast(&len, 1, MPI_INT64_T, 0, e->comm, &req), "MPI_Ibcast"));
-    HVL_CHECK(hvl__mpi_wait(&req, timeout, "negotiation (response size)"));
+    HVL_CHECK(wait_peers(e, &req, "negotiation (response size)"));
     if (e->rank != 0) {
         if (!(reply->data = malloc((size_t)len + 1))) return hvl__oom("the response list");
         reply->len = reply->cap = (size_t)len;
     }
     HVL_CHECK(hvl__mpi_check(MPI_Ibcast(reply->data, (int)len, MPI_BYTE, 0, e->comm, &req), "MPI_Ibcast"));
-    return hvl__mpi_wait(&req, timeout, "negotiation (responses)");
+    return wait_peers(e, &req, "negotiation (responses)");
 }
 
 /* One response from rank 0: into the cache (or out of it, for an error), then the list. */
@@ -221,6 +229,10 @@ static int full_round(hvl_engine *e, hvl_negotiation *n, hvl_response_list *out)
     char *all = NULL;
     int *counts = calloc((size_t)e->size * 2, sizeof(int)), rc;
     if (!counts) return hvl__oom("request counts");
+    double blocked_for = hvl__waits_blocked_for();
+    hvl__buf_f64(&mine, blocked_for);
+    if (blocked_for >= REPORT_WAITS_AFTER_S) hvl__waits_describe(&mine);
+    else hvl__buf_i32(&mine, 0);
     for (hvl_entry *en = e->pending_head; en; en = en->next_pending) {
         if (en->sent || (en->cache_slot >= 0 && bit_set(n->bits_all, en->cache_slot))) continue;
         hvl__wire_put_desc(&mine, &en->d);
@@ -248,7 +260,7 @@ int hvl__negotiate(hvl_engine *e, hvl_response_list *out)
     MPI_Request req;
     HVL_CHECK(hvl__mpi_check(MPI_Iallreduce(n->bits_mine, n->bits_all, n->bit_words, MPI_UINT64_T,
                                             MPI_BAND, e->comm, &req), "MPI_Iallreduce"));
-    HVL_CHECK(hvl__mpi_wait(&req, e->params.peer_timeout_s, "negotiation (ready bits)"));
+    HVL_CHECK(wait_peers(e, &req, "negotiation (ready bits)"));
     hvl__count(&e->counters.cycles, 1);
     if (!(n->bits_all[0] & FLAG_NO_SHUTDOWN))
         return hvl__fail(HVL_ERR_SHUT_DOWN, "hvlite has been shut down: a rank called shutdown() or "

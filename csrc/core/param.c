@@ -36,8 +36,12 @@ static const param_def table[] = {
      "warn about tensors not submitted by every rank after this long (0 = off)"},
     {"STALL_SHUTDOWN_TIME_SECONDS", P_DOUBLE, LOCAL, F(stall_shutdown_s), "0",
      "stop the engine on every rank when a tensor stalls this long (0 = off)"},
-    {"PEER_TIMEOUT_SECONDS", P_DOUBLE, LOCAL, F(peer_timeout_s), "120",
-     "fail the engine when a negotiation round gets no answer for this long"},
+    {"DEADLOCK_SECONDS", P_DOUBLE, LOCAL, F(deadlock_s), "5",
+     "rank 0: when every rank that a set of tensors needs has waited in hvlite this long and none of "
+     "them can ever complete, fail them on every rank with a deadlock error (0 = off)"},
+    {"PEER_TIMEOUT_SECONDS", P_DOUBLE, LOCAL, F(peer_timeout_s), "60",
+     "fail the engine when other ranks' engines do not answer (negotiation) or make no progress "
+     "(a collective) for this long: a stopped, dead or unreachable rank (0 = never)"},
     {"LOG_LEVEL", P_LEVEL, LOCAL, F(log_level), "warning", "trace, debug, info, warning or error"},
     {"AUTOTUNE", P_INT, RANK0, F(autotune), "0",
      "1: search fusion threshold, cycle time and response-cache use on measured bytes/s"},
@@ -164,9 +168,9 @@ int hvl__params_agree(hvl_params *p, MPI_Comm comm)
 void hvl__params_log(const hvl_params *p)
 {
     hvl_log(HVL_LOG_DEBUG, "settings: fusion_threshold=%lld B cycle_time=%.3f ms cache_capacity=%d "
-            "stall_check=%.1f s stall_shutdown=%.1f s peer_timeout=%.1f s timeline='%s'%s",
+            "stall_check=%.1f s stall_shutdown=%.1f s deadlock=%.1f s peer_timeout=%.1f s timeline='%s'%s",
             (long long)p->fusion_threshold, p->cycle_time_ms, p->cache_capacity, p->stall_check_s,
-            p->stall_shutdown_s, p->peer_timeout_s, p->timeline_path,
+            p->stall_shutdown_s, p->deadlock_s, p->peer_timeout_s, p->timeline_path,
             p->timeline_mark_cycles ? " (cycles marked)" : "");
     hvl_log(HVL_LOG_DEBUG, "settings: shm_disable=%d hierarchical_allreduce=%d shm_chunk=%lld B fake_hosts=%d",
             p->shm_disable, p->hierarchical_allreduce, (long long)p->shm_chunk, p->test_fake_hosts);

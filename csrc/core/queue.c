@@ -154,7 +154,7 @@ int hvl_enqueue(const hvl_request *q, int64_t *handle_out)
         rc = hvl__fail(HVL_ERR_INVALID_ARG, "tensor name '%s' is already in flight on this rank; names must be unique among pending requests", q->name);
     else if ((rc = hvl__strmap_put(&e->inflight, en->d.name, en)) != HVL_OK)
         ;   /* its message is set */
-    else if ((rc = hvl__handle_new(&en->handle)) != HVL_OK)
+    else if ((rc = hvl__handle_new(&en->handle, en->d.name)) != HVL_OK)
         hvl__strmap_del(&e->inflight, en->d.name);
     if (rc == HVL_OK) {
         /* Only the first request of a burst wakes the bg thread: it drains the whole queue,
@@ -253,11 +253,13 @@ int hvl__queue_claim(hvl_engine *e, const hvl_response_list *agreed, const hvl_r
             }
             continue;
         }
-        if (!en && e->joined && r->status != HVL_OK) continue;   /* not ours to report */
+        /* not ours to report: a joined rank's, or a deadlock among tensors this rank never submitted */
+        if (!en && r->status != HVL_OK && (e->joined || r->status == HVL_ERR_DEADLOCK)) continue;
         if (!en && e->joined && !(en = synthesize(e, r))) return hvl__oom("a joined rank's stand-in");
         if (!en)
             return hvl__fail(HVL_ERR_SYSTEM, "agreed tensor '%s' is not pending on rank %d (the ranks are "
                              "out of step: an hvlite bug)", r->d.name, e->rank);
+        if (r->status == HVL_ERR_DEADLOCK && r->d.op == HVL_JOIN) e->joined = 0;   /* its join failed */
         if (r->status != HVL_OK) {
             hvl_outcome o = {.status = r->status, .message = strdup(r->error ? r->error : "")};
             hvl__entry_finish(e, en, &o);

@@ -99,10 +99,10 @@ static track_t *track(writer_t *w, const char *name)
         w->failed = HVL_ERR_NO_MEMORY;
         return NULL;
     }
-    hvl__json_printf(&w->out, ",\n{\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"name\":\"thread_name\","
+    hvl__buf_printf(&w->out, ",\n{\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"name\":\"thread_name\","
                      "\"args\":{\"name\":", t->tid);
     hvl__json_str(&w->out, name);
-    hvl__json_printf(&w->out, "}},\n{\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"name\":\"thread_sort_index\","
+    hvl__buf_printf(&w->out, "}},\n{\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"name\":\"thread_sort_index\","
                      "\"args\":{\"sort_index\":%d}}", t->tid, t->tid);
     w->tl->events += 2;
     return t;
@@ -194,11 +194,11 @@ static void on_agreed(writer_t *w, cursor_t *c)
     else HVL_JSON_LIT(&w->out, ",\"args\":{\"cache_hit\":false");
     if (!cache_hit && tr->arrivals) {
         int late = tr->first_round != tr->last_round;
-        hvl__json_printf(&w->out, ",\"late_ranks\":\"%.*s\",\"rounds\":%lld", late ? (int)tr->late_len : 0,
+        hvl__buf_printf(&w->out, ",\"late_ranks\":\"%.*s\",\"rounds\":%lld", late ? (int)tr->late_len : 0,
                          late ? tr->late : "", (long long)(tr->last_round - tr->first_round + 1));
     }
     if (status != HVL_OK) {
-        hvl__json_printf(&w->out, ",\"error\":");
+        hvl__buf_printf(&w->out, ",\"error\":");
         hvl__json_str(&w->out, error);
     }
     HVL_JSON_LIT(&w->out, "}}");
@@ -213,7 +213,7 @@ static void on_note(writer_t *w, cursor_t *c)
     const char *what = get_str(c), *detail = get_str(c);
     if (!tr || c->bad) return;
     ev(w, 'i', tr->tid, t, what);
-    hvl__json_printf(&w->out, ",\"s\":\"t\",\"args\":{\"detail\":");
+    hvl__buf_printf(&w->out, ",\"s\":\"t\",\"args\":{\"detail\":");
     hvl__json_str(&w->out, detail);
     HVL_JSON_LIT(&w->out, "}}");
 }
@@ -283,7 +283,7 @@ static void batch_entry(writer_t *w, const batch_t *b, const char *name, int64_t
     HVL_JSON_LIT(&w->out, ",\"batch_bytes\":");
     hvl__json_int(&w->out, b->bytes);
     if (b->status != HVL_OK) {
-        hvl__json_printf(&w->out, ",\"error\":");
+        hvl__buf_printf(&w->out, ",\"error\":");
         hvl__json_str(&w->out, b->error);
     }
     HVL_JSON_LIT(&w->out, "}}");
@@ -323,10 +323,10 @@ static void on_batch(writer_t *w, cursor_t *c)
     char op_name[32];
     upper(op_name, sizeof(op_name), "", hvl__op_name(b.op));
     ev_span(w, 0, b.t0, b.t1, op_name);
-    hvl__json_printf(&w->out, ",\"args\":{\"tensors\":%d,\"bytes\":%lld,\"dtype\":\"%s\",\"backend\":", b.count,
+    hvl__buf_printf(&w->out, ",\"args\":{\"tensors\":%d,\"bytes\":%lld,\"dtype\":\"%s\",\"backend\":", b.count,
         (long long)b.bytes, hvl__dtype_name(b.dtype));
     hvl__json_str(&w->out, b.backend);
-    hvl__json_printf(&w->out, "%s}}", b.status == HVL_OK ? "" : ",\"failed\":true");
+    hvl__buf_printf(&w->out, "%s}}", b.status == HVL_OK ? "" : ",\"failed\":true");
 }
 
 static void on_cycle(writer_t *w, cursor_t *c)
@@ -337,11 +337,11 @@ static void on_cycle(writer_t *w, cursor_t *c)
     if (c->bad) return;
     if (w->tl->mark_cycles) {
         ev(w, 'i', 0, t0, "CYCLE_START");
-        hvl__json_printf(&w->out, ",\"s\":\"t\"}");
+        hvl__buf_printf(&w->out, ",\"s\":\"t\"}");
     }
     if (agreed == 0) return;
     ev_span(w, 0, t0, t1, "CYCLE");
-    hvl__json_printf(&w->out, ",\"args\":{\"agreed\":%d,\"batches\":%d,\"tensors\":%d,\"bytes\":%lld}}", agreed,
+    hvl__buf_printf(&w->out, ",\"args\":{\"agreed\":%d,\"batches\":%d,\"tensors\":%d,\"bytes\":%lld}}", agreed,
         batches, tensors, (long long)bytes);
     ev_span(w, 0, t0, t_negotiated, "NEGOTIATION");
     HVL_JSON_LIT(&w->out, "}");
@@ -426,7 +426,7 @@ void *hvl__tl_writer_main(void *arg)
             hvl__log_once("timeline dropped", HVL_LOG_WARNING, "timeline: the writer fell behind; records "
                           "were dropped (marked TIMELINE_DROPPED in %s)", tl->path);
             ev(&w, 'i', 0, hvl__now(), "TIMELINE_DROPPED");
-            hvl__json_printf(&w.out, ",\"s\":\"g\",\"args\":{\"records\":%lld}}", (long long)dropped);
+            hvl__buf_printf(&w.out, ",\"s\":\"g\",\"args\":{\"records\":%lld}}", (long long)dropped);
         }
         if (w.out.len && !w.failed) flush(&w);
         taken.len = 0;

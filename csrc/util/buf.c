@@ -4,6 +4,8 @@
  * checks once at the end. Reads never trust lengths: a short or corrupt buffer sets b->bad.
  * Native byte order (every rank of a job runs on the same architecture). Any thread; the
  * buffer is the caller's. */
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "util.h"
@@ -28,7 +30,21 @@ void hvl__buf_put(hvl_buf *b, const void *p, size_t n)
     b->len += n;
 }
 
-static int get(hvl_buf *b, void *p, size_t n)
+void hvl__buf_printf(hvl_buf *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) { b->bad = 1; return; }
+    if (!hvl__buf_reserve(b, (size_t)n + 1)) return;
+    va_start(ap, fmt);
+    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+static int get(hvl_buf *b
+, void *p, size_t n)
 {
     if (b->bad || b->pos + n > b->len) { b->bad = 1; memset(p, 0, n); return 0; }
     memcpy(p, b->data + b->pos, n);

@@ -1,10 +1,9 @@
 /* json_text.c: JSON text appended to a growable buffer (hvl_buf): raw bytes, integers,
- * microseconds with 3 decimals, escaped strings, and printf for the rare rest. The timeline
+ * microseconds with 3 decimals and escaped strings (hvl__buf_printf for the rare rest). The timeline
  * writer formats hundreds of thousands of events a second through these; printf's
  * floating-point path was most of its time, so numbers are formatted by hand. Any thread (the
  * buffer is the caller's). Cannot fail: a failed allocation sets b->bad, and every later call on
  * that buffer does nothing. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,20 +26,6 @@ void hvl__json_us(hvl_buf *b, int64_t ns)
     char frac[4] = {'.', (char)('0' + ns / 100 % 10), (char)('0' + ns / 10 % 10), (char)('0' + ns % 10)};
     hvl__json_int(b, ns / 1000);
     hvl__json_raw(b, frac, 4);
-}
-
-void hvl__json_printf(hvl_buf *b, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n < 0) { b->bad = 1; return; }
-    if (!hvl__buf_reserve(b, (size_t)n + 1)) return;
-    va_start(ap, fmt);
-    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
 }
 
 /* Length of the valid UTF-8 sequence at s (2-4 bytes), or 0 if it is not one. Stops at a NUL. */
@@ -68,8 +53,8 @@ void hvl__json_str(hvl_buf *b, const char *s)
         if (!*p) break;
         int n = *p >= 0x80 ? utf8_len(p) : 0;
         if (n) hvl__json_raw(b, (const char *)p, (size_t)n), p += n;
-        else if (*p == '"' || *p == '\\') hvl__json_printf(b, "\\%c", *p++);
-        else if (*p < 0x20) hvl__json_printf(b, "\\u%04x", *p++);
+        else if (*p == '"' || *p == '\\') hvl__buf_printf(b, "\\%c", *p++);
+        else if (*p < 0x20) hvl__buf_printf(b, "\\u%04x", *p++);
         else HVL_JSON_LIT(b, "\\ufffd"), p++;
     }
     HVL_JSON_LIT(b, "\"");

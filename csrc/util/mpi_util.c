@@ -1,8 +1,14 @@
-/* mpi_util.c: MPI error translation and the polite wait. Negotiation waits on ranks that may
- * still be busy in Python; a blocking MPI call would spin a core the training thread needs, so
- * rounds use nonblocking calls completed here: a short spin, then sleeps that grow with the wait
- * (a tenth of it, up to 200 us), bounded by the peer timeout. bg thread only. */
+/* mpi_util.c: MPI error translation and the two bounded waits on nonblocking MPI calls.
+ * - The polite wait (negotiation): it waits on ranks that may still be busy in Python, and a
+ *   blocking MPI call would spin a core the training thread needs, so a short spin, then sleeps
+ *   that grow with the wait (a tenth of it, up to 200 us).
+ * - The progress wait (data collectives, which negotiation started on every rank at once): MPI
+ *   moves the data only while it is called, so it tests without sleeping, yielding the core
+ *   between tests; as fast as the blocking call, but it can give up.
+ * Both end with HVL_ERR_TIMEOUT after the peer timeout, so no wait on MPI is unbounded.
+ * bg thread only. */
 #include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,16 +49,36 @@ int hvl__mpi_wait(MPI_Request *req, double timeout_s, const char *what)
     }
 }
 
-int hvl__allgather_i64(MPI_Comm comm, const int64_t *mine, int count, int64_t *all)
+int hvl__mpi_progress_wait(MPI_Request *req, double timeout_s, const char *what)
 {
-    return hvl__mpi_check(MPI_Allgather(mine, count, MPI_INT64_T, all, count, MPI_INT64_T, comm),
-                          "MPI_Allgather (sizes)");
+    double start = hvl__now();
+    for (unsigned spins = 0;; spins++) {
+        int done = 0;
+        HVL_CHECK(hvl__mpi_check(MPI_Test(req, &done, MPI_STATUS_IGNORE), what));
+        if (done) return HVL_OK;
+        if (spins % 64) continue;                   /* look at the clock now and then */
+        double waited = hvl__now() - start;
+        if (timeout_s > 0 && waited > timeout_s)
+            return hvl__fail(HVL_ERR_TIMEOUT, "%s: no progress for %.0f s (HVLITE_PEER_TIMEOUT_SECONDS); a "
+                             "rank has died, is stopped, or cannot be reached", what, waited);
+        if (waited > 1e-3) sched_yield();          /* a long step: let this rank's other threads run */
+    }
 }
 
-int hvl__alltoall_i64(MPI_Comm comm, const int64_t *mine, int64_t *theirs)
+int hvl__allgather_i64(MPI_Comm comm, const int64_t *mine, int count, int64_t *all, double timeout_s)
 {
-    return hvl__mpi_check(MPI_Alltoall(mine, 1, MPI_INT64_T, theirs, 1, MPI_INT64_T, comm),
-                          "MPI_Alltoall (splits)");
+    MPI_Request req;
+    HVL_CHECK(hvl__mpi_check(MPI_Iallgather(mine, count, MPI_INT64_T, all, count, MPI_INT64_T, comm, &req),
+                             "MPI_Iallgather (sizes)"));
+    return hvl__mpi_progress_wait(&req, timeout_s, "exchanging sizes");
+}
+
+int hvl__alltoall_i64(MPI_Comm comm, const int64_t *mine, int64_t *theirs, double timeout_s)
+{
+    MPI_Request req;
+    HVL_CHECK(hvl__mpi_check(MPI_Ialltoall(mine, 1, MPI_INT64_T, theirs, 1, MPI_INT64_T, comm, &req),
+                             "MPI_Ialltoall (splits)"));
+    return hvl__mpi_progress_wait(&req, timeout_s, "exchanging alltoall splits");
 }
 
 int hvl__counts_fit_int(const int64_t *bytes, int n, const char *what)
@@ -67,12 +93,14 @@ int hvl__counts_fit_int(const int64_t *bytes, int n, const char *what)
     return HVL_OK;
 }
 
-int hvl__agree(MPI_Comm comm, int local_rc, const char *what, int *everywhere)
+int hvl__agree(MPI_Comm comm, int local_rc, const char *what, int *everywhere, double timeout_s)
 {
     int mine = local_rc != HVL_OK, any = 0;
     char *mine_text = mine ? strdup(hvl_last_error()) : NULL;
+    MPI_Request req;
     *everywhere = 0;
-    int rc = hvl__mpi_check(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm), "MPI_Allreduce (agree)");
+    int rc = hvl__mpi_check(MPI_Iallreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm, &req), "MPI_Iallreduce (agree)");
+    if (rc == HVL_OK) rc = hvl__mpi_progress_wait(&req, timeout_s, what);
     if (rc == HVL_OK && any) {
         *everywhere = 1;
         rc = mine ? hvl__fail(HVL_ERR_INVALID_ARG, "%s", mine_text ? mine_text : what)

@@ -63,7 +63,8 @@ void hvl__buf_put(hvl_buf *b, const void *p, size_t n);
 void hvl__buf_i32(hvl_buf *b, int32_t v);
 void hvl__buf_i64(hvl_buf *b, int64_t v);
 void hvl__buf_f64(hvl_buf *b, double v);
-void hvl__buf_str(hvl_buf *b, const char *s);
+void hvl__buf_str(hvl_buf *b, const char *s);     /* i32 length (-1: NULL), then the bytes */
+void hvl__buf_printf(hvl_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));   /* text */
 int32_t hvl__buf_get_i32(hvl_buf *b);
 int64_t hvl__buf_get_i64(hvl_buf *b);
 double hvl__buf_get_f64(hvl_buf *b);
@@ -76,16 +77,19 @@ void hvl__json_raw(hvl_buf *b, const char *s, size_t n);
 void hvl__json_int(hvl_buf *b, int64_t v);
 void hvl__json_us(hvl_buf *b, int64_t ns);          /* ns as microseconds with 3 decimals */
 void hvl__json_str(hvl_buf *b, const char *s);      /* quoted, escaped; non-UTF-8 bytes -> U+FFFD */
-void hvl__json_printf(hvl_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- MPI helpers (mpi_util.c); bg thread ---- */
 int hvl__mpi_check(int mpi_rc, const char *what);                    /* MPI code -> status */
 /* Waits for a nonblocking request without burning a core: short spin, then naps that grow with
  * the wait. HVL_ERR_TIMEOUT (naming `what`) after timeout_s seconds (0: no bound). */
 int hvl__mpi_wait(MPI_Request *req, double timeout_s, const char *what);
-/* Blocking, small: every rank's `count` values, rank after rank, into all. */
-int hvl__allgather_i64(MPI_Comm comm, const int64_t *mine, int count, int64_t *all);
-int hvl__alltoall_i64(MPI_Comm comm, const int64_t *mine, int64_t *theirs);
+/* Waits for a nonblocking data collective: tests without sleeping (MPI progresses only while
+ * called), yielding the core after the first millisecond. HVL_ERR_TIMEOUT after timeout_s. */
+int hvl__mpi_progress_wait(MPI_Request *req, double timeout_s, const char *what);
+/* Small exchanges: every rank's `count` values, rank after rank, into all; alltoall of one
+ * value each. Bounded by timeout_s. */
+int hvl__allgather_i64(MPI_Comm comm, const int64_t *mine, int count, int64_t *all, double timeout_s);
+int hvl__alltoall_i64(MPI_Comm comm, const int64_t *mine, int64_t *theirs, double timeout_s);
 /* HVL_ERR_INVALID_ARG unless every per-rank byte count and their running sum fit an int. */
 int hvl__counts_fit_int(const int64_t *bytes, int n, const char *what);
 /* For a step that must fail on every rank or none (a local size check, an allocation before a
@@ -93,6 +97,6 @@ int hvl__counts_fit_int(const int64_t *bytes, int n, const char *what);
  * otherwise HVL_ERR_INVALID_ARG on every rank, with this rank's reason or "<what> failed on
  * another rank", and *everywhere = 1: every rank of comm failed alike, so the caller may go on
  * (an MPI error returns with *everywhere = 0). */
-int hvl__agree(MPI_Comm comm, int local_rc, const char *what, int *everywhere);
+int hvl__agree(MPI_Comm comm, int local_rc, const char *what, int *everywhere, double timeout_s);
 
 #endif /* HVLITE_UTIL_H */

@@ -14,7 +14,8 @@ from ..basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, 
                       mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built, shutdown,
                       size)
 from ..errors import (HorovodInternalError, HvliteError, HvliteInvalidArgument,
-                      HvliteShutdownError, HvliteTimeoutError, MismatchError)
+                      HvliteShutdownError, HvliteTimeoutError, MismatchError,
+                      HvliteDeadlockError)
 from ..process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from ..timeline import start_timeline, stop_timeline
 from .compression import Compression
@@ -28,7 +29,7 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "cross_rank", "cross_size", "mpi_threads_supported", "mpi_built", "mpi_enabled",
            "nccl_built", "gloo_built", "gloo_enabled", "cuda_built", "rocm_built", "ddl_built",
            "ccl_built", "HorovodInternalError", "HvliteError", "HvliteInvalidArgument",
-           "HvliteShutdownError", "HvliteTimeoutError", "MismatchError", "ProcessSet", "add_process_set", "remove_process_set",
+           "HvliteShutdownError", "HvliteTimeoutError", "MismatchError", "HvliteDeadlockError", "ProcessSet", "add_process_set", "remove_process_set",
            "global_process_set", "Compression", "Sum", "Average", "Min", "Max", "Product",
            "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall",
            "reducescatter", "barrier", "join", "size_op", "rank_op", "local_size_op",

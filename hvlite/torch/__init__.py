@@ -11,7 +11,8 @@ from ..basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, 
                       mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
                       rocm_built, shutdown, size)
 from ..errors import (HorovodInternalError, HvliteError, HvliteInvalidArgument,
-                      HvliteShutdownError, HvliteTimeoutError, MismatchError)
+                      HvliteShutdownError, HvliteTimeoutError, MismatchError,
+                      HvliteDeadlockError)
 from ..process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .compression import Compression
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
@@ -32,7 +33,7 @@ __all__ = [
     "cross_rank", "cross_size", "mpi_threads_supported", "mpi_built", "mpi_enabled",
     "nccl_built", "gloo_built", "gloo_enabled", "cuda_built", "rocm_built", "ddl_built",
     "ccl_built", "HorovodInternalError", "HvliteError", "HvliteInvalidArgument",
-    "HvliteShutdownError", "HvliteTimeoutError", "MismatchError", "ProcessSet", "add_process_set", "remove_process_set",
+    "HvliteShutdownError", "HvliteTimeoutError", "MismatchError", "HvliteDeadlockError", "ProcessSet", "add_process_set", "remove_process_set",
     "global_process_set", "Compression", "allgather_object", "broadcast_object",
     "broadcast_optimizer_state", "broadcast_parameters", "Adasum", "Average", "Max", "Min",
     "Product", "Sum", "allgather", "allgather_async", "allreduce", "allreduce_",

@@ -14,7 +14,7 @@ import keras
 from ...basics import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
                        mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
                        shutdown, size)
-from ...errors import HorovodInternalError, HvliteError, MismatchError
+from ...errors import HorovodInternalError, HvliteDeadlockError, HvliteError, MismatchError
 from ...process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from ...timeline import start_timeline, stop_timeline
 from .. import functions as _functions
@@ -27,7 +27,7 @@ from .optimizer import DistributedOptimizer, is_distributed, wrap_in_place
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
            "cross_rank", "cross_size", "mpi_threads_supported", "mpi_built", "mpi_enabled",
-           "nccl_built", "HorovodInternalError", "HvliteError", "MismatchError", "ProcessSet", "add_process_set", "remove_process_set",
+           "nccl_built", "HorovodInternalError", "HvliteError", "MismatchError", "HvliteDeadlockError", "ProcessSet", "add_process_set", "remove_process_set",
            "global_process_set", "Compression", "Sum", "Average", "Min", "Max", "Product",
            "DistributedOptimizer", "broadcast_global_variables", "allreduce", "allgather",
            "broadcast", "reducescatter", "load_model", "callbacks", "start_timeline",

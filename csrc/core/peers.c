@@ -1,0 +1,68 @@
+/* peers.c: who the other ranks are (their pids and hosts, learned once at startup), and what this
+ * host can see of a rank that stopped answering: when a wait on peers times out, the error names
+ * the ranks on this host that are stopped (SIGSTOP, a debugger) or dead, read from /proc. Ranks
+ * on other hosts cannot be seen from here; the launcher ends the job when one of them dies.
+ * bg thread only. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "engine.h"
+
+typedef struct { int64_t pid, host; } peer_t;
+static peer_t *peers;          /* per global rank; NULL before startup */
+
+static int64_t host_id(void)
+{
+    char name[256] = {0};
+    gethostname(name, sizeof(name) - 1);
+    return (int64_t)(hvl__hash(name, strlen(name), HVL_HASH_SEED) >> 1);
+}
+
+int hvl__peers_learn(hvl_engine *e)
+{
+    peer_t mine = {getpid(), host_id()};
+    free(peers);
+    if (!(peers = calloc((size_t)e->size, sizeof(peer_t)))) return hvl__oom("the peer table");
+    return hvl__mpi_check(MPI_Allgather(&mine, 2, MPI_INT64_T, peers, 2, MPI_INT64_T, e->comm),
+                          "MPI_Allgather (peer pids)");
+}
+
+void hvl__peers_forget(void)
+{
+    free(peers);
+    peers = NULL;
+}
+
+/* The state letter of a process in /proc (R, S, D, T, t, Z, ...), or 0 if it is gone. */
+static char proc_state(int64_t pid)
+{
+    char path[64], line[512];
+    snprintf(path, sizeof(path), "/proc/%lld/stat", (long long)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(line, 1, sizeof(line) - 1, f);
+    fclose(f);
+    line[n] = 0;
+    char *close = strrchr(line, ')');      /* the command name may hold spaces and parentheses */
+    return close && close[1] == ' ' ? close[2] : '?';
+}
+
+int hvl__peers_explain(hvl_engine *e, int rc)
+{
+    if (rc != HVL_ERR_TIMEOUT || !peers) return rc;
+    char *message = strdup(hvl_last_error()), seen[1024] = "";
+    size_t len = 0;
+    int64_t here = host_id();
+    for (int r = 0; r < e->size && len < sizeof(seen) - 100; r++) {
+        if (r == e->rank || peers[r].host != here) continue;
+        char state = proc_state(peers[r].pid);
+        const char *what = state == 0 || state == 'Z' || state == 'X' ? "has died"
+                         : state == 'T' || state == 't' ? "is stopped (SIGSTOP or a debugger)" : NULL;
+        if (what) len += (size_t)snprintf(seen + len, sizeof(seen) - len, "; rank %d (pid %lld) on this host %s",
+                                          r, (long long)peers[r].pid, what);
+    }
+    if (message && seen[0]) rc = hvl__fail(rc, "%s%s", message, seen);
+    free(message);
+    return rc;
+}

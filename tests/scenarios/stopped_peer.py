@@ -1,0 +1,44 @@
+"""Scenario: rank 1 stops itself (SIGSTOP: every thread, the engine's too) while rank 0 waits.
+
+Usage: stopped_peer.py WHERE. WHERE = "negotiation": rank 1 stops before it submits, so rank 0's
+negotiation gets no answer; "mpi": rank 1 stops inside a large allreduce on the MPI data plane
+(run with HVLITE_SHM_DISABLE=1), so rank 0's collective makes no progress; "shm": inside one on
+the shared-memory plane, so rank 0 waits on its futex word for an arrival that never comes. With
+a short HVLITE_PEER_TIMEOUT_SECONDS rank 0 gets HvliteTimeoutError within seconds, naming rank 1;
+it wakes rank 1 (SIGCONT, so hvlrun's SIGTERM can end it) and exits 3."""
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+import hvlite as hvd
+
+where = sys.argv[1]
+hvd.init()
+rank = hvd.rank()
+pids = hvd.allgather_object(os.getpid())
+big = np.ones(16 << 20, np.float32)            # 64 MiB: many progress steps per allreduce
+if rank == 1:
+    def stop():
+        if where in ("mpi", "shm"):
+            while hvd.engine_counters()[where + "_collectives"] < 3:
+                time.sleep(0.001)
+            time.sleep(0.005)                  # inside its data plane
+        else:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    threading.Thread(target=stop, daemon=True).start()
+    if where == "negotiation":
+        time.sleep(3600)                       # stopped long before this ends
+start = time.monotonic()
+try:
+    for _ in range(1000):
+        hvd.allreduce_(big, op=hvd.Sum, name="big")
+    print("rank", rank, "UNEXPECTED: completed", flush=True)
+except hvd.HvliteTimeoutError as e:
+    print("rank %d timeout after %.1f s: %s" % (rank, time.monotonic() - start, e), flush=True)
+    os.kill(pids[1], signal.SIGCONT)
+    sys.exit(3)
