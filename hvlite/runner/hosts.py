@@ -7,16 +7,19 @@ Contract:
     as ``host slots=N``, ``host:N`` or ``host``; ``#`` starts a comment; blank lines are skipped.
   * Every malformed input raises ``ValueError`` whose message quotes the offending text.
   * Nothing here starts a process or touches the network except :func:`this_host_names`, which
-    asks ``socket.gethostname()``. IPv6 literals as host names are not supported.
+    asks ``socket.gethostname()``, and :func:`interface_ipv4`, which asks the kernel for an
+    interface's address. IPv6 literals as host names are not supported.
 """
 
 import dataclasses
+import fcntl
 import socket
+import struct
 from typing import Iterable, List, Optional, Sequence, Set
 
 __all__ = ["Host", "parse_hosts", "parse_hostfile", "parse_hostfile_text", "total_slots",
            "check_np", "localhost_only", "this_host_names", "is_local", "ranks_per_host",
-           "local_rank_count"]
+           "local_rank_count", "interface_ipv4"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,3 +241,23 @@ def local_rank_count(hosts: Sequence[Host], np: int,
     counts = ranks_per_host(hosts, np)
     local = sum(c for h, c in zip(hosts, counts) if is_local(h.name, names))
     return max(1, local or max(counts, default=1))
+
+
+_SIOCGIFADDR = 0x8915
+
+
+def interface_ipv4(name: str) -> str:
+    """Return the IPv4 address of network interface ``name`` on this machine (Linux).
+
+    Raises:
+        ValueError: if there is no such interface or it has no IPv4 address; the message names it.
+    """
+    if not name or len(name) > 15:
+        raise ValueError("bad network interface name %r" % name)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()))
+        except OSError as e:
+            raise ValueError("network interface %r has no IPv4 address here: %s"
+                             % (name, e.strerror)) from None
+    return socket.inet_ntoa(packed[20:24])
