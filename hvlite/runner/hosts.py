@@ -7,8 +7,9 @@ Contract:
     as ``host slots=N``, ``host:N`` or ``host``; ``#`` starts a comment; blank lines are skipped.
   * Every malformed input raises ``ValueError`` whose message quotes the offending text.
   * Nothing here starts a process or touches the network except :func:`this_host_names`, which
-    asks ``socket.gethostname()``, and :func:`interface_ipv4`, which asks the kernel for an
-    interface's address. IPv6 literals as host names are not supported.
+    asks ``socket.gethostname()``, :func:`is_local`, which tries to bind a UDP socket to a host
+    given as an IPv4 address, and :func:`interface_ipv4`, which asks the kernel for an
+    interface's address. Host names are never resolved. IPv6 literals are not supported.
 """
 
 import dataclasses
@@ -192,16 +193,35 @@ def this_host_names() -> Set[str]:
     return names
 
 
+def _is_own_address(name: str) -> bool:
+    """True if ``name`` is an IPv4 address of this machine (binding to it succeeds)."""
+    try:
+        socket.inet_aton(name)
+    except OSError:
+        return False
+    if name.count(".") != 3:
+        return False
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((name, 0))
+        except OSError:
+            return False
+    return True
+
+
 def is_local(name: str, local_names: Optional[Iterable[str]] = None) -> bool:
     """Tell whether host ``name`` is this machine.
 
     Args:
         name: a host name from the host list.
-        local_names: this machine's names; :func:`this_host_names` when omitted.
+        local_names: this machine's names; :func:`this_host_names` when omitted (then an IPv4
+            address of one of this machine's interfaces counts too, as mpiexec sees it).
 
     Returns:
         True if ``name`` (or its short form) is one of this machine's names.
     """
+    if local_names is None and _is_own_address(name):
+        return True
     names = set(this_host_names() if local_names is None else local_names)
     return name in names or name.split(".", 1)[0] in names
 

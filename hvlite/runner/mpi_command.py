@@ -82,12 +82,15 @@ def remote_options(flavour: str, python: str, rsh_template: str) -> Tuple[List[s
         flavour: the MPI flavour.
         python: the interpreter hydra runs ``remote_shell`` with (hvlrun's own).
         rsh_template: the remote shell (``remote_shell.transport_argv``); Open MPI gets it as
-            its ``plm_rsh_agent``, so it cannot hold ``{host}`` there.
+            its ``plm_rsh_agent`` unless it holds ``{host}`` (srun: Open MPI's own Slurm
+            support starts its daemons then).
 
     Returns:
         ``(options, env)``. Cannot fail.
     """
     if flavour == "openmpi":
+        if "{host}" in rsh_template:  # e.g. srun: Open MPI launches through Slurm by itself
+            return [], {}
         return ["--mca", "plm_rsh_agent", rsh_template], {}
     options, env = launcher_options(python)
     env[ENV_RSH] = rsh_template
