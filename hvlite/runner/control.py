@@ -5,7 +5,8 @@ Contract:
     gives: 127.0.0.1 when every rank is local) and passes ``HVLRUN_CONTROL_ADDR=host:port`` and
     the job secret to the processes it starts; they connect with ``control_client.ControlClient``.
   * Every line is authenticated (``wire.py``). Rejected input (no or bad hello, bad MAC, replay,
-    malformed or over-long line, nothing within :data:`HELLO_SECONDS`) is dropped and counted by
+    malformed or over-long line, no authentic message within :data:`HELLO_SECONDS` of connecting)
+    is dropped and counted by
     :meth:`rejected`, never acted on; a connection that has not yet sent one authentic message
     is closed on its first rejected line.
   * Client messages: ``start <rank> <pid> <host>`` and ``exit <rank> <code>`` (rank wrappers;
@@ -42,11 +43,12 @@ _MAX_BACKLOG = 65536            # bytes queued for a peer that does not read: it
 
 class Lost(NamedTuple):
     """A lost client: ``who`` ("host h2 (rank 1)" or "rank 1 on h2"), the full ``message``,
-    and ``since``, the monotonic time it was lost (its connection closed, or its silence began
-    to exceed the limit)."""
+    and ``since``, the server round in which it was lost (its connection closed; for a silent
+    client, the round of the query). Rounds order events; events of one round (one pass over the
+    sockets) may have happened in any order."""
     who: str
     message: str
-    since: float
+    since: int
 
 
 class _Peer:
@@ -64,7 +66,7 @@ class _Peer:
         self.closed = False
         self.stopped = False                 # was sent "stop"
         self.opened = self.heard = self.pinged = time.monotonic()
-        self.closed_at = 0.0
+        self.closed_at = 0              # the server round in which the connection closed
 
     def describe(self) -> str:
         if self.kind == "guard":
@@ -99,7 +101,7 @@ class ControlServer:
         self._lock = threading.Lock()
         self._peers: List[_Peer] = []
         self._started: Dict[int, Tuple[int, str]] = {}
-        self._exits: List[Tuple[int, int, float]] = []
+        self._exits: List[Tuple[int, int, int]] = []      # (rank, code, round)
         self._checked: Set[str] = set()
         self._rejected = 0
         self._rejected_from: Set[str] = set()
@@ -146,7 +148,7 @@ class ControlServer:
     def _drop(self, sel: selectors.BaseSelector, peer: _Peer) -> None:
         """Close ``peer``'s socket; its record stays (a closed unfinished client is lost)."""
         if not peer.closed:
-            peer.closed, peer.closed_at = True, time.monotonic()
+            peer.closed, peer.closed_at = True, self._rounds
             try:
                 sel.unregister(peer.sock)
             except (KeyError, ValueError):
@@ -198,7 +200,7 @@ class ControlServer:
                 self._started[peer.rank] = (int(fields[2]), peer.host)
             elif fields[0] == "exit" and len(fields) == 3:
                 peer.finished = True
-                self._exits.append((int(fields[1]), int(fields[2]), time.monotonic()))
+                self._exits.append((int(fields[1]), int(fields[2]), self._rounds))
             elif fields[0] == "guard" and len(fields) == 3:
                 peer.kind, peer.host = "guard", fields[1]
             elif fields[0] == "done" and len(fields) == 2:
@@ -223,8 +225,8 @@ class ControlServer:
         for peer in list(self._peers):
             if peer.closed:
                 continue
-            if not peer.session.ready and now - peer.opened > HELLO_SECONDS:
-                self._reject(sel, peer, "no hello within %g s" % HELLO_SECONDS)
+            if peer.kind is None and not peer.finished and now - peer.opened > HELLO_SECONDS:
+                self._reject(sel, peer, "nothing authentic within %g s" % HELLO_SECONDS)
                 continue
             if self._stop_reason and not peer.stopped and peer.session.ready:
                 peer.stopped = True
@@ -259,8 +261,8 @@ class ControlServer:
         """Return the earliest ``(rank, code)`` with a non-zero code, or None."""
         return next(((r, c) for r, c in self.exits() if c != 0), None)
 
-    def first_failure_time(self) -> Optional[float]:
-        """Return when the earliest non-zero exit report arrived (monotonic), or None."""
+    def first_failure_round(self) -> Optional[int]:
+        """Return the server round of the earliest non-zero exit report, or None."""
         with self._lock:
             return next((t for _, c, t in self._exits if c != 0), None)
 
@@ -299,7 +301,7 @@ class ControlServer:
                             "(processes killed or host down)" % who, peer.closed_at)
             return Lost(who, "%s stopped answering: nothing heard for %.1f s (link cut, host "
                         "down or frozen; limit %g s)" % (who, now - peer.heard, self._timeout),
-                        peer.heard + self._timeout)
+                        self._rounds)
 
     def stop_all(self, reason: str) -> None:
         """Ask every client, now and later, to end its part of the job (``stop <reason>``)."""

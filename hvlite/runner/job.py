@@ -7,8 +7,9 @@ Contract:
     when the control server finds a host or rank lost (``ControlServer.lost``: its connection
     closed before it reported an exit, or it was silent for the heartbeat timeout). Ending the
     job means: ``stop`` to every wrapper and host guard (they end their processes, also on hosts
-    hvlrun cannot signal), then SIGTERM to the launcher's process group and SIGKILL after 5 s
-    (1 s when a host is lost: mpiexec cannot reach it and would wait).
+    hvlrun cannot signal, and say why), then, if the launcher is still running 1 s later,
+    SIGTERM to its process group and SIGKILL after 5 s (1 s when a host is lost: mpiexec
+    cannot reach it and would wait).
   * The exit code is :data:`HOST_LOST_CODE` when a host or rank was lost before any rank reported
     a failure (the message names it and its ranks), else the first failing rank's (earliest non-zero ``exit`` report), else
     128+signum after SIGINT/SIGTERM, :data:`START_TIMEOUT_CODE` after a start timeout, else the
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .control import ControlServer
 
@@ -35,13 +36,19 @@ START_TIMEOUT_CODE = 124
 HOST_LOST_CODE = 125
 _KILL_GRACE_SECONDS = 5.0
 _LOST_GRACE_SECONDS = 1.0
+_STOP_WAIT_SECONDS = 1.0
 
 
 def _terminate_group(proc: subprocess.Popen, server: ControlServer, reason: str,
                      grace: float = _KILL_GRACE_SECONDS) -> int:
-    """Ask every wrapper and guard to stop, SIGTERM ``proc``'s process group, SIGKILL it after
-    ``grace`` seconds; return its code."""
+    """Ask every wrapper and guard to stop; SIGTERM ``proc``'s process group if it has not
+    ended :data:`_STOP_WAIT_SECONDS` later, SIGKILL it ``grace`` seconds after that; return its
+    code. Asking first lets every rank's wrapper say why its rank ends."""
     server.stop_all(reason)
+    try:
+        return proc.wait(timeout=_STOP_WAIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        pass
     for signum in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, signum)
@@ -159,12 +166,11 @@ def _exit_code(argv: Sequence[str], server: ControlServer, rc: Optional[int], ca
         server.stop_all("the launcher %s exited with code %d" % (os.path.basename(argv[0]), rc))
     server.wait_quiet(timeout=2.0)
     gone = server.lost() if rc != 0 else None
-    failed_at = server.first_failure_time()
-    if gone is not None and (failed_at is None or gone.since < failed_at):
+    failure = server.first_failure()
+    if gone is not None and _lost_first(gone.since, server.first_failure_round(), failure):
         # the launcher ended the job itself because a host or rank vanished first
         _say("%s; the job ended" % gone.message)
         return HOST_LOST_CODE
-    failure = server.first_failure()
     if failure is not None:
         _say("first failure: rank %d with exit code %d" % failure)
         return failure[1]
@@ -172,6 +178,16 @@ def _exit_code(argv: Sequence[str], server: ControlServer, rc: Optional[int], ca
         rc = 128 - rc if rc < 0 else rc
         _say("%s exited with code %d" % (argv[0], rc))
     return rc
+
+
+def _lost_first(lost_round: int, failed_round: Optional[int],
+                failure: Optional[Tuple[int, int]]) -> bool:
+    """Did a client vanish before the first rank reported a failure? Within one server round
+    the order is unknown: a rank ended by a signal (code > 128) is then taken as a consequence
+    (the launcher killing the rest), an exit with its own code as the cause."""
+    if failed_round is None or failure is None:
+        return True
+    return lost_round < failed_round or (lost_round == failed_round and failure[1] > 128)
 
 
 def _report_rejected(server: ControlServer) -> None:
