@@ -7,15 +7,15 @@ Contract:
     when the control server finds a host or rank lost (``ControlServer.lost``: its connection
     closed before it reported an exit, or it was silent for the heartbeat timeout). Ending the
     job means: ``stop`` to every wrapper and host guard (they end their processes, also on hosts
-    hvlrun cannot signal, and say why), then, if the launcher is still running 1 s later,
-    SIGTERM to its process group and SIGKILL after 5 s (1 s when a host is lost: mpiexec
-    cannot reach it and would wait).
+    hvlrun cannot signal, and say why), then, 1 s later, SIGTERM to what is left of the
+    launcher's process group and SIGKILL after 5 s (1 s when a host is lost: mpiexec cannot
+    reach it and would wait).
   * The exit code is :data:`HOST_LOST_CODE` when a host or rank was lost before any rank reported
-    a failure (the message names it and its ranks), else the first failing rank's (earliest non-zero ``exit`` report), else
-    128+signum after SIGINT/SIGTERM, :data:`START_TIMEOUT_CODE` after a start timeout, else the
+    a failure (the message names it and its ranks), else the first failing rank's (earliest
+    non-zero ``exit`` report), else 128+signum after SIGINT/SIGTERM, :data:`START_TIMEOUT_CODE` after a start timeout, else the
     launcher's own code (128+signum if a signal ended it); never 0 when the launcher failed.
   * When the launcher exits with a non-zero code on its own, every client still connected is
-    sent ``stop`` too. Control lines that failed authentication are reported in one warning at
+    sent ``stop`` too, and what is left of its process group is ended. Control lines that failed authentication are reported in one warning at
     the end.
   * Signal handlers are installed only when called on the main thread, and restored after.
 """
@@ -41,28 +41,34 @@ _STOP_WAIT_SECONDS = 1.0
 
 def _terminate_group(proc: subprocess.Popen, server: ControlServer, reason: str,
                      grace: float = _KILL_GRACE_SECONDS) -> int:
-    """Ask every wrapper and guard to stop; SIGTERM ``proc``'s process group if it has not
-    ended :data:`_STOP_WAIT_SECONDS` later, SIGKILL it ``grace`` seconds after that; return its
-    code. Asking first lets every rank's wrapper say why its rank ends."""
+    """Ask every wrapper and guard to stop; :data:`_STOP_WAIT_SECONDS` later, end what is left
+    of ``proc``'s process group; return the launcher's code. Asking first lets every rank's
+    wrapper say why its rank ends."""
     server.stop_all(reason)
     try:
-        return proc.wait(timeout=_STOP_WAIT_SECONDS)
+        proc.wait(timeout=_STOP_WAIT_SECONDS)
     except subprocess.TimeoutExpired:
         pass
+    _end_group(proc, grace)
+    return proc.wait()
+
+
+def _end_group(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM what is left of ``proc``'s process group (the launcher, remote shells it
+    started), SIGKILL it ``grace`` seconds later. Returns at once when the group is empty."""
     for signum in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, signum)
         except ProcessLookupError:
-            break
+            return
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             proc.poll()
             try:
                 os.killpg(proc.pid, 0)
             except ProcessLookupError:
-                return proc.wait()
+                return
             time.sleep(0.05)
-    return proc.wait()
 
 
 def _say(message: str) -> None:
@@ -148,13 +154,13 @@ def run_job(argv: Sequence[str], env: Dict[str, str], server: ControlServer, np:
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
     try:
-        return _exit_code(argv, server, rc, caught, lost)
+        return _exit_code(argv, proc, server, rc, caught, lost)
     finally:
         _report_rejected(server)
 
 
-def _exit_code(argv: Sequence[str], server: ControlServer, rc: Optional[int], caught: List[int],
-               lost: List[str]) -> int:
+def _exit_code(argv: Sequence[str], proc: subprocess.Popen, server: ControlServer,
+               rc: Optional[int], caught: List[int], lost: List[str]) -> int:
     """Pick hvlrun's exit code once the launcher ended (see the module contract)."""
     if lost:
         return HOST_LOST_CODE
@@ -165,6 +171,8 @@ def _exit_code(argv: Sequence[str], server: ControlServer, rc: Optional[int], ca
     if rc != 0:  # hosts the launcher could not reach may still run: they must stop too
         server.stop_all("the launcher %s exited with code %d" % (os.path.basename(argv[0]), rc))
     server.wait_quiet(timeout=2.0)
+    if rc != 0:  # remote shells the launcher left behind
+        _end_group(proc, _LOST_GRACE_SECONDS)
     gone = server.lost() if rc != 0 else None
     failure = server.first_failure()
     if gone is not None and _lost_first(gone.since, server.first_failure_round(), failure):
