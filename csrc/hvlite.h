@@ -96,9 +96,16 @@ typedef struct {
     int64_t cache_hits;         /* responses agreed by the bit-vector fast path */
     int64_t cache_misses;       /* responses agreed through the coordinator */
     int64_t stall_warnings;     /* stall warnings issued (rank 0 only) */
-    int64_t shm_collectives;    /* collectives run by the shared-memory backend (one host) */
-    int64_t hierarchical_allreduces;   /* allreduces run shm -> MPI across hosts -> shm */
 } hvl_counters;
+
+/* What one data plane ran since hvl_init: collectives (fused batches) and their payload bytes.
+ * Planes are numbered 0 .. hvl_backend_count() - 1 in the order the engine offers them each
+ * collective (e.g. "shm", "hierarchical", "mpi"). */
+typedef struct {
+    const char *name;           /* static, owned by the engine */
+    int64_t collectives;
+    int64_t bytes;
+} hvl_backend_counters;
 
 /* Start the engine: initialise MPI if nobody has (else reuse it), start the background thread.
  * Idempotent while running. Fails with HVL_ERR_SHUT_DOWN after MPI was finalized. */
@@ -169,6 +176,9 @@ int64_t hvl_reducescatter_rows(int64_t dim0, int rank, int size);
 int hvl_dtype_size(int dtype);         /* bytes per element, 0 for an unknown dtype */
 
 int hvl_get_counters(hvl_counters *out);
+int hvl_backend_count(void);           /* data planes compiled in; cannot fail */
+/* HVL_ERR_INVALID_ARG for an index outside [0, hvl_backend_count()). */
+int hvl_get_backend_counters(int index, hvl_backend_counters *out);
 
 typedef enum {
     HVL_AUTOTUNE_OFF = 0,       /* HVLITE_AUTOTUNE not set: the values are the settings */

@@ -205,10 +205,19 @@ def mpi_vendor():
 
 
 def engine_counters():
-    """The engine's counters since init, as a dict (cycles, collectives, tensors_fused, ...)."""
+    """The engine's counters since init, as a dict: cycles, collectives, tensors_fused, ..., and
+    per data plane ``<plane>_collectives`` and ``<plane>_bytes`` (planes ``shm``,
+    ``hierarchical``, ``mpi``: what each ran)."""
     c = ffi.new("hvl_counters *")
     _check(lib.hvl_get_counters(c))
-    return {f: getattr(c, f) for f, _ in ffi.typeof("hvl_counters").fields}
+    counters = {f: getattr(c, f) for f, _ in ffi.typeof("hvl_counters").fields}
+    plane = ffi.new("hvl_backend_counters *")
+    for index in range(lib.hvl_backend_count()):
+        _check(lib.hvl_get_backend_counters(index, plane))
+        name = ffi.string(plane.name).decode()
+        counters[name + "_collectives"] = plane.collectives
+        counters[name + "_bytes"] = plane.bytes
+    return counters
 
 
 _AUTOTUNE_STATES = {lib.HVL_AUTOTUNE_OFF: "off", lib.HVL_AUTOTUNE_TUNING: "tuning",

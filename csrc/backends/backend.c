@@ -1,20 +1,67 @@
-/* backend.c: the data-plane registry. Backends are listed in priority order; the first that
- * accepts a collective runs it. Only this file knows which backends were compiled in. bg thread. */
+/* backend.c: the data-plane registry. Planes are listed in priority order; the first that
+ * accepts a batch runs it (the contract is in backend.h). The registry opens and closes each
+ * plane's per-set state and counts what each plane ran. Only this file knows which planes were
+ * compiled in. bg thread, except the counters and build facts (any thread). */
 #include <stddef.h>
-#include "internal.h"
+#include "backend.h"
 
 static const hvl_backend *const registry[] = {
     /* NCCL (GPU buffers) plugs in here, before shared memory. */
     &hvl__backend_shm,      /* every member of the set on this host (HVLITE_SHM_DISABLE=1: off) */
     &hvl__backend_hier,     /* allreduce across hosts, if HVLITE_HIERARCHICAL_ALLREDUCE=1 */
-    &hvl__backend_mpi,
+    &hvl__backend_mpi,      /* everything; last */
 };
+#define NPLANES ((int)(sizeof(registry) / sizeof(registry[0])))
+_Static_assert(NPLANES <= HVL_MAX_BACKENDS, "raise HVL_MAX_BACKENDS");
 
-const hvl_backend *hvl__backend_for(const hvl_engine *e, const hvl_pset *ps, int op, int dtype, int64_t bytes)
+int hvl__planes_open(hvl_engine *e, hvl_pset *ps)
 {
-    for (size_t i = 0; i < sizeof(registry) / sizeof(registry[0]); i++)
-        if (registry[i]->can_run(e, ps, op, dtype, bytes)) return registry[i];
-    return NULL;
+    for (int i = 0; i < NPLANES; i++) {
+        ps->plane_state[i] = NULL;
+        if (!registry[i]->open || ps->rank < 0) continue;
+        int rc = registry[i]->open(e, ps, &ps->plane_state[i]);
+        if (rc != HVL_OK) {
+            hvl__planes_close(ps, 0);
+            return rc;
+        }
+    }
+    return HVL_OK;
+}
+
+void hvl__planes_close(hvl_pset *ps, int clean)
+{
+    for (int i = 0; i < NPLANES; i++) {
+        if (ps->plane_state[i] && registry[i]->close) registry[i]->close(ps->plane_state[i], clean);
+        ps->plane_state[i] = NULL;
+    }
+}
+
+hvl_plane hvl__plane_for(const hvl_engine *e, const hvl_pset *ps, int op, int dtype, int64_t bytes)
+{
+    for (int i = 0; i < NPLANES; i++) {
+        void *state = ps->plane_state[i];
+        if (registry[i]->open && !state) continue;      /* it does not serve this set */
+        if (registry[i]->can_run(e, ps, state, op, dtype, bytes)) return (hvl_plane){registry[i], state, i};
+    }
+    return (hvl_plane){registry[NPLANES - 1], ps->plane_state[NPLANES - 1], NPLANES - 1};
+}
+
+void hvl__plane_count(hvl_engine *e, const hvl_plane *p, int64_t bytes)
+{
+    hvl__count(&e->plane_counts[p->index].collectives, 1);
+    hvl__count(&e->plane_counts[p->index].bytes, bytes);
+}
+
+int hvl_backend_count(void) { return NPLANES; }
+
+int hvl_get_backend_counters(int index, hvl_backend_counters *out)
+{
+    if (index < 0 || index >= NPLANES)
+        return hvl__fail(HVL_ERR_INVALID_ARG, "no data plane %d (there are %d)", index, NPLANES);
+    out->name = registry[index]->name;
+    out->collectives = __atomic_load_n(&hvl__engine.plane_counts[index].collectives, __ATOMIC_RELAXED);
+    out->bytes = __atomic_load_n(&hvl__engine.plane_counts[index].bytes, __ATOMIC_RELAXED);
+    return HVL_OK;
 }
 
 int hvl_mpi_built(void) { return 1; }

@@ -28,12 +28,12 @@ static int across_hosts(hvl_shm *s, char *mine, int64_t m, int dtype, int reduce
                           "MPI_Allreduce (hierarchical, across hosts)");
 }
 
-static int allreduce_stream(hvl_engine *e, hvl_pset *ps, hvl_stream *st)
+static int allreduce_stream(hvl_engine *e, hvl_pset *ps, void *state, hvl_stream *st)
 {
-    hvl_shm *s = ps->backend_state;
+    hvl_shm *s = state;
+    (void)ps;
     int esize = hvl_dtype_size(st->dtype), shared = s->local_size > 1;
     int64_t per_step = s->chunk / esize;   /* at most 2^30 bytes: fits MPI's int count */
-    hvl__count(&e->counters.hierarchical_allreduces, 1);
     for (int64_t off = 0; off < st->count; off += per_step, s->steps++) {
         int64_t m = min64(per_step, st->count - off);
         char *mine = shared ? hvl__shm_buf(s, s->local_rank) : s->scratch;
@@ -50,20 +50,35 @@ static int allreduce_stream(hvl_engine *e, hvl_pset *ps, hvl_stream *st)
     return HVL_OK;
 }
 
-static int allreduce(hvl_engine *e, hvl_pset *ps, const void *src, void *dst, int64_t count, int dtype, int reduce_op)
+static int allreduce(hvl_engine *e, hvl_pset *ps, void *state, const void *src, void *dst, int64_t count,
+                     int dtype, int reduce_op)
 {
-    return hvl__shm_allreduce_plain(e, ps, allreduce_stream, src, dst, count, dtype, reduce_op);
+    return hvl__shm_allreduce_plain(e, ps, state, allreduce_stream, src, dst, count, dtype, reduce_op);
 }
 
-static int can_run(const hvl_engine *e, const hvl_pset *ps, int op, int dtype, int64_t bytes)
+static int can_run(const hvl_engine *e, const hvl_pset *ps, const void *state, int op, int dtype, int64_t bytes)
 {
-    (void)dtype; (void)bytes;
-    return op == HVL_ALLREDUCE && e->params.hierarchical_allreduce && ps->backend_state && !ps->one_host;
+    (void)e; (void)ps; (void)state; (void)dtype; (void)bytes;
+    return op == HVL_ALLREDUCE;
 }
+
+/* Only sets spread over several hosts, when HVLITE_HIERARCHICAL_ALLREDUCE asks for it (agreed
+ * from rank 0) and shared memory is not switched off. */
+static int open_set(hvl_engine *e, hvl_pset *ps, void **state)
+{
+    *state = NULL;
+    if (!e->params.hierarchical_allreduce || e->params.shm_disable || ps->size < 2 || ps->one_host)
+        return HVL_OK;
+    return hvl__shm_open(e, ps, (hvl_shm **)state);
+}
+
+static void close_set(void *state, int clean) { hvl__shm_close(state, clean); }
 
 /* Only allreduce: can_run refuses every other op, so they are never called here. */
 const hvl_backend hvl__backend_hier = {
     .name = "hierarchical",
+    .open = open_set,
+    .close = close_set,
     .can_run = can_run,
     .allreduce = allreduce,
     .allreduce_stream = allreduce_stream,

@@ -1,39 +1,41 @@
-/* backend_mpi.c: the MPI data plane, which runs everything on host memory. Data collectives
- * are blocking calls: by the time they run, negotiation has brought every rank to the same
- * response, so nobody waits long in them. Counts above INT_MAX elements are split into chunks
- * where the collective allows it (allreduce, broadcast); the v-collectives take byte counts
- * that must fit an int per rank. bg thread only. */
+/* backend_mpi.c: the MPI data plane, which runs everything on host memory and takes every
+ * collective the planes before it refuse. It keeps no per-set state (the set's communicator is
+ * enough). Data collectives are blocking calls: by the time they run, negotiation has brought
+ * every rank to the same response, so nobody waits long in them. Counts above MAX_CALL_COUNT
+ * elements are split over several calls where the collective allows it (allreduce, broadcast);
+ * the v-collectives take byte counts that must fit an int per rank. bg thread only. */
 #include <limits.h>
 #include <stdlib.h>
-#include "internal.h"
+#include "backend.h"
+#include "kernels.h"
 
-#define CHUNK_ELEMS ((int64_t)1 << 30)
+#define MAX_CALL_COUNT ((int64_t)1 << 30)
 
-static int can_run(const hvl_engine *e, const hvl_pset *ps, int op, int dtype, int64_t bytes)
+static int can_run(const hvl_engine *e, const hvl_pset *ps, const void *state, int op, int dtype, int64_t bytes)
 {
-    (void)e; (void)ps; (void)op; (void)dtype; (void)bytes;
+    (void)e; (void)ps; (void)state; (void)op; (void)dtype; (void)bytes;
     return 1;
 }
 
-static int allreduce(hvl_engine *e, hvl_pset *ps, const void *src, void *dst, int64_t count, int dtype, int reduce_op)
+static int allreduce(hvl_engine *e, hvl_pset *ps, void *state, const void *src, void *dst, int64_t count, int dtype, int reduce_op)
 {
-    (void)e;
+    (void)e; (void)state;
     MPI_Datatype t = hvl__mpi_dtype(dtype);
     MPI_Op op = hvl__mpi_op(reduce_op, dtype);
     int64_t esize = hvl_dtype_size(dtype);
-    for (int64_t off = 0; off < count; off += CHUNK_ELEMS) {
-        int n = (int)(count - off < CHUNK_ELEMS ? count - off : CHUNK_ELEMS);
+    for (int64_t off = 0; off < count; off += MAX_CALL_COUNT) {
+        int n = (int)(count - off < MAX_CALL_COUNT ? count - off : MAX_CALL_COUNT);
         const void *s = src == dst ? MPI_IN_PLACE : (const char *)src + off * esize;
         HVL_CHECK(hvl__mpi_check(MPI_Allreduce(s, (char *)dst + off * esize, n, t, op, ps->comm), "MPI_Allreduce"));
     }
     return HVL_OK;
 }
 
-static int broadcast(hvl_engine *e, hvl_pset *ps, void *buf, int64_t bytes, int root)
+static int broadcast(hvl_engine *e, hvl_pset *ps, void *state, void *buf, int64_t bytes, int root)
 {
-    (void)e;
-    for (int64_t off = 0; off < bytes; off += CHUNK_ELEMS) {
-        int n = (int)(bytes - off < CHUNK_ELEMS ? bytes - off : CHUNK_ELEMS);
+    (void)e; (void)state;
+    for (int64_t off = 0; off < bytes; off += MAX_CALL_COUNT) {
+        int n = (int)(bytes - off < MAX_CALL_COUNT ? bytes - off : MAX_CALL_COUNT);
         HVL_CHECK(hvl__mpi_check(MPI_Bcast((char *)buf + off, n, MPI_BYTE, root, ps->comm), "MPI_Bcast"));
     }
     return HVL_OK;
@@ -53,11 +55,11 @@ static int int_counts(const int64_t *bytes, int n, int *counts, int *displs, con
     return HVL_OK;
 }
 
-static int allgatherv(hvl_engine *e, hvl_pset *ps, const void *src, void *dst, const int64_t *rank_bytes)
+static int allgatherv(hvl_engine *e, hvl_pset *ps, void *state, const void *src, void *dst, const int64_t *rank_bytes)
 {
-    (void)e;
+    (void)e; (void)state;
     int *counts = malloc(sizeof(int) * 2 * (size_t)ps->size), rc;
-    if (!counts) return HVL_ERR_NO_MEMORY;
+    if (!counts) return hvl__oom("MPI allgather counts");
     int *displs = counts + ps->size;
     HVL_CHECK_GOTO(int_counts(rank_bytes, ps->size, counts, displs, "allgather"), rc, out);
     rc = hvl__mpi_check(MPI_Allgatherv(src, counts[ps->rank], MPI_BYTE, dst, counts, displs,
@@ -67,12 +69,12 @@ out:
     return rc;
 }
 
-static int alltoallv(hvl_engine *e, hvl_pset *ps, const void *src, const int64_t *send_bytes, void *dst,
+static int alltoallv(hvl_engine *e, hvl_pset *ps, void *state, const void *src, const int64_t *send_bytes, void *dst,
                      const int64_t *recv_bytes)
 {
-    (void)e;
+    (void)e; (void)state;
     int *v = malloc(sizeof(int) * 4 * (size_t)ps->size), rc;
-    if (!v) return HVL_ERR_NO_MEMORY;
+    if (!v) return hvl__oom("MPI alltoall counts");
     int *scounts = v, *sdispls = v + ps->size, *rcounts = v + 2 * ps->size, *rdispls = v + 3 * ps->size;
     HVL_CHECK_GOTO(int_counts(send_bytes, ps->size, scounts, sdispls, "alltoall"), rc, out);
     HVL_CHECK_GOTO(int_counts(recv_bytes, ps->size, rcounts, rdispls, "alltoall"), rc, out);
@@ -83,19 +85,22 @@ out:
     return rc;
 }
 
-static int reducescatter(hvl_engine *e, hvl_pset *ps, const void *src, void *dst, const int64_t *counts,
+static int reducescatter(hvl_engine *e, hvl_pset *ps, void *state, const void *src, void *dst, const int64_t *counts,
                          int dtype, int reduce_op)
 {
-    (void)e;
-    int *c = malloc(sizeof(int) * (size_t)ps->size), rc = HVL_OK;
-    if (!c) return HVL_ERR_NO_MEMORY;
-    for (int r = 0; r < ps->size && rc == HVL_OK; r++) {
-        if (counts[r] > INT_MAX) rc = hvl__fail(HVL_ERR_INVALID_ARG, "reducescatter: more than 2^31 elements per rank");
+    (void)e; (void)state;
+    int *c = malloc(sizeof(int) * (size_t)ps->size), rc;
+    if (!c) return hvl__oom("MPI reducescatter counts");
+    for (int r = 0; r < ps->size; r++) {
+        if (counts[r] > INT_MAX) {
+            rc = hvl__fail(HVL_ERR_INVALID_ARG, "reducescatter: more than 2^31 elements per rank");
+            goto out;
+        }
         c[r] = (int)counts[r];
     }
-    if (rc == HVL_OK)
-        rc = hvl__mpi_check(MPI_Reduce_scatter(src, dst, c, hvl__mpi_dtype(dtype),
-                                               hvl__mpi_op(reduce_op, dtype), ps->comm), "MPI_Reduce_scatter");
+    rc = hvl__mpi_check(MPI_Reduce_scatter(src, dst, c, hvl__mpi_dtype(dtype), hvl__mpi_op(reduce_op, dtype),
+                                           ps->comm), "MPI_Reduce_scatter");
+out:
     free(c);
     return rc;
 }

@@ -10,13 +10,12 @@
  *   reducescatter: every member's output region advances chunk/n per step; each rank reduces
  *     its own piece straight into its output.
  *   allgather, broadcast, alltoall: publish my piece(s), sync, copy the others' out.
- * The registry offers every collective of a one-host set here, but for one crossover, decided by
- * measurement against hvlite's own MPI data plane (bench/allreduce.py, bench/collectives.py;
- * tables in bench/README.md): at 2 ranks a broadcast of 1 MiB or more ran 1.2-1.8x faster on
- * MPI (its large-message protocol moves the data once; here the root copies in and the peer
- * copies out), so those go to MPI. From 3 ranks on, and for every other op and size at 2-4
- * ranks, shm was as fast or faster (differences under 0.1 ms at small sizes flip from run to
- * run: negotiation and scheduling, not the data plane). bg thread only. */
+ * This plane serves the sets whose members all share this host, of two or more ranks (its
+ * open hook decides, the same way on every member), and takes every collective of such a set
+ * but one crossover, decided by measurement against hvlite's own MPI data plane (tables in
+ * bench/README.md): at 2 ranks a broadcast of 1 MiB or more goes to MPI (its large-message
+ * protocol moves the data once; here the root copies in and the peer copies out).
+ * bg thread only. */
 #include <stdlib.h>
 #include <string.h>
 #include "shm.h"
@@ -51,12 +50,12 @@ void hvl__shm_reduce_slice(hvl_shm *s, int64_t m, int dtype, int reduce_op)
         if (r != s->local_rank) hvl__reduce_pair(mine, mine, hvl__shm_buf(s, r) + start * esize, len, dtype, reduce_op);
 }
 
-static int allreduce_stream(hvl_engine *e, hvl_pset *ps, hvl_stream *st)
+static int allreduce_stream(hvl_engine *e, hvl_pset *ps, void *state, hvl_stream *st)
 {
-    hvl_shm *s = ps->backend_state;
+    hvl_shm *s = state;
+    (void)ps;
     int esize = hvl_dtype_size(st->dtype), n = s->local_size;
     int64_t per_step = s->chunk / esize;
-    hvl__count(&e->counters.shm_collectives, 1);
     for (int64_t off = 0; off < st->count; off += per_step, s->steps++) {
         int64_t m = min64(per_step, st->count - off);
         st->fill(st, off, m, hvl__shm_buf(s, s->local_rank));
@@ -96,22 +95,23 @@ static void plain_drain(hvl_stream *st, int64_t off, int64_t n, const void *from
     memcpy(p->dst + (size_t)off * esize, from, (size_t)n * esize);
 }
 
-int hvl__shm_allreduce_plain(hvl_engine *e, hvl_pset *ps, int (*run)(hvl_engine *, hvl_pset *, hvl_stream *),
+int hvl__shm_allreduce_plain(hvl_engine *e, hvl_pset *ps, void *state, hvl_stream_run run,
                              const void *src, void *dst, int64_t count, int dtype, int reduce_op)
 {
     plain_stream p = {{count, dtype, reduce_op, plain_fill, plain_drain}, src, dst};
-    return run(e, ps, &p.s);
+    return run(e, ps, state, &p.s);
 }
 
-static int allreduce(hvl_engine *e, hvl_pset *ps, const void *src, void *dst, int64_t count, int dtype, int reduce_op)
+static int allreduce(hvl_engine *e, hvl_pset *ps, void *state, const void *src, void *dst, int64_t count, int dtype, int reduce_op)
 {
-    return hvl__shm_allreduce_plain(e, ps, allreduce_stream, src, dst, count, dtype, reduce_op);
+    return hvl__shm_allreduce_plain(e, ps, state, allreduce_stream, src, dst, count, dtype, reduce_op);
 }
 
-static int reducescatter(hvl_engine *e, hvl_pset *ps, const void *src, void *dst, const int64_t *counts,
+static int reducescatter(hvl_engine *e, hvl_pset *ps, void *state, const void *src, void *dst, const int64_t *counts,
                          int dtype, int reduce_op)
 {
-    hvl_shm *s = ps->backend_state;
+    hvl_shm *s = state;
+    (void)ps;
     int n = s->local_size, me = s->local_rank, esize = hvl_dtype_size(dtype);
     int64_t per = s->chunk / n / LINE * LINE / esize, most = 0;   /* elements per region and step */
     int64_t *start = malloc(sizeof(int64_t) * (size_t)n);
@@ -120,7 +120,6 @@ static int reducescatter(hvl_engine *e, hvl_pset *ps, const void *src, void *dst
         start[r] = r ? start[r - 1] + counts[r - 1] : 0;
         most = counts[r] > most ? counts[r] : most;
     }
-    hvl__count(&e->counters.shm_collectives, 1);
     int rc = HVL_OK;
     for (int64_t off = 0; off < most && rc == HVL_OK; off += per, s->steps++) {
         char *mine = hvl__shm_buf(s, me);
@@ -140,18 +139,19 @@ static int reducescatter(hvl_engine *e, hvl_pset *ps, const void *src, void *dst
     return rc;
 }
 
-static int allgatherv(hvl_engine *e, hvl_pset *ps, const void *src, void *dst, const int64_t *rank_bytes)
+static int allgatherv(hvl_engine *e, hvl_pset *ps, void *state, const void *src, void *dst, const int64_t *rank_bytes)
 {
-    hvl_shm *s = ps->backend_state;
+    hvl_shm *s = state;
+    (void)ps;
     int n = s->local_size, me = s->local_rank;
-    int64_t *displ = malloc(sizeof(int64_t) * (size_t)n), most = 0;
+    int64_t *displ = malloc(sizeof(int64_t) * (size_t)n), most = 0, my_displ = 0;
     if (!displ) return hvl__fail(HVL_ERR_NO_MEMORY, "out of memory in shm allgather");
     for (int r = 0; r < n; r++) {
         displ[r] = r ? displ[r - 1] + rank_bytes[r - 1] : 0;
         most = rank_bytes[r] > most ? rank_bytes[r] : most;
+        if (r == me) my_displ = displ[r];
     }
-    hvl__count(&e->counters.shm_collectives, 1);
-    if (rank_bytes[me]) memcpy((char *)dst + displ[me], src, (size_t)rank_bytes[me]);
+    if (rank_bytes[me]) memcpy((char *)dst + my_displ, src, (size_t)rank_bytes[me]);
     int rc = HVL_OK;
     for (int64_t off = 0; off < most && rc == HVL_OK; off += s->chunk, s->steps++) {
         int64_t len = piece(rank_bytes[me], off, s->chunk);
@@ -165,10 +165,10 @@ static int allgatherv(hvl_engine *e, hvl_pset *ps, const void *src, void *dst, c
     return rc;
 }
 
-static int broadcast(hvl_engine *e, hvl_pset *ps, void *buf, int64_t bytes, int root)
+static int broadcast(hvl_engine *e, hvl_pset *ps, void *state, void *buf, int64_t bytes, int root)
 {
-    hvl_shm *s = ps->backend_state;
-    hvl__count(&e->counters.shm_collectives, 1);
+    hvl_shm *s = state;
+    (void)ps;
     for (int64_t off = 0; off < bytes; off += s->chunk, s->steps++) {
         int64_t len = min64(s->chunk, bytes - off);
         if (s->local_rank == root) memcpy(hvl__shm_buf(s, root), (char *)buf + off, (size_t)len);
@@ -180,10 +180,11 @@ static int broadcast(hvl_engine *e, hvl_pset *ps, void *buf, int64_t bytes, int 
 
 /* Every pair's block moves chunk/n bytes per step; the number of steps comes from the largest
  * block anywhere, which only its two ranks know: each announces its largest first. */
-static int alltoallv(hvl_engine *e, hvl_pset *ps, const void *src, const int64_t *send_bytes, void *dst,
+static int alltoallv(hvl_engine *e, hvl_pset *ps, void *state, const void *src, const int64_t *send_bytes, void *dst,
                      const int64_t *recv_bytes)
 {
-    hvl_shm *s = ps->backend_state;
+    hvl_shm *s = state;
+    (void)ps;
     int n = s->local_size, me = s->local_rank;
     int64_t per = s->chunk / n / LINE * LINE, most = 0;
     int64_t *sd = malloc(sizeof(int64_t) * 2 * (size_t)n), *rd = sd + n;
@@ -194,7 +195,6 @@ static int alltoallv(hvl_engine *e, hvl_pset *ps, const void *src, const int64_t
         if (r != me) most = send_bytes[r] > most ? send_bytes[r] : most;
         if (r != me) most = recv_bytes[r] > most ? recv_bytes[r] : most;
     }
-    hvl__count(&e->counters.shm_collectives, 1);
     if (send_bytes[me]) memcpy((char *)dst + rd[me], (const char *)src + sd[me], (size_t)send_bytes[me]);
     hvl__shm_announce(s, most);
     int rc = hvl__shm_sync(e, s, "shm alltoall (sizes)");
@@ -218,18 +218,29 @@ static int alltoallv(hvl_engine *e, hvl_pset *ps, const void *src, const int64_t
 #define BROADCAST_TWO_RANKS_MAX ((int64_t)1 << 20)   /* see the note at the top */
 
 /* bytes is the agreed response's size, the same on every rank, so every rank picks alike. */
-static int can_run(const hvl_engine *e, const hvl_pset *ps, int op, int dtype, int64_t bytes)
+static int can_run(const hvl_engine *e, const hvl_pset *ps, const void *state, int op, int dtype, int64_t bytes)
 {
-    const hvl_shm *s = ps->backend_state;
-    (void)e; (void)dtype;
-    if (!s || !s->base || !ps->one_host) return 0;
+    const hvl_shm *s = state;
+    (void)e; (void)ps; (void)dtype;
     if (op == HVL_BROADCAST && s->local_size == 2 && bytes >= BROADCAST_TWO_RANKS_MAX) return 0;
-    return op == HVL_ALLREDUCE || op == HVL_REDUCESCATTER || op == HVL_ALLGATHER ||
-           op == HVL_BROADCAST || op == HVL_ALLTOALL;
+    return hvl__op_is(op, HVL_OPF_DATA);
 }
+
+/* Only sets whose members all share this host (the same answer on every member), of two or
+ * more ranks, and not switched off (HVLITE_SHM_DISABLE, agreed from rank 0). */
+static int open_set(hvl_engine *e, hvl_pset *ps, void **state)
+{
+    *state = NULL;
+    if (e->params.shm_disable || ps->size < 2 || !ps->one_host) return HVL_OK;
+    return hvl__shm_open(e, ps, (hvl_shm **)state);
+}
+
+static void close_set(void *state, int clean) { hvl__shm_close(state, clean); }
 
 const hvl_backend hvl__backend_shm = {
     .name = "shm",
+    .open = open_set,
+    .close = close_set,
     .can_run = can_run,
     .allreduce = allreduce,
     .allgatherv = allgatherv,

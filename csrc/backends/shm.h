@@ -11,7 +11,8 @@
 #ifndef HVLITE_SHM_H
 #define HVLITE_SHM_H
 
-#include "internal.h"
+#include "backend.h"
+#include "kernels.h"
 
 /* One local member's control words, in the segment, on cache lines of their own. */
 typedef struct {
@@ -40,6 +41,13 @@ typedef struct hvl_shm {
     double spin_s;              /* busy-wait this long before sleeping on the futex */
 } hvl_shm;
 
+/* Collective over ps->comm (every member): splits the members by host, makes the host's segment
+ * and, for a set spread over hosts, the communicator of each host's local rank 0. *out is NULL
+ * when some member could not make or map its segment (a warning; every member agrees, and MPI
+ * serves the set). Fails only on MPI errors or no memory. */
+int hvl__shm_open(hvl_engine *e, hvl_pset *ps, hvl_shm **out);
+void hvl__shm_close(hvl_shm *s, int clean);    /* clean: communicators may be freed; NULL is fine */
+
 /* Member r's buffer of the current step. */
 static inline char *hvl__shm_buf(const hvl_shm *s, int r)
 {
@@ -62,8 +70,9 @@ void hvl__shm_slice(int64_t m, int n, int esize, int r, int64_t *start, int64_t 
 /* After a sync: this member's slice of the current m-element chunk, reduced over every
  * member's buffer into its own. Cannot fail. */
 void hvl__shm_reduce_slice(hvl_shm *s, int64_t m, int dtype, int reduce_op);
-/* A backend's .allreduce on plain buffers, through its stream allreduce `run`. */
-int hvl__shm_allreduce_plain(hvl_engine *e, hvl_pset *ps, int (*run)(hvl_engine *, hvl_pset *, hvl_stream *),
+/* A plane's .allreduce on plain buffers, through its stream allreduce `run`. */
+typedef int (*hvl_stream_run)(hvl_engine *e, hvl_pset *ps, void *state, hvl_stream *s);
+int hvl__shm_allreduce_plain(hvl_engine *e, hvl_pset *ps, void *state, hvl_stream_run run,
                              const void *src, void *dst, int64_t count, int dtype, int reduce_op);
 
 #endif /* HVLITE_SHM_H */

@@ -32,11 +32,10 @@
 #define NAP_S 0.05              /* futex sleep between liveness checks */
 #define SHUTDOWN_GRACE_S 1.0    /* a wait this old gives up when shutdown is requested */
 #define DATA_ALIGN 4096
-/* HVLITE_SHM_CHUNK=0 (the default): 1 MiB steps, measured best at 2 ranks on 2 cores (64 MiB:
- * 256 KiB steps 44 ms, 1 MiB 10-11 ms, 2 MiB 12.7 ms, 4 MiB 21 ms: the two buffers of every
- * member stay in cache). When a host runs more ranks than cores, every step waits for each
- * rank to be scheduled, so fewer, larger steps win (64 MiB at 3 ranks: 1 MiB 66 ms, 4 MiB 36 ms;
- * at 4 ranks 74 vs 48 ms). */
+/* HVLITE_SHM_CHUNK=0 (the default): 1 MiB steps, measured best with a core per rank (every
+ * member's two buffers stay in cache); when a host runs more ranks than cores every step waits
+ * for each rank to be scheduled, so fewer, larger steps win (figures: bench/README.md,
+ * "Measurements behind the engine's constants"). */
 #define CHUNK_DEFAULT ((int64_t)1 << 20)
 #define CHUNK_OVERSUBSCRIBED ((int64_t)4 << 20)
 
@@ -87,9 +86,9 @@ static int wait_for(hvl_engine *e, hvl_shm *s, hvl_shm_ctl *c, uint32_t target, 
             if (reached(c, target)) return HVL_OK;
             cpu_relax();
         }
-    /* A step's copies take 10-200 us, and a futex wake-up costs about as much again on a VM,
-     * so keep polling a while, but give the core to any other runnable thread (this rank's
-     * training thread, or an oversubscribed peer) at every look. */
+    /* A step's copies take about as long as a futex wake-up on a VM (bench/README.md), so keep
+     * polling a while, but give the core to any other runnable thread (this rank's training
+     * thread, or an oversubscribed peer) at every look. */
     while (hvl__now() - start < YIELD_S) {
         if (reached(c, target)) return HVL_OK;
         sched_yield();
@@ -144,9 +143,9 @@ static int create_segment(char *name, size_t len, size_t bytes)
 }
 
 /* Collective over s->local_comm: create (rank 0) or open the segment, map it, agree that every
- * member has, unlink the name. HVL_OK, HVL_ERR_SYSTEM (some member could not, all agree;
- * *failed_here says if it was this one, with the reason as the last error), or an MPI error. */
-static int map_segment(hvl_engine *e, hvl_shm *s, int *failed_here)
+ * member has, unlink the name. *everywhere = 1 if every member mapped it; a member that could
+ * not warns why. Fails only on MPI errors. */
+static int map_segment(hvl_engine *e, hvl_pset *ps, hvl_shm *s, int *everywhere)
 {
     char name[96] = {0};
     size_t ctl_bytes = sizeof(hvl_shm_ctl) * (size_t)s->local_size;
@@ -157,14 +156,16 @@ static int map_segment(hvl_engine *e, hvl_shm *s, int *failed_here)
     if (rc != HVL_OK) { if (fd >= 0) { close(fd); shm_unlink(name); } return rc; }
     if (s->local_rank != 0 && name[0]) fd = shm_open(name, O_RDWR, 0);
     void *p = fd >= 0 ? mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-    int err = errno, mapped = p != MAP_FAILED, all_mapped = 0;
+    int err = errno, mapped = p != MAP_FAILED;
     if (fd >= 0) close(fd);
-    if (!mapped && name[0]) hvl__fail(HVL_ERR_SYSTEM, "cannot map shared-memory segment %s: %s", name, strerror(err));
-    *failed_here = !mapped && (name[0] || s->local_rank == 0);
-    rc = hvl__mpi_check(MPI_Allreduce(&mapped, &all_mapped, 1, MPI_INT, MPI_MIN, s->local_comm), "MPI_Allreduce (shm mapped)");
+    if (!mapped && name[0])
+        hvl_log(HVL_LOG_WARNING, "cannot map shared-memory segment %s: %s; process set %d uses MPI "
+                "instead of shared memory", name, strerror(err), ps->id);
+    else if (!mapped && s->local_rank == 0)
+        hvl_log(HVL_LOG_WARNING, "%s; process set %d uses MPI instead of shared memory", hvl_last_error(), ps->id);
+    rc = hvl__mpi_check(MPI_Allreduce(&mapped, everywhere, 1, MPI_INT, MPI_MIN, s->local_comm), "MPI_Allreduce (shm mapped)");
     if (s->local_rank == 0 && name[0]) shm_unlink(name);   /* every member has mapped it, or gave up */
-    if (rc == HVL_OK && !all_mapped) rc = HVL_ERR_SYSTEM;
-    if (rc != HVL_OK) { if (mapped) munmap(p, bytes); return rc; }
+    if (rc != HVL_OK || !*everywhere) { if (mapped) munmap(p, bytes); *everywhere = 0; return rc; }
     s->base = p;
     s->map_bytes = bytes;
     s->ctl = p;
@@ -210,41 +211,39 @@ static int build(hvl_engine *e, hvl_pset *ps, hvl_shm *s, int *usable)
         HVL_CHECK(hvl__mpi_check(MPI_Allreduce(MPI_IN_PLACE, &s->chunk, 1, MPI_INT64_T, MPI_MAX, ps->comm),
                                  "MPI_Allreduce (shm step)"));
     s->spin_s = oversubscribed ? 0 : SPIN_S;
-    if (!(s->scratch = malloc((size_t)s->chunk)))
-        return hvl__fail(HVL_ERR_NO_MEMORY, "out of memory for a %lld-byte shm buffer", (long long)s->chunk);
-    int failed_here = 0, rc = s->local_size > 1 ? map_segment(e, s, &failed_here) : HVL_OK;
-    *usable = rc == HVL_OK;
-    if (failed_here)
-        hvl_log(HVL_LOG_WARNING, "%s; process set %d uses MPI instead of shared memory", hvl_last_error(), ps->id);
-    return rc == HVL_ERR_SYSTEM ? HVL_OK : rc;
+    s->scratch = malloc((size_t)s->chunk);   /* without it this member cannot take part: agreed below */
+    if (!s->scratch) hvl_log(HVL_LOG_WARNING, "out of memory for the shm plane's scratch buffer");
+    int mapped = 1;
+    if (s->local_size > 1) HVL_CHECK(map_segment(e, ps, s, &mapped));
+    *usable = mapped && s->scratch != NULL;
+    return HVL_OK;
 }
 
-int hvl__shm_open(hvl_engine *e, hvl_pset *ps)
+int hvl__shm_open(hvl_engine *e, hvl_pset *ps, hvl_shm **out)
 {
-    if (e->params.shm_disable || ps->rank < 0 || ps->size < 2) return HVL_OK;
-    if (!ps->one_host && !e->params.hierarchical_allreduce) return HVL_OK;
+    *out = NULL;
     hvl_shm *s = calloc(1, sizeof(*s));
-    if (!s) return hvl__fail(HVL_ERR_NO_MEMORY, "out of memory opening shared memory");
+    if (!s) return hvl__oom("opening shared memory");
     s->local_comm = s->leaders_comm = MPI_COMM_NULL;
     int64_t chunk = (e->params.shm_chunk + DATA_ALIGN - 1) / DATA_ALIGN * DATA_ALIGN;
     s->chunk = chunk <= 0 ? 0 : chunk > ((int64_t)1 << 30) ? (int64_t)1 << 30 : chunk;   /* 0: build() picks */
-    ps->backend_state = s;
-    int usable = 0, all_usable = 0;
-    int rc = build(e, ps, s, &usable);
-    if (rc == HVL_OK)   /* every host must have its segment, or no rank of the set uses any */
-        rc = hvl__mpi_check(MPI_Allreduce(&usable, &all_usable, 1, MPI_INT, MPI_MIN, ps->comm), "MPI_Allreduce (shm usable)");
-    if (rc != HVL_OK || !all_usable) hvl__shm_close(ps, rc == HVL_OK);
+    int usable = 0, all_usable = 0, rc;
+    HVL_CHECK_GOTO(build(e, ps, s, &usable), rc, out);
+    /* every host must have its segment, or no rank of the set uses any */
+    HVL_CHECK_GOTO(hvl__mpi_check(MPI_Allreduce(&usable, &all_usable, 1, MPI_INT, MPI_MIN, ps->comm),
+                                  "MPI_Allreduce (shm usable)"), rc, out);
+    if (all_usable) *out = s;
+out:
+    if (!*out) hvl__shm_close(s, rc == HVL_OK);
     return rc;
 }
 
-void hvl__shm_close(hvl_pset *ps, int clean)
+void hvl__shm_close(hvl_shm *s, int clean)
 {
-    hvl_shm *s = ps->backend_state;
     if (!s) return;
     if (s->base) munmap(s->base, s->map_bytes);
     if (clean && s->local_comm != MPI_COMM_NULL) MPI_Comm_free(&s->local_comm);
     if (clean && s->leaders_comm != MPI_COMM_NULL) MPI_Comm_free(&s->leaders_comm);
     free(s->scratch);
     free(s);
-    ps->backend_state = NULL;
 }

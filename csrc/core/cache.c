@@ -4,7 +4,7 @@
  * entries are evicted. bg thread only. */
 #include <stdlib.h>
 #include <string.h>
-#include "internal.h"
+#include "cache.h"
 
 struct hvl_cache {
     int capacity;
@@ -17,20 +17,20 @@ struct hvl_cache {
 int hvl__cache_create(hvl_cache **out, int capacity)
 {
     hvl_cache *c = calloc(1, sizeof(*c));
-    if (!c) return HVL_ERR_NO_MEMORY;
+    if (!c) return hvl__oom("the response cache");
     c->capacity = capacity;
     c->slots = calloc((size_t)(capacity ? capacity : 1), sizeof(hvl_response));
     c->last_used = calloc((size_t)(capacity ? capacity : 1), sizeof(int64_t));
-    if (!c->slots || !c->last_used) { hvl__cache_destroy(c); return HVL_ERR_NO_MEMORY; }
+    if (!c->slots || !c->last_used) { hvl__cache_destroy(c); return hvl__oom("the response cache"); }
     *out = c;
     return HVL_OK;
 }
 
 static void clear_slot(hvl_cache *c, int i)
 {
-    if (!c->slots[i].name) return;
-    hvl__strmap_del(&c->by_name, c->slots[i].name);
-    free(c->slots[i].name);
+    if (!c->slots[i].d.name) return;
+    hvl__strmap_del(&c->by_name, c->slots[i].d.name);
+    free(c->slots[i].d.name);
     free(c->slots[i].error);
     memset(&c->slots[i], 0, sizeof(hvl_response));
 }
@@ -47,40 +47,40 @@ void hvl__cache_destroy(hvl_cache *c)
 
 int hvl__cache_capacity(const hvl_cache *c) { return c->capacity; }
 
-int hvl__cache_find(const hvl_cache *c, const hvl_request *q)
+int hvl__cache_find(const hvl_cache *c, const hvl_desc *d)
 {
-    intptr_t v = (intptr_t)hvl__strmap_get(&c->by_name, q->name);
+    intptr_t v = (intptr_t)hvl__strmap_get(&c->by_name, d->name);
     if (!v) return -1;
-    return hvl__request_matches(&c->slots[v - 1], q) ? (int)(v - 1) : -1;
+    return hvl__desc_matches(&c->slots[v - 1].d, d) ? (int)(v - 1) : -1;
 }
 
 const hvl_response *hvl__cache_slot(const hvl_cache *c, int slot)
 {
-    return slot >= 0 && slot < c->capacity && c->slots[slot].name ? &c->slots[slot] : NULL;
+    return slot >= 0 && slot < c->capacity && c->slots[slot].d.name ? &c->slots[slot] : NULL;
 }
 
 void hvl__cache_touch(hvl_cache *c, int slot) { c->last_used[slot] = ++c->tick; }
 
 int hvl__cache_put(hvl_cache *c, const hvl_response *r)
 {
-    /* join is never cached: a cached join would sit on the bit path, unseen by rank 0, while
-     * the other ranks wait for the joined rank to stand in for their tensors. */
-    if (c->capacity == 0 || r->status != HVL_OK || r->op == HVL_JOIN) return HVL_OK;
-    if (r->op == HVL_PROCESS_SET_ADD || r->op == HVL_PROCESS_SET_REMOVE) return HVL_OK;  /* one-off */
-    hvl__cache_erase(c, r->name);
+    /* Whole-job ops are never cached: set changes are one-off, and a cached join would sit on the
+     * bit path, unseen by rank 0, while the other ranks wait for the joined rank to stand in for
+     * their tensors. */
+    if (c->capacity == 0 || r->status != HVL_OK || hvl__op_is(r->d.op, HVL_OPF_WHOLE_JOB)) return HVL_OK;
+    hvl__cache_erase(c, r->d.name);
     int victim = 0;
     for (int i = 0; i < c->capacity; i++) {
-        if (!c->slots[i].name) { victim = i; break; }
+        if (!c->slots[i].d.name) { victim = i; break; }
         if (c->last_used[i] < c->last_used[victim]) victim = i;
     }
     clear_slot(c, victim);
     hvl_response *s = &c->slots[victim];
     *s = *r;
     s->error = NULL;
-    s->name = strdup(r->name);
-    if (!s->name) return HVL_ERR_NO_MEMORY;
+    s->d.name = strdup(r->d.name);
+    if (!s->d.name) return hvl__oom("a response cache entry");
     c->last_used[victim] = ++c->tick;
-    return hvl__strmap_put(&c->by_name, s->name, (void *)(intptr_t)(victim + 1));
+    return hvl__strmap_put(&c->by_name, s->d.name, (void *)(intptr_t)(victim + 1));
 }
 
 void hvl__cache_erase(hvl_cache *c, const char *name)
@@ -92,5 +92,5 @@ void hvl__cache_erase(hvl_cache *c, const char *name)
 void hvl__cache_erase_set(hvl_cache *c, int set)
 {
     for (int i = 0; i < c->capacity; i++)
-        if (c->slots[i].name && c->slots[i].process_set == set) clear_slot(c, i);
+        if (c->slots[i].d.name && c->slots[i].d.process_set == set) clear_slot(c, i);
 }

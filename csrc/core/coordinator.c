@@ -1,4 +1,4 @@
-/* coordinator.c: rank 0's readiness table. Each full round, rank 0 feeds every rank's newly
+/* coordinator.c: rank 0's readiness table, private to the negotiation. Each full round, rank 0 feeds every rank's newly
  * submitted requests in; a tensor that every rank has submitted leaves the table as one
  * response: the agreed parameters, or an error naming the field and the ranks that disagree
  * (built once here, delivered to every rank). It also finds tensors that some ranks never
@@ -9,10 +9,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "internal.h"
+#include "coordinator.h"
+#include "kernels.h"
+#include "timeline.h"
 
 typedef struct {
-    hvl_response *by_rank;     /* by_rank[r].name != NULL once rank r submitted */
+    hvl_desc *by_rank;         /* by_rank[r].name != NULL once rank r submitted (requests) */
     int count;
     int set;                   /* process set id (every request of a name has the same) */
     double first_seen;
@@ -27,18 +29,25 @@ struct hvl_coordinator {
     int last_joined;           /* the rank that joined last (join's result) */
 };
 
-enum { F_OP, F_DTYPE, F_SHAPE, F_REDUCE, F_ROOT, F_PRESCALE, F_POSTSCALE, F_COUNT };
+enum { F_OP, F_DTYPE, F_SHAPE, F_REDUCE, F_ROOT, F_TARGET, F_PRESCALE, F_POSTSCALE, F_COUNT };
 static const char *field_names[F_COUNT] = {"op", "dtype", "shape", "reduce op", "root rank",
-                                           "prescale factor", "postscale factor"};
+                                           "process set", "prescale factor", "postscale factor"};
+
+/* The request of the first rank that submitted the tensor (the others may have joined). */
+static const hvl_desc *first_of(const record_t *rec)
+{
+    const hvl_desc *first = rec->by_rank;
+    while (!first->name) first++;
+    return first;
+}
 
 int hvl__coordinator_create(hvl_coordinator **out, hvl_engine *e)
 {
     hvl_coordinator *c = calloc(1, sizeof(*c));
-    if (!c) return HVL_ERR_NO_MEMORY;
+    if (c) c->joined = calloc((size_t)e->size, 1);
+    if (!c || !c->joined) { free(c); return hvl__oom("the coordinator's table"); }
     c->engine = e;
     c->size = e->size;
-    c->joined = calloc((size_t)c->size, 1);
-    if (!c->joined) { free(c); return HVL_ERR_NO_MEMORY; }
     *out = c;
     return HVL_OK;
 }
@@ -60,32 +69,33 @@ void hvl__coordinator_destroy(hvl_coordinator *c)
     free(c);
 }
 
-/* Does field f apply to this op, and how does rank's value read? */
+/* Does field f apply to this op? */
 static int field_applies(int f, int op)
 {
-    int reducing = op == HVL_ALLREDUCE || op == HVL_REDUCESCATTER;
     switch (f) {
     case F_OP: return 1;
-    case F_DTYPE: case F_SHAPE: return op != HVL_BARRIER;
-    case F_REDUCE: case F_PRESCALE: case F_POSTSCALE: return reducing;
-    case F_ROOT: return op == HVL_BROADCAST || op == HVL_PROCESS_SET_REMOVE;
+    case F_DTYPE: case F_SHAPE: return hvl__op_is(op, HVL_OPF_DATA);
+    case F_REDUCE: case F_PRESCALE: case F_POSTSCALE: return hvl__op_is(op, HVL_OPF_REDUCES);
+    case F_ROOT: return hvl__op_is(op, HVL_OPF_ROOTED);
+    case F_TARGET: return op == HVL_PROCESS_SET_REMOVE;
     default: return 0;
     }
 }
 
 /* Do two ranks' requests agree on field f? Compared on the values, never on their text. */
-static int same_value(int f, const hvl_response *a, const hvl_response *b)
+static int same_value(int f, const hvl_desc *a, const hvl_desc *b)
 {
     switch (f) {
     case F_OP: return a->op == b->op;
     case F_DTYPE: return a->dtype == b->dtype;
     case F_REDUCE: return a->reduce_op == b->reduce_op;
     case F_ROOT: return a->root_rank == b->root_rank;
+    case F_TARGET: return a->target_set == b->target_set;
     case F_PRESCALE: return a->prescale == b->prescale;
     case F_POSTSCALE: return a->postscale == b->postscale;
     case F_SHAPE: {
         if (a->ndim != b->ndim) return 0;
-        int first = a->op == HVL_ALLGATHER || a->op == HVL_ALLTOALL;   /* dim 0 may differ */
+        int first = hvl__op_is(a->op, HVL_OPF_FREE_DIM0);   /* dim 0 may differ */
         for (int i = first; i < a->ndim; i++)
             if (a->shape[i] != b->shape[i]) return 0;
         return 1;
@@ -96,18 +106,19 @@ static int same_value(int f, const hvl_response *a, const hvl_response *b)
 
 #define VALUE_TEXT 400   /* enough for 16 dimensions of 20 digits */
 
-static void describe(int f, const hvl_response *q, char *out)
+static void describe(int f, const hvl_desc *q, char *out)
 {
     size_t n = VALUE_TEXT;
     switch (f) {
     case F_OP: snprintf(out, n, "%s", hvl__op_name(q->op)); break;
     case F_DTYPE: snprintf(out, n, "%s", hvl__dtype_name(q->dtype)); break;
     case F_REDUCE: snprintf(out, n, "%s", hvl__reduce_name(q->reduce_op)); break;
-    case F_ROOT: snprintf(out, n, q->op == HVL_BROADCAST ? "root %d" : "process set %d", q->root_rank); break;
+    case F_ROOT: snprintf(out, n, "root %d", q->root_rank); break;
+    case F_TARGET: snprintf(out, n, "process set %d", q->target_set); break;
     case F_PRESCALE: snprintf(out, n, "%.17g", q->prescale); break;
     case F_POSTSCALE: snprintf(out, n, "%.17g", q->postscale); break;
     case F_SHAPE: {
-        int free_dim0 = q->op == HVL_ALLGATHER || q->op == HVL_ALLTOALL;
+        int free_dim0 = hvl__op_is(q->op, HVL_OPF_FREE_DIM0);
         size_t len = (size_t)snprintf(out, n, "[");
         for (int i = 0; i < q->ndim; i++) {
             if (i == 0 && free_dim0) len += (size_t)snprintf(out + len, n - len, "*");
@@ -122,9 +133,9 @@ static void describe(int f, const hvl_response *q, char *out)
 
 /* "tensor 'x': ranks disagree on the F: V1 on ranks a,b; V2 on rank c" (malloc'd; NULL if OOM).
  * Ranks are grouped by equal values (same_value), in order of first appearance. */
-static char *mismatch_message(const record_t *rec, const hvl_response *first, int size, int f)
+static char *mismatch_message(const record_t *rec, const hvl_desc *first, int size, int f)
 {
-    const hvl_response *q = rec->by_rank;
+    const hvl_desc *q = rec->by_rank;
     size_t cap = strlen(first->name) + 100 + (size_t)size * (VALUE_TEXT + 24), len;
     char *msg = malloc(cap), value[VALUE_TEXT];
     if (!msg) return NULL;
@@ -143,16 +154,14 @@ static char *mismatch_message(const record_t *rec, const hvl_response *first, in
     return msg;
 }
 
-/* The response for a tensor every rank submitted. */
+/* The response for a tensor every member submitted (out->d.name is a copy). */
 static int decide(hvl_coordinator *c, record_t *rec, hvl_response *out)
 {
-    const hvl_response *first = rec->by_rank;
-    while (!first->name) first++;       /* the first rank that submitted (others joined) */
-    *out = *first;
-    out->name = strdup(first->name);
-    out->error = NULL;
-    out->status = HVL_OK;
-    if (!out->name) return HVL_ERR_NO_MEMORY;
+    const hvl_desc *first = first_of(rec);
+    memset(out, 0, sizeof(*out));
+    out->d = *first;
+    out->d.name = strdup(first->name);
+    if (!out->d.name) return hvl__oom("a response");
     for (int f = 0; f < F_COUNT; f++) {
         if (!field_applies(f, first->op)) continue;
         int agree = 1;
@@ -165,13 +174,13 @@ static int decide(hvl_coordinator *c, record_t *rec, hvl_response *out)
     }
     if (first->op == HVL_BROADCAST && !rec->by_rank[first->root_rank].name) {
         out->status = HVL_ERR_INVALID_ARG;
-        char msg[256];
-        snprintf(msg, sizeof(msg), "broadcast from rank %d, which has already called join()", first->root_rank);
-        out->error = malloc(strlen(first->name) + sizeof(msg) + 16);
-        if (out->error) sprintf(out->error, "tensor '%s': %s", first->name, msg);
+        size_t n = strlen(first->name) + 100;
+        if ((out->error = malloc(n)))
+            snprintf(out->error, n, "tensor '%s': broadcast from rank %d, which has already called join()",
+                     first->name, first->root_rank);
     }
     if (first->op == HVL_JOIN) {
-        out->root_rank = c->last_joined;
+        out->last_joined = c->last_joined;
         memset(c->joined, 0, (size_t)c->size);
     }
     return HVL_OK;
@@ -184,10 +193,7 @@ static int is_ready(const hvl_coordinator *c, const record_t *rec)
     const hvl_pset *ps = hvl__pset(c->engine, rec->set);
     if (!ps) return 1;
     if (rec->count == ps->size) return 1;
-    const hvl_response *first = rec->by_rank;
-    while (!first->name) first++;
-    if (first->op == HVL_JOIN || first->op == HVL_PROCESS_SET_ADD || first->op == HVL_PROCESS_SET_REMOVE)
-        return 0;   /* these need every rank itself, joined or not */
+    if (hvl__op_is(first_of(rec)->op, HVL_OPF_WHOLE_JOB)) return 0;   /* every rank itself, joined or not */
     for (int i = 0; i < ps->size; i++)
         if (!rec->by_rank[ps->ranks[i]].name && !c->joined[ps->ranks[i]]) return 0;
     return 1;
@@ -196,34 +202,35 @@ static int is_ready(const hvl_coordinator *c, const record_t *rec)
 static int complete(hvl_coordinator *c, record_t *rec, hvl_response_list *ready)
 {
     hvl_response resp;
-    const hvl_response *first = rec->by_rank;
-    while (!first->name) first++;
     int rc = decide(c, rec, &resp);
-    if (rc == HVL_OK && hvl__tl_active()) hvl__tl_agreed(resp.name, resp.status, resp.error, 0);
-    hvl__strmap_del(&c->table, first->name);
+    hvl__strmap_del(&c->table, first_of(rec)->name);
     record_free(c, rec);
-    if (rc == HVL_OK) rc = hvl__responses_push(ready, &resp);
+    HVL_CHECK(rc);
+    if (hvl__tl_active()) hvl__tl_agreed(resp.d.name, resp.status, resp.error, 0);
+    rc = hvl__responses_push(ready, &resp);
+    if (rc != HVL_OK) { free(resp.d.name); free(resp.error); }
     return rc;
 }
 
-static int add_one(hvl_coordinator *c, int rank, hvl_response *q, hvl_response_list *ready)
+static int add_one(hvl_coordinator *c, int rank, hvl_desc *q, hvl_response_list *ready)
 {
     record_t *rec = hvl__strmap_get(&c->table, q->name);
     if (!rec) {
         rec = calloc(1, sizeof(*rec));
-        if (rec) rec->by_rank = calloc((size_t)c->size, sizeof(hvl_response));
-        if (!rec || !rec->by_rank) { free(rec); free(q->name); return HVL_ERR_NO_MEMORY; }
+        if (rec) rec->by_rank = calloc((size_t)c->size, sizeof(hvl_desc));
+        if (!rec || !rec->by_rank || hvl__strmap_put(&c->table, q->name, rec) != HVL_OK) {
+            if (rec) free(rec->by_rank);
+            free(rec);
+            free(q->name);
+            return hvl__oom("the coordinator's table");
+        }
         rec->first_seen = hvl__now();
         rec->set = q->process_set;
-        if (hvl__strmap_put(&c->table, q->name, rec) != HVL_OK) {
-            free(rec->by_rank); free(rec); free(q->name);
-            return HVL_ERR_NO_MEMORY;
-        }
     }
     if (rec->by_rank[rank].name) {   /* enqueue rejects duplicates, so this is a bug */
-        hvl__fail(HVL_ERR_SYSTEM, "coordinator: rank %d sent tensor '%s' twice", rank, q->name);
+        int rc = hvl__fail(HVL_ERR_SYSTEM, "coordinator: rank %d sent tensor '%s' twice", rank, q->name);
         free(q->name);
-        return HVL_ERR_SYSTEM;
+        return rc;
     }
     rec->by_rank[rank] = *q;
     rec->count++;
@@ -243,8 +250,8 @@ static int add_one(hvl_coordinator *c, int rank, hvl_response *q, hvl_response_l
 int hvl__coordinator_add(hvl_coordinator *c, int rank, hvl_buf *requests, hvl_response_list *ready)
 {
     while (requests->pos < requests->len) {
-        hvl_response q;
-        if (hvl__wire_get_common(requests, &q) != HVL_OK) {
+        hvl_desc q;
+        if (hvl__wire_get_desc(requests, &q) != HVL_OK) {
             free(q.name);
             return hvl__fail(HVL_ERR_SYSTEM, "coordinator: corrupt request list from rank %d", rank);
         }
@@ -268,20 +275,19 @@ static void rank_list(const hvl_coordinator *c, const record_t *rec, int want, c
 static int stall_response(hvl_coordinator *c, record_t *rec, double age, double shutdown_s,
                           const char *have, const char *missing, hvl_response_list *ready)
 {
-    const hvl_response *first = rec->by_rank;
-    while (!first->name) first++;
-    hvl_response r = *first;
-    r.name = strdup(first->name);
-    r.status = HVL_ERR_TIMEOUT;
+    const hvl_desc *first = first_of(rec);
+    hvl_response r = {.d = *first, .status = HVL_ERR_TIMEOUT};
+    r.d.name = strdup(first->name);
     size_t cap = strlen(first->name) + strlen(have) + strlen(missing) + 200;
     r.error = malloc(cap);
-    if (!r.name || !r.error) { free(r.name); free(r.error); return HVL_ERR_NO_MEMORY; }
+    if (!r.d.name || !r.error) { free(r.d.name); free(r.error); return hvl__oom("a stall response"); }
     snprintf(r.error, cap, "stall shutdown: tensor '%s' waited %.0f s (submitted by ranks %s; missing "
              "ranks: %s); HVLITE_STALL_SHUTDOWN_TIME_SECONDS=%g", first->name, age, have, missing,
              shutdown_s);
     hvl_log(HVL_LOG_ERROR, "%s", r.error);
-    if (hvl__tl_active()) hvl__tl_agreed(r.name, r.status, r.error, 0);
-    if (hvl__responses_push(ready, &r) != HVL_OK) { free(r.name); free(r.error); return HVL_ERR_NO_MEMORY; }
+    if (hvl__tl_active()) hvl__tl_agreed(r.d.name, r.status, r.error, 0);
+    int rc = hvl__responses_push(ready, &r);
+    if (rc != HVL_OK) { free(r.d.name); free(r.error); return rc; }
     hvl__strmap_del(&c->table, first->name);   /* safe while scanning: no rehash */
     record_free(c, rec);
     return HVL_OK;
@@ -306,9 +312,7 @@ int hvl__coordinator_stall_check(hvl_coordinator *c, double warn_s, double shutd
     for (size_t i = 0; i < c->table.cap; i++) {
         if (!hvl__strmap_live(&c->table, i)) continue;
         record_t *rec = c->table.slots[i].value;
-        const hvl_response *first = rec->by_rank;
-        while (!first->name) first++;
-        if (first->op == HVL_JOIN) continue;   /* waiting for uneven work to finish is normal */
+        if (first_of(rec)->op == HVL_JOIN) continue;   /* waiting for uneven work to finish is normal */
         double age = now - rec->first_seen;
         int warn = warn_s > 0 && !rec->warned && age >= warn_s;
         int stop = shutdown_s > 0 && age >= shutdown_s;
@@ -321,7 +325,7 @@ int hvl__coordinator_stall_check(hvl_coordinator *c, double warn_s, double shutd
                     "yet by ranks %s; those ranks may have skipped it or be stuck (missing ranks: %s)",
                     c->table.slots[i].key, have, age, missing, missing);
             rec->warned = 1;
-            hvl__count(&hvl__engine.counters.stall_warnings, 1);
+            hvl__count(&c->engine->counters.stall_warnings, 1);
             if (hvl__tl_active()) hvl__tl_note(c->table.slots[i].key, "STALL", missing);
         }
         if (stop) HVL_CHECK(stall_response(c, rec, age, shutdown_s, have, missing, ready));

@@ -1,8 +1,9 @@
-/* engine.c: the engine's life and its cycle. hvl_init starts the bg thread, which owns MPI:
- * it initialises MPI (or reuses an existing init, e.g. mpi4py's), builds the communicators and
- * then runs the cycle until every rank agrees to stop or a fatal error occurs:
+/* engine.c: the engine's life and its cycle, on top of every other file (nothing calls up into
+ * it). hvl_init starts the bg thread, which owns MPI: it initialises MPI (or reuses an existing
+ * init, e.g. mpi4py's), builds the communicators and then runs the cycle until every rank agrees
+ * to stop or a fatal error occurs:
  *     wait for work (or the tick: every cycle while requests are pending, else every 20 ms)
- *     -> drain queue -> negotiate -> execute -> repeat
+ *     -> drain queue -> negotiate -> claim entries -> fuse -> execute -> repeat
  * Requests still pending when it stops fail with the reason. MPI is finalized by the bg thread
  * only if it initialised it. hvl_init/hvl_shutdown are serialised by life_lock. */
 #include <stdio.h>
@@ -10,9 +11,10 @@
 #include <string.h>
 #include <time.h>
 #include <sys/prctl.h>
-#include "internal.h"
-
-hvl_engine hvl__engine;
+#include "cycle.h"
+#include "kernels.h"
+#include "timeline.h"
+#include "autotune.h"
 
 static pthread_mutex_t life_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t life_cond = PTHREAD_COND_INITIALIZER;  /* bg -> hvl_init: startup done */
@@ -21,22 +23,7 @@ static int thread_started;      /* life_lock */
 static int startup_done;        /* life_lock */
 static int startup_status;      /* life_lock */
 static char startup_message[1024];
-static int initialized;         /* atomic: the engine is running (set and cleared by bg) */
-static int stopped;             /* atomic: it ran and has stopped; stop_message says why */
-static char stop_message[1024]; /* written by bg before `stopped` is released */
 static int mpi_finalized_here;  /* atomic */
-
-void hvl__count(int64_t *counter, int64_t delta) { __atomic_fetch_add(counter, delta, __ATOMIC_RELAXED); }
-
-int hvl__grow(char **buf, int64_t *cap, int64_t need)
-{
-    if (need <= *cap) return HVL_OK;
-    char *b = realloc(*buf, (size_t)need);
-    if (!b) return hvl__fail(HVL_ERR_NO_MEMORY, "out of memory growing a buffer to %lld bytes", (long long)need);
-    *buf = b;
-    *cap = need;
-    return HVL_OK;
-}
 
 static int make_comms(hvl_engine *e)
 {
@@ -59,23 +46,6 @@ static int make_comms(hvl_engine *e)
     HVL_CHECK(hvl__mpi_check(MPI_Comm_split(e->comm, e->local_rank, e->rank, &e->cross_comm), "MPI_Comm_split"));
     MPI_Comm_rank(e->cross_comm, &e->cross_rank);
     MPI_Comm_size(e->cross_comm, &e->cross_size);
-    return HVL_OK;
-}
-
-/* Settings that must agree for every rank to build the same batches come from rank 0. */
-static int agree_settings(hvl_engine *e)
-{
-    hvl_params *p = &e->params;
-    int64_t v[7] = {p->fusion_threshold, p->cache_capacity, p->allreduce_piece, p->shm_disable,
-                    p->hierarchical_allreduce, p->shm_chunk, p->test_fake_hosts};
-    HVL_CHECK(hvl__mpi_check(MPI_Bcast(v, 7, MPI_INT64_T, 0, e->comm), "MPI_Bcast (settings)"));
-    p->fusion_threshold = v[0];
-    p->cache_capacity = (int)v[1];
-    p->allreduce_piece = v[2];
-    p->shm_disable = (int)v[3];
-    p->hierarchical_allreduce = (int)v[4];
-    p->shm_chunk = v[5];
-    p->test_fake_hosts = (int)v[6];
     return HVL_OK;
 }
 
@@ -105,7 +75,7 @@ static int startup(hvl_engine *e)
     HVL_CHECK(make_comms(e));
     hvl__log_set(e->params.log_level, e->rank);
     hvl__params_warn();
-    HVL_CHECK(agree_settings(e));
+    HVL_CHECK(hvl__params_agree(&e->params, e->comm));
     HVL_CHECK(split_fake_hosts(e));
     if (e->rank == 0) hvl__params_log(&e->params);
     if (e->rank == 0)
@@ -113,16 +83,9 @@ static int startup(hvl_engine *e)
                 e->cross_size, hvl_mpi_vendor(), e->thread_multiple ? "granted" : "not granted");
     HVL_CHECK(hvl__reduce_setup());
     HVL_CHECK(hvl__psets_create(e));
-    if (e->params.cache_capacity > 0) HVL_CHECK(hvl__cache_create(&e->cache, e->params.cache_capacity));
-    if (e->rank == 0) HVL_CHECK(hvl__coordinator_create(&e->coordinator, e));
+    HVL_CHECK(hvl__negotiation_create(e, &e->negotiation));
     HVL_CHECK(hvl__autotune_start(e));
-    HVL_CHECK(hvl__timeline_startup(e));
-    e->bit_words = 1 + (e->params.cache_capacity + 63) / 64;
-    e->bits_mine = calloc((size_t)e->bit_words * 3, sizeof(uint64_t));
-    if (!e->bits_mine) return HVL_ERR_NO_MEMORY;
-    e->bits_all = e->bits_mine + e->bit_words;
-    e->bits_absent = e->bits_all + e->bit_words;
-    return HVL_OK;
+    return hvl__timeline_startup(e);
 }
 
 /* Frees what startup made. Collective parts (communicators, finalize) only after a clean,
@@ -130,14 +93,12 @@ static int startup(hvl_engine *e)
 static void teardown(hvl_engine *e, int clean)
 {
     hvl__timeline_close();          /* writes what is left; the file ends valid either way */
-    hvl__cache_destroy(e->cache);
-    hvl__coordinator_destroy(e->coordinator);
+    hvl__negotiation_destroy(e->negotiation);
     hvl__autotune_stop(e);
     hvl__psets_destroy(e, clean);
-    free(e->bits_mine);
     free(e->fusion_buf);
     free(e->scratch_buf);
-    e->cache = NULL; e->coordinator = NULL; e->bits_mine = NULL;
+    e->negotiation = NULL;
     e->fusion_buf = e->scratch_buf = NULL;
     e->fusion_cap = e->scratch_cap = 0;
     if (!clean) return;
@@ -170,9 +131,44 @@ static void wait_for_work(hvl_engine *e, double deadline)
 
 /* A rank with nothing pending has nothing to agree on: it sleeps until a request arrives (a
  * wake-up is immediate), ticking only this often so that a peer's shutdown and rank 0's stall
- * inspector still get their rounds. Ticking every cycle while idle cost a 2-rank ResNet step
- * on 2 cores ~15% (226 rounds a step, each a wake-up and an MPI poll on a busy core). */
+ * inspector still get their rounds. Ticking every cycle while idle cost a training step
+ * measurably (bench/README.md, "Measurements behind the engine's constants"). */
 #define IDLE_TICK_S 0.02
+
+/* The agreed responses meet this rank's entries, are fused into batches, and run. */
+static int run_agreed(hvl_engine *e, const hvl_response_list *agreed)
+{
+    int n = 0, rc = HVL_OK;
+    size_t room = (size_t)(agreed->count ? agreed->count : 1);
+    const hvl_response **resps = malloc(sizeof(*resps) * room);
+    hvl_entry **entries = malloc(sizeof(*entries) * room);
+    hvl_batch_list batches = {0};
+    if (!resps || !entries) { rc = hvl__oom("this cycle's responses"); goto out; }
+    HVL_CHECK_GOTO(hvl__queue_claim(e, agreed, resps, entries, &n), rc, out);
+    HVL_CHECK_GOTO(hvl__fuse(e, resps, entries, n, &batches), rc, out);
+    rc = hvl__execute(e, &batches);
+out:
+    if (agreed->count) hvl__handles_notify();
+    hvl__batches_free(&batches);
+    free(resps);
+    free(entries);
+    return rc;
+}
+
+/* One cycle: take new requests, agree on what runs, run it; then autotune's sample. */
+static int run_cycle(hvl_engine *e, hvl_response_list *agreed)
+{
+    double woke = hvl__now();
+    int tl = hvl__tl_active();     /* timeline (rank 0): cycle spans */
+    if (tl) hvl__tl_cycle_begin();
+    HVL_CHECK(hvl__queue_drain(e));
+    HVL_CHECK(hvl__negotiate(e, agreed));
+    if (tl) hvl__tl_negotiated();
+    HVL_CHECK(run_agreed(e, agreed));
+    hvl__autotune_cycle(e, agreed, woke);
+    if (tl) hvl__tl_cycle_end(agreed->count);
+    return HVL_OK;
+}
 
 static int run_cycles(hvl_engine *e)
 {
@@ -181,15 +177,7 @@ static int run_cycles(hvl_engine *e)
     while (rc == HVL_OK) {
         double cycle_s = e->params.cycle_time_ms * 1e-3;   /* autotune may change it */
         wait_for_work(e, hvl__now() + (e->pending_head ? cycle_s : IDLE_TICK_S));
-        double woke = hvl__now();
-        int tl = hvl__tl_active();     /* timeline (rank 0): cycle spans */
-        if (tl) hvl__tl_cycle_begin();
-        rc = hvl__queue_drain(e);
-        if (rc == HVL_OK) rc = hvl__negotiate(e, &agreed);
-        if (tl) hvl__tl_negotiated();
-        if (rc == HVL_OK) rc = hvl__execute(e, &agreed);
-        if (rc == HVL_OK) hvl__autotune_cycle(e, &agreed, woke);
-        if (tl) hvl__tl_cycle_end(agreed.count);
+        rc = run_cycle(e, &agreed);
         hvl__responses_clear(&agreed);
     }
     free(agreed.items);
@@ -206,6 +194,18 @@ static void report_startup(int rc)
     pthread_mutex_unlock(&life_lock);
 }
 
+/* The message of the error that ended the cycle. Every error sets its message where it
+ * happens (util.h), so the last error of this thread belongs to rc; if it does not, say so
+ * rather than report an older, unrelated message. */
+static void stop_reason(int rc, char *out, size_t n)
+{
+    if (hvl__last_status() == rc && hvl_last_error()[0])
+        snprintf(out, n, "%s", hvl_last_error());
+    else
+        snprintf(out, n, "the engine stopped with status '%s' and no message (an hvlite bug: please "
+                 "report it)", hvl__status_name(rc));
+}
+
 static void *bg_main(void *arg)
 {
     hvl_engine *e = arg;
@@ -217,22 +217,19 @@ static void *bg_main(void *arg)
         pthread_mutex_lock(&e->queue_lock);
         e->running = 1;
         pthread_mutex_unlock(&e->queue_lock);
-        __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);   /* before init returns */
+        hvl__mark_running();       /* before init returns */
     }
     report_startup(rc);
     if (rc != HVL_OK) { teardown(e, 0); return NULL; }
     rc = run_cycles(e);
     char message[1024];
-    strncpy(message, hvl_last_error(), sizeof(message) - 1);
-    message[sizeof(message) - 1] = 0;
+    stop_reason(rc, message, sizeof(message));
     if (rc != HVL_ERR_SHUT_DOWN) {
         __atomic_store_n(&e->fatal, rc, __ATOMIC_RELEASE);
         hvl_log(HVL_LOG_ERROR, "engine stopped: %s", message);
     }
-    hvl__entries_fail_all(e, rc, message);
-    snprintf(stop_message, sizeof(stop_message), "%s", message);
-    __atomic_store_n(&stopped, 1, __ATOMIC_RELEASE);
-    __atomic_store_n(&initialized, 0, __ATOMIC_RELEASE);   /* a peer's shutdown stops us too */
+    hvl__queue_fail_all(e, rc, message);
+    hvl__mark_stopped(message);    /* a peer's shutdown stops us too */
     teardown(e, rc == HVL_ERR_SHUT_DOWN);
     return NULL;
 }
@@ -256,7 +253,7 @@ int hvl_init(void)
 {
     pthread_mutex_lock(&life_lock);
     int rc = HVL_OK;
-    if (__atomic_load_n(&initialized, __ATOMIC_ACQUIRE)) goto out;
+    if (hvl_is_initialized()) goto out;
     if (thread_started) {           /* stopped by a peer or a failure; collect the old thread */
         pthread_join(bg_thread, NULL);
         thread_started = 0;
@@ -267,7 +264,6 @@ int hvl_init(void)
     }
     reset_engine(&hvl__engine);
     startup_done = 0;
-    __atomic_store_n(&stopped, 0, __ATOMIC_RELEASE);
     if (pthread_create(&bg_thread, NULL, bg_main, &hvl__engine) != 0) {
         rc = hvl__fail(HVL_ERR_SYSTEM, "cannot start the hvlite background thread");
         goto out;
@@ -298,51 +294,6 @@ int hvl_shutdown(void)
         pthread_join(bg_thread, NULL);
         thread_started = 0;
     }
-    __atomic_store_n(&initialized, 0, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&life_lock);
-    return HVL_OK;
-}
-
-int hvl_is_initialized(void) { return __atomic_load_n(&initialized, __ATOMIC_ACQUIRE); }
-
-int hvl__not_running(void)
-{
-    if (__atomic_load_n(&stopped, __ATOMIC_ACQUIRE))
-        return hvl__fail(HVL_ERR_SHUT_DOWN, "%s", stop_message);
-    return hvl__fail(HVL_ERR_NOT_INITIALIZED, "hvlite is not initialized: call hvlite.init() (or hvd.init()) "
-                     "on every rank before any collective");
-}
-
-#define TOPOLOGY(fn, field) int fn(void) { return hvl_is_initialized() ? hvl__engine.field : -1; }
-TOPOLOGY(hvl_rank, rank)
-TOPOLOGY(hvl_size, size)
-TOPOLOGY(hvl_local_rank, local_rank)
-TOPOLOGY(hvl_local_size, local_size)
-TOPOLOGY(hvl_cross_rank, cross_rank)
-TOPOLOGY(hvl_cross_size, cross_size)
-TOPOLOGY(hvl_mpi_threads_supported, thread_multiple)
-#undef TOPOLOGY
-
-static char vendor[MPI_MAX_LIBRARY_VERSION_STRING];
-
-static void read_vendor(void)
-{
-    int len = 0;
-    MPI_Get_library_version(vendor, &len);   /* allowed before MPI_Init */
-    char *newline = strchr(vendor, '\n');
-    if (newline) *newline = 0;
-}
-
-const char *hvl_mpi_vendor(void)
-{
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, read_vendor);
-    return vendor;
-}
-
-int hvl_get_counters(hvl_counters *out)
-{
-    int64_t *src = (int64_t *)&hvl__engine.counters, *dst = (int64_t *)out;
-    for (size_t i = 0; i < sizeof(hvl_counters) / sizeof(int64_t); i++) dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
     return HVL_OK;
 }

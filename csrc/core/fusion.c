@@ -8,40 +8,36 @@
  * negotiation round), so every rank builds the same batches.
  * bg thread only. */
 #include <stdlib.h>
-#include "internal.h"
+#include "cycle.h"
 
-static int same_key(const hvl_response *a, const hvl_response *b)
+static int same_key(const hvl_desc *a, const hvl_desc *b)
 {
     return a->op == b->op && a->dtype == b->dtype && a->reduce_op == b->reduce_op &&
            a->prescale == b->prescale && a->postscale == b->postscale && a->process_set == b->process_set;
 }
 
-static int64_t response_bytes(const hvl_response *r)
-{
-    return hvl__shape_elems(r->ndim, r->shape) * hvl_dtype_size(r->dtype);
-}
-
-int hvl__fuse(hvl_engine *e, hvl_response **resps, hvl_entry **entries, int n, hvl_batch_list *out)
+int hvl__fuse(hvl_engine *e, const hvl_response **resps, hvl_entry **entries, int n, hvl_batch_list *out)
 {
     out->count = 0;
     out->items = calloc((size_t)(n ? n : 1), sizeof(hvl_batch));
     out->entry_store = calloc((size_t)(n ? n : 1), sizeof(hvl_entry *));
     char *taken = calloc((size_t)(n ? n : 1), 1);
-    if (!out->items || !out->entry_store || !taken) { free(taken); hvl__batches_free(out); return HVL_ERR_NO_MEMORY; }
+    if (!out->items || !out->entry_store || !taken) { free(taken); hvl__batches_free(out); return hvl__oom("fusing"); }
     int64_t threshold = e->params.fusion_threshold;
     hvl_entry **store = out->entry_store;
     for (int i = 0; i < n; i++) {
         if (taken[i]) continue;
-        const hvl_response *r = resps[i];
+        const hvl_desc *d = &resps[i]->d;
         hvl_batch *b = &out->items[out->count++];
-        *b = (hvl_batch){r->op, r->dtype, r->reduce_op, r->root_rank, r->prescale, r->postscale,
-                          hvl__pset(e, r->process_set), 0, store, 0, NULL};
+        *b = (hvl_batch){.op = d->op, .dtype = d->dtype, .reduce_op = d->reduce_op, .root_rank = d->root_rank,
+                         .target_set = d->target_set, .last_joined = resps[i]->last_joined,
+                         .prescale = d->prescale, .postscale = d->postscale,
+                         .ps = hvl__pset(e, d->process_set), .entries = store};
         b->entries[b->count++] = entries[i];
-        b->bytes = response_bytes(r);
-        int fusible = r->op == HVL_ALLREDUCE || r->op == HVL_ALLGATHER;
-        for (int j = i + 1; fusible && j < n; j++) {
-            int64_t bytes = response_bytes(resps[j]);
-            if (taken[j] || !same_key(r, resps[j]) || b->bytes + bytes > threshold) continue;
+        b->bytes = hvl__desc_bytes(d);
+        for (int j = i + 1; hvl__op_is(d->op, HVL_OPF_FUSES) && j < n; j++) {
+            int64_t bytes = hvl__desc_bytes(&resps[j]->d);
+            if (taken[j] || !same_key(d, &resps[j]->d) || b->bytes + bytes > threshold) continue;
             b->entries[b->count++] = entries[j];
             b->bytes += bytes;
             taken[j] = 1;

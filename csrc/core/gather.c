@@ -9,26 +9,21 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include "internal.h"
-
-int64_t hvl__row_bytes(const hvl_entry *en)
-{
-    int ndim = en->req.ndim;
-    return (ndim ? hvl__shape_elems(ndim - 1, en->shape + 1) : 1) * hvl_dtype_size(en->req.dtype);
-}
+#include "backend.h"
+#include "cycle.h"
 
 static int64_t rows_of(const hvl_entry *en)
 {
     if (en->synthetic) return 0;   /* a joined rank sends no rows (a 0-d input is one row) */
-    return en->req.ndim ? en->shape[0] : 1;
+    return en->d.ndim ? en->d.shape[0] : 1;
 }
 
 /* Shape of an allgather result with `rows` rows (a 0-d input counts as one row). */
 static void gathered_shape(const hvl_entry *en, int64_t rows, hvl_outcome *o)
 {
-    o->ndim = en->req.ndim ? en->req.ndim : 1;
+    o->ndim = en->d.ndim ? en->d.ndim : 1;
     o->shape[0] = rows;
-    for (int i = 1; i < en->req.ndim; i++) o->shape[i] = en->shape[i];
+    for (int i = 1; i < en->d.ndim; i++) o->shape[i] = en->d.shape[i];
 }
 
 /* A result buffer (never NULL for 0 bytes; free() releases it). Results are fresh memory every
@@ -47,25 +42,28 @@ static void *result_alloc(int64_t bytes)
     return p;
 }
 
-static int gather_one(hvl_engine *e, const hvl_backend *be, hvl_pset *ps, hvl_entry *en, hvl_outcome *o)
+static int gather_one(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outcome *o)
 {
-    int64_t rb = hvl__row_bytes(en), total = 0, rows = 0;
+    hvl_pset *ps = b->ps;
+    hvl_entry *en = b->entries[0];
+    int64_t rb = hvl__row_bytes(en), total = 0, rows = 0, mine = rows_of(en);
     int64_t *bytes = malloc(sizeof(int64_t) * (size_t)ps->size);
-    if (!bytes) return HVL_ERR_NO_MEMORY;
-    int64_t mine = rows_of(en);
-    int rc = hvl__allgather_i64(ps, &mine, 1, bytes);
-    for (int r = 0; r < ps->size && rc == HVL_OK; r++) {
+    if (!bytes) return hvl__oom("allgather sizes");
+    int rc;
+    HVL_CHECK_GOTO(hvl__allgather_i64(ps->comm, &mine, 1, bytes), rc, out);
+    for (int r = 0; r < ps->size; r++) {
         rows += bytes[r];
         bytes[r] *= rb;
         total += bytes[r];
     }
-    int local = rc == HVL_OK ? hvl__counts_fit_int(bytes, ps->size, en->name) : rc;
+    int local = hvl__counts_fit_int(bytes, ps->size, en->d.name);
     if (local == HVL_OK && !(o->result = result_alloc(total)))
-        local = hvl__fail(HVL_ERR_NO_MEMORY, "allgather '%s': out of memory", en->name);
-    if (rc == HVL_OK) rc = hvl__agree(ps, local, "allgather");
-    if (rc == HVL_OK) rc = be->allgatherv(e, ps, en->req.input, o->result, bytes);
+        local = hvl__fail(HVL_ERR_NO_MEMORY, "allgather '%s': out of memory", en->d.name);
+    HVL_CHECK_GOTO(hvl__agree(ps->comm, local, "allgather", &b->failed_everywhere), rc, out);
+    rc = p->be->allgatherv(e, ps, p->state, en->input, o->result, bytes);
     o->result_bytes = total;
     gathered_shape(en, rows, o);
+out:
     free(bytes);
     return rc;
 }
@@ -80,7 +78,7 @@ static int unpack(hvl_batch *b, const int64_t *rows, const int64_t *rb,
         int64_t total_rows = 0;
         for (int r = 0; r < ps->size; r++) total_rows += rows[r * k + t];
         o[t].result_bytes = total_rows * rb[t];
-        if (!(o[t].result = result_alloc(o[t].result_bytes))) return HVL_ERR_NO_MEMORY;
+        if (!(o[t].result = result_alloc(o[t].result_bytes))) return hvl__oom("an allgather result");
         gathered_shape(b->entries[t], total_rows, &o[t]);
     }
     int64_t block_start = 0;
@@ -97,33 +95,33 @@ static int unpack(hvl_batch *b, const int64_t *rows, const int64_t *rb,
     return HVL_OK;
 }
 
-int hvl__run_allgather(hvl_engine *e, const hvl_backend *be, hvl_batch *b, hvl_outcome *o)
+int hvl__run_allgather(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outcome *o)
 {
-    if (b->count == 1) return gather_one(e, be, b->ps, b->entries[0], o);
+    if (b->count == 1) return gather_one(e, p, b, o);
     hvl_pset *ps = b->ps;
     int k = b->count, n = ps->size, rc;
     int64_t *v = malloc(sizeof(int64_t) * (size_t)(2 * k + n * k + n)), mine_bytes = 0, total = 0;
-    if (!v) return HVL_ERR_NO_MEMORY;
+    if (!v) return hvl__oom("fused allgather sizes");
     int64_t *mine = v, *rb = v + k, *rows = v + 2 * k, *block = v + 2 * k + n * k;
     for (int t = 0; t < k; t++) {
         mine[t] = rows_of(b->entries[t]);
         rb[t] = hvl__row_bytes(b->entries[t]);
     }
-    HVL_CHECK_GOTO(hvl__allgather_i64(ps, mine, k, rows), rc, out);
+    HVL_CHECK_GOTO(hvl__allgather_i64(ps->comm, mine, k, rows), rc, out);
     for (int r = 0; r < n; r++) {
         block[r] = 0;
         for (int t = 0; t < k; t++) block[r] += rows[r * k + t] * rb[t];
         total += block[r];
     }
     mine_bytes = block[ps->rank];
-    rc = hvl__counts_fit_int(block, n, "fused allgather");
-    if (rc == HVL_OK) rc = hvl__grow(&e->fusion_buf, &e->fusion_cap, mine_bytes + 1);
-    if (rc == HVL_OK) rc = hvl__grow(&e->scratch_buf, &e->scratch_cap, total + 1);
-    HVL_CHECK_GOTO(hvl__agree(ps, rc, "fused allgather"), rc, out);
+    int local = hvl__counts_fit_int(block, n, "fused allgather");
+    if (local == HVL_OK) local = hvl__grow(&e->fusion_buf, &e->fusion_cap, mine_bytes + 1);
+    if (local == HVL_OK) local = hvl__grow(&e->scratch_buf, &e->scratch_cap, total + 1);
+    HVL_CHECK_GOTO(hvl__agree(ps->comm, local, "fused allgather", &b->failed_everywhere), rc, out);
     char *pack = e->fusion_buf;
     for (int t = 0; t < k; pack += mine[t] * rb[t], t++)
-        memcpy(pack, b->entries[t]->req.input, (size_t)(mine[t] * rb[t]));
-    HVL_CHECK_GOTO(be->allgatherv(e, ps, e->fusion_buf, e->scratch_buf, block), rc, out);
+        memcpy(pack, b->entries[t]->input, (size_t)(mine[t] * rb[t]));
+    HVL_CHECK_GOTO(p->be->allgatherv(e, ps, p->state, e->fusion_buf, e->scratch_buf, block), rc, out);
     rc = unpack(b, rows, rb, block, e->scratch_buf, o);
 out:
     free(v);
@@ -131,7 +129,7 @@ out:
 }
 
 /* Alltoall (one tensor): exchange the splits, then send each rank its rows. */
-int hvl__run_alltoall(hvl_engine *e, const hvl_backend *be, hvl_batch *b, hvl_outcome *o)
+int hvl__run_alltoall(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outcome *o)
 {
     hvl_pset *ps = b->ps;
     hvl_entry *en = b->entries[0];
@@ -139,24 +137,27 @@ int hvl__run_alltoall(hvl_engine *e, const hvl_backend *be, hvl_batch *b, hvl_ou
     int64_t *v = malloc(sizeof(int64_t) * 2 * (size_t)ps->size);
     o->recv_splits = malloc(sizeof(int64_t) * (size_t)ps->size);
     o->nsplits = ps->size;
-    if (!v || !o->recv_splits) { free(v); return HVL_ERR_NO_MEMORY; }
+    if (!v || !o->recv_splits) { free(v); return hvl__oom("alltoall splits"); }
     int64_t *send_bytes = v, *recv_bytes = v + ps->size;
-    int rc = hvl__alltoall_i64(ps, en->splits, o->recv_splits);
-    for (int r = 0; r < ps->size && rc == HVL_OK; r++) {
+    int rc;
+    HVL_CHECK_GOTO(hvl__alltoall_i64(ps->comm, en->splits, o->recv_splits), rc, out);
+    for (int r = 0; r < ps->size; r++) {
         send_bytes[r] = en->splits[r] * rb;
         recv_bytes[r] = o->recv_splits[r] * rb;
         o->shape[0] += o->recv_splits[r];
         total += recv_bytes[r];
     }
-    int local = rc == HVL_OK ? hvl__counts_fit_int(send_bytes, ps->size, en->name) : rc;
-    if (local == HVL_OK) local = hvl__counts_fit_int(recv_bytes, ps->size, en->name);
+    int local = hvl__counts_fit_int(send_bytes, ps->size, en->d.name);
+    if (local == HVL_OK) local = hvl__counts_fit_int(recv_bytes, ps->size, en->d.name);
     if (local == HVL_OK && !(o->result = result_alloc(total)))
-        local = hvl__fail(HVL_ERR_NO_MEMORY, "alltoall '%s': out of memory", en->name);
-    if (rc == HVL_OK) rc = hvl__agree(ps, local, "alltoall");   /* only this rank knows its sizes */
-    if (rc == HVL_OK) rc = be->alltoallv(e, ps, en->req.input, send_bytes, o->result, recv_bytes);
+        local = hvl__fail(HVL_ERR_NO_MEMORY, "alltoall '%s': out of memory", en->d.name);
+    /* only this rank knows its sizes: every member agrees before the data moves */
+    HVL_CHECK_GOTO(hvl__agree(ps->comm, local, "alltoall", &b->failed_everywhere), rc, out);
+    rc = p->be->alltoallv(e, ps, p->state, en->input, send_bytes, o->result, recv_bytes);
     o->result_bytes = total;
-    o->ndim = en->req.ndim;
-    for (int i = 1; i < en->req.ndim; i++) o->shape[i] = en->shape[i];
+    o->ndim = en->d.ndim;
+    for (int i = 1; i < en->d.ndim; i++) o->shape[i] = en->d.shape[i];
+out:
     free(v);
     return rc;
 }

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include "internal.h"
+#include "cycle.h"
 
 enum { SLOT_FREE = 0, SLOT_PENDING, SLOT_DONE };
 
@@ -53,7 +53,7 @@ int hvl__handle_new(int64_t *id)
     if (i == nslots) {
         int64_t n = nslots ? nslots * 2 : 256;
         slot_t *grown = realloc(slots, (size_t)n * sizeof(slot_t));
-        if (!grown) { pthread_mutex_unlock(&handle_lock); return HVL_ERR_NO_MEMORY; }
+        if (!grown) { pthread_mutex_unlock(&handle_lock); return hvl__oom("the handle table"); }
         memset(grown + nslots, 0, (size_t)(n - nslots) * sizeof(slot_t));
         slots = grown;
         i = nslots;

@@ -1,5 +1,7 @@
-/* param.c: the one table of HVLITE_* settings (name, type, default, doc). Read once at init on
- * the caller's thread. HOROVOD_<same suffix> is accepted as an alias so migrating users keep
+/* param.c: the one table of HVLITE_* settings (name, type, where its value comes from, default,
+ * doc). Read once at init on the caller's thread. Settings marked RANK0 must be the same on every
+ * rank (they decide how batches are built and which data planes run): hvl__params_agree hands
+ * rank 0's values to every rank, whatever each rank's environment said. HOROVOD_<same suffix> is accepted as an alias so migrating users keep
  * their settings; an unknown HVLITE_* variable or a bad value gets a warning (a typo must not
  * pass silently), given by the bg thread once the rank is known (hvl__params_warn), and once per
  * process: a job that calls init() again does not repeat it. */
@@ -7,14 +9,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include "internal.h"
+#include "engine.h"
 
 extern char **environ;
 
 typedef enum { P_INT64, P_INT, P_DOUBLE, P_LEVEL, P_PATH, P_OTHER } ptype;
+typedef enum { LOCAL, RANK0 } pscope;   /* each rank's own value, or rank 0's everywhere */
 typedef struct {
     const char *suffix;     /* after HVLITE_ / HOROVOD_ */
     ptype type;
+    pscope scope;
     size_t offset;          /* into hvl_params; unused for P_OTHER */
     const char *deflt;
     const char *doc;
@@ -22,48 +26,48 @@ typedef struct {
 
 #define F(field) offsetof(hvl_params, field)
 static const param_def table[] = {
-    {"FUSION_THRESHOLD", P_INT64, F(fusion_threshold), "134217728",
+    {"FUSION_THRESHOLD", P_INT64, RANK0, F(fusion_threshold), "134217728",
      "bytes one fused collective may carry (0 disables fusion)"},
-    {"ALLREDUCE_PIECE", P_INT64, F(allreduce_piece), "1048576",
+    {"ALLREDUCE_PIECE", P_INT64, RANK0, F(allreduce_piece), "1048576",
      "bytes per allreduce call; pieces stay in cache through copy-in, reduce and copy-out (0 = whole)"},
-    {"CYCLE_TIME", P_DOUBLE, F(cycle_time_ms), "1", "ms between engine cycles when idle"},
-    {"CACHE_CAPACITY", P_INT, F(cache_capacity), "1024", "response cache entries (0 = off)"},
-    {"STALL_CHECK_TIME_SECONDS", P_DOUBLE, F(stall_check_s), "60",
+    {"CYCLE_TIME", P_DOUBLE, RANK0, F(cycle_time_ms), "1", "ms between engine cycles when idle"},
+    {"CACHE_CAPACITY", P_INT, RANK0, F(cache_capacity), "1024", "response cache entries (0 = off)"},
+    {"STALL_CHECK_TIME_SECONDS", P_DOUBLE, LOCAL, F(stall_check_s), "60",
      "warn about tensors not submitted by every rank after this long (0 = off)"},
-    {"STALL_SHUTDOWN_TIME_SECONDS", P_DOUBLE, F(stall_shutdown_s), "0",
+    {"STALL_SHUTDOWN_TIME_SECONDS", P_DOUBLE, LOCAL, F(stall_shutdown_s), "0",
      "stop the engine on every rank when a tensor stalls this long (0 = off)"},
-    {"PEER_TIMEOUT_SECONDS", P_DOUBLE, F(peer_timeout_s), "120",
+    {"PEER_TIMEOUT_SECONDS", P_DOUBLE, LOCAL, F(peer_timeout_s), "120",
      "fail the engine when a negotiation round gets no answer for this long"},
-    {"LOG_LEVEL", P_LEVEL, F(log_level), "warning", "trace, debug, info, warning or error"},
-    {"AUTOTUNE", P_INT, F(autotune), "0",
+    {"LOG_LEVEL", P_LEVEL, LOCAL, F(log_level), "warning", "trace, debug, info, warning or error"},
+    {"AUTOTUNE", P_INT, RANK0, F(autotune), "0",
      "1: search fusion threshold, cycle time and response-cache use on measured bytes/s"},
-    {"AUTOTUNE_LOG", P_PATH, F(autotune_log), "", "rank 0 writes every autotune sample to this CSV file"},
-    {"AUTOTUNE_WARMUP_SAMPLES", P_INT, F(autotune_warmup), "3", "autotune samples discarded at start"},
-    {"AUTOTUNE_STEPS_PER_SAMPLE", P_INT, F(autotune_steps), "10",
+    {"AUTOTUNE_LOG", P_PATH, LOCAL, F(autotune_log), "", "rank 0 writes every autotune sample to this CSV file"},
+    {"AUTOTUNE_WARMUP_SAMPLES", P_INT, RANK0, F(autotune_warmup), "3", "autotune samples discarded at start"},
+    {"AUTOTUNE_STEPS_PER_SAMPLE", P_INT, RANK0, F(autotune_steps), "10",
      "engine cycles that did work per autotune sample (>= 1)"},
-    {"AUTOTUNE_BAYES_OPT_MAX_SAMPLES", P_INT, F(autotune_max_samples), "20",
+    {"AUTOTUNE_BAYES_OPT_MAX_SAMPLES", P_INT, RANK0, F(autotune_max_samples), "20",
      "autotune samples scored by the search before it settles (1-100)"},
-    {"AUTOTUNE_GAUSSIAN_PROCESS_NOISE", P_DOUBLE, F(autotune_noise), "0.8",
+    {"AUTOTUNE_GAUSSIAN_PROCESS_NOISE", P_DOUBLE, RANK0, F(autotune_noise), "0.8",
      "autotune's Gaussian-process noise variance, relative to the scores' variance"},
-    {"TIMELINE", P_PATH, F(timeline_path), "",
+    {"TIMELINE", P_PATH, LOCAL, F(timeline_path), "",
      "Chrome trace (JSON) file that rank 0 writes; open it in Perfetto or chrome://tracing"},
-    {"TIMELINE_MARK_CYCLES", P_INT, F(timeline_mark_cycles), "0",
+    {"TIMELINE_MARK_CYCLES", P_INT, LOCAL, F(timeline_mark_cycles), "0",
      "1: also mark every engine cycle on the timeline (CYCLE_START)"},
-    {"SHM_DISABLE", P_INT, F(shm_disable), "0",
+    {"SHM_DISABLE", P_INT, RANK0, F(shm_disable), "0",
      "1: never use the shared-memory data plane (collectives of one-host sets go to MPI)"},
-    {"HIERARCHICAL_ALLREDUCE", P_INT, F(hierarchical_allreduce), "0",
+    {"HIERARCHICAL_ALLREDUCE", P_INT, RANK0, F(hierarchical_allreduce), "0",
      "1: allreduce across hosts as shm reduce on each host, MPI among hosts, shm broadcast"},
-    {"SHM_CHUNK", P_INT64, F(shm_chunk), "0",
+    {"SHM_CHUNK", P_INT64, RANK0, F(shm_chunk), "0",
      "bytes per shared-memory pipeline step and rank (segment: 2 per rank on the host); "
      "0 = 1 MiB, or 4 MiB when the host runs more ranks than cores"},
-    {"TEST_FAKE_HOSTS", P_INT, F(test_fake_hosts), "0",
+    {"TEST_FAKE_HOSTS", P_INT, RANK0, F(test_fake_hosts), "0",
      "tests only: split each host's ranks into this many consecutive fake hosts"},
     /* read elsewhere, listed so they are documented and not warned about */
-    {"DYNAMIC_PROCESS_SETS", P_OTHER, 0, "1", "accepted for Horovod scripts: sets may always be added at run time"},
-    {"MPICC", P_OTHER, 0, "", "build time: the MPI compiler wrapper to build against"},
-    {"MPIEXEC", P_OTHER, 0, "", "hvlrun: the mpiexec to launch with"},
-    {"TEST_TIMEOUT_MULTIPLIER", P_OTHER, 0, "1", "tests: stretch every job timeout"},
-    {"SPMD", P_OTHER, 0, "0", "tests: set inside SPMD test jobs"},
+    {"DYNAMIC_PROCESS_SETS", P_OTHER, LOCAL, 0, "1", "accepted for Horovod scripts: sets may always be added at run time"},
+    {"MPICC", P_OTHER, LOCAL, 0, "", "build time: the MPI compiler wrapper to build against"},
+    {"MPIEXEC", P_OTHER, LOCAL, 0, "", "hvlrun: the mpiexec to launch with"},
+    {"TEST_TIMEOUT_MULTIPLIER", P_OTHER, LOCAL, 0, "1", "tests: stretch every job timeout"},
+    {"SPMD", P_OTHER, LOCAL, 0, "0", "tests: set inside SPMD test jobs"},
 };
 #undef F
 #define NPARAMS (sizeof(table) / sizeof(table[0]))
@@ -131,6 +135,30 @@ void hvl__params_warn(void)
 {
     hvl_params scratch;
     load(&scratch, 1);
+}
+
+int hvl__params_agree(hvl_params *p, MPI_Comm comm)
+{
+    double values[NPARAMS];      /* every RANK0 type fits a double exactly (int64: below 2^53) */
+    int n = 0;
+    for (size_t i = 0; i < NPARAMS; i++) {
+        const param_def *d = &table[i];
+        void *field = (char *)p + d->offset;
+        if (d->scope != RANK0) continue;
+        values[n++] = d->type == P_INT64 ? (double)*(int64_t *)field : d->type == P_DOUBLE ? *(double *)field
+                                                                                        : *(int *)field;
+    }
+    HVL_CHECK(hvl__mpi_check(MPI_Bcast(values, n, MPI_DOUBLE, 0, comm), "MPI_Bcast (settings from rank 0)"));
+    n = 0;
+    for (size_t i = 0; i < NPARAMS; i++) {
+        const param_def *d = &table[i];
+        void *field = (char *)p + d->offset;
+        if (d->scope != RANK0) continue;
+        if (d->type == P_INT64) *(int64_t *)field = (int64_t)values[n++];
+        else if (d->type == P_DOUBLE) *(double *)field = values[n++];
+        else *(int *)field = (int)values[n++];
+    }
+    return HVL_OK;
 }
 
 void hvl__params_log(const hvl_params *p)

@@ -1,14 +1,15 @@
 /* pset.c: the table of process sets. Set 0 is every rank (e->comm). Each set records its
  * members (global ranks, ascending), this process's rank among them, and a communicator of
  * the members, so data-plane collectives of different sets never share a communicator and
- * sets with disjoint members run at the same time. Every rank keeps the same table: sets are
+ * sets with disjoint members run at the same time, and its data planes' own state (opened and
+ * closed through the registry, backends/backend.c). Every rank keeps the same table: sets are
  * added and removed by collective steps that every rank runs at the same point of the agreed
  * response list, and ids are never reused. The bg thread changes the table under queue_lock
  * (user threads read sizes and membership there when they enqueue); the bg thread reads it
- * without the lock. Communicators and backend state are bg-only. */
+ * without the lock. Communicators and plane state are bg-only. */
 #include <stdlib.h>
 #include <string.h>
-#include "internal.h"
+#include "backend.h"
 
 /* Whether every member shares this process's host: the members that are also in this
  * process's shared-memory communicator (e->local_comm) are all of them. */
@@ -37,7 +38,7 @@ int hvl__psets_create(hvl_engine *e)
     if (!e->psets || !ps || !ps->ranks) {
         if (ps) free(ps->ranks);
         free(ps);
-        return hvl__fail(HVL_ERR_NO_MEMORY, "out of memory creating the global process set");
+        return hvl__oom("the global process set");
     }
     for (int r = 0; r < e->size; r++) ps->ranks[r] = r;
     ps->id = 0;
@@ -47,7 +48,7 @@ int hvl__psets_create(hvl_engine *e)
     ps->one_host = members_on_one_host(e, ps);
     e->psets[0] = ps;
     e->npsets = 1;
-    return hvl__shm_open(e, ps);     /* collective: the set's shared-memory segment */
+    return hvl__planes_open(e, ps);  /* collective: the data planes' state for the set */
 }
 
 void hvl__psets_destroy(hvl_engine *e, int clean)
@@ -61,7 +62,7 @@ void hvl__psets_destroy(hvl_engine *e, int clean)
     for (int i = 0; i < n; i++) {
         hvl_pset *ps = sets[i];
         if (!ps) continue;
-        hvl__shm_close(ps, clean);
+        hvl__planes_close(ps, clean);
         if (clean && i != 0 && ps->comm != MPI_COMM_NULL) MPI_Comm_free(&ps->comm);
         free(ps->ranks);
         free(ps);
@@ -82,15 +83,16 @@ int hvl__pset_rank_of(const hvl_pset *ps, int global_rank)
 }
 
 /* Every rank passed the same member list: one MAX allreduce of (h, -h) for a hash h of the
- * list, so min == max. A disagreement fails on every rank (not fatal: nothing was built). */
-static int agree_members(hvl_engine *e, const int64_t *members, int n)
+ * list, so min == max. A disagreement fails on every rank (*everywhere: not fatal, nothing was
+ * built). */
+static int agree_members(hvl_engine *e, const int64_t *members, int n, int *everywhere)
 {
-    uint64_t h = 1469598103934665603ULL;                    /* FNV-1a over the values */
-    for (int i = 0; i < n; i++) h = (h ^ (uint64_t)members[i]) * 1099511628211ULL;
-    h = (h ^ (uint64_t)n) * 1099511628211ULL;
+    uint64_t h = hvl__hash(members, sizeof(int64_t) * (size_t)n, HVL_HASH_SEED);
+    h = hvl__hash(&n, sizeof(n), h);
     int64_t v[2] = {(int64_t)(h >> 1), -(int64_t)(h >> 1)}, all[2];
     HVL_CHECK(hvl__mpi_check(MPI_Allreduce(v, all, 2, MPI_INT64_T, MPI_MAX, e->comm), "MPI_Allreduce (process set members)"));
-    if (all[0] != -all[1])
+    *everywhere = all[0] != -all[1];
+    if (*everywhere)
         return hvl__fail(HVL_ERR_INVALID_ARG, "add_process_set: the ranks passed different member lists "
                          "(this rank: %d members); every rank must add the same sets in the same order", n);
     return HVL_OK;
@@ -112,7 +114,7 @@ static hvl_pset *find_same(hvl_engine *e, const int64_t *members, int n)
 static int insert(hvl_engine *e, hvl_pset *ps)
 {
     hvl_pset **grown = realloc(e->psets, sizeof(hvl_pset *) * (size_t)(e->npsets + 1));
-    if (!grown) return HVL_ERR_NO_MEMORY;
+    if (!grown) return hvl__oom("the process set table");
     pthread_mutex_lock(&e->queue_lock);
     e->psets = grown;
     ps->id = e->npsets;
@@ -121,35 +123,35 @@ static int insert(hvl_engine *e, hvl_pset *ps)
     return HVL_OK;
 }
 
-int hvl__pset_add(hvl_engine *e, const int64_t *members, int n, int *id_out)
+int hvl__pset_add(hvl_engine *e, const int64_t *members, int n, int *id_out, int *everywhere)
 {
-    HVL_CHECK(agree_members(e, members, n));
+    HVL_CHECK(agree_members(e, members, n, everywhere));
     hvl_pset *same = find_same(e, members, n);      /* the same on every rank: tables agree */
+    *everywhere = same != NULL;
     if (same)
         return hvl__fail(HVL_ERR_INVALID_ARG, "add_process_set: process set %d already has these %d ranks",
                          same->id, n);
     hvl_pset *ps = calloc(1, sizeof(hvl_pset));
     if (ps) ps->ranks = malloc(sizeof(int) * (size_t)n);
-    if (!ps || !ps->ranks) { if (ps) free(ps->ranks); free(ps); return HVL_ERR_NO_MEMORY; }
+    if (!ps || !ps->ranks) { if (ps) free(ps->ranks); free(ps); return hvl__oom("a process set"); }
     for (int i = 0; i < n; i++) ps->ranks[i] = (int)members[i];
     ps->size = n;
     ps->rank = hvl__pset_rank_of(ps, e->rank);
     ps->comm = MPI_COMM_NULL;
-    int rc = hvl__mpi_check(MPI_Comm_split(e->comm, ps->rank >= 0 ? 0 : MPI_UNDEFINED, e->rank, &ps->comm),
-                            "MPI_Comm_split (process set)");
-    if (rc == HVL_OK && ps->comm != MPI_COMM_NULL) MPI_Comm_set_errhandler(ps->comm, MPI_ERRORS_RETURN);
-    if (rc == HVL_OK) ps->one_host = members_on_one_host(e, ps);
-    if (rc == HVL_OK) rc = insert(e, ps);
-    if (rc != HVL_OK) {
-        if (ps->comm != MPI_COMM_NULL) MPI_Comm_free(&ps->comm);
-        free(ps->ranks);
-        free(ps);
-        return rc;
-    }
+    int rc;
+    HVL_CHECK_GOTO(hvl__mpi_check(MPI_Comm_split(e->comm, ps->rank >= 0 ? 0 : MPI_UNDEFINED, e->rank, &ps->comm),
+                                  "MPI_Comm_split (process set)"), rc, fail);
+    if (ps->comm != MPI_COMM_NULL) MPI_Comm_set_errhandler(ps->comm, MPI_ERRORS_RETURN);
+    ps->one_host = members_on_one_host(e, ps);
+    HVL_CHECK_GOTO(insert(e, ps), rc, fail);
     *id_out = ps->id;
-    HVL_CHECK(hvl__shm_open(e, ps));     /* collective among the members (others return at once) */
     hvl_log(HVL_LOG_DEBUG, "process set %d added: %d ranks, this rank %d", ps->id, n, ps->rank);
-    return HVL_OK;
+    return hvl__planes_open(e, ps);     /* collective among the members (others return at once) */
+fail:
+    if (ps->comm != MPI_COMM_NULL) MPI_Comm_free(&ps->comm);
+    free(ps->ranks);
+    free(ps);
+    return rc;
 }
 
 void hvl__pset_remove(hvl_engine *e, int id)
@@ -159,7 +161,7 @@ void hvl__pset_remove(hvl_engine *e, int id)
     pthread_mutex_lock(&e->queue_lock);
     e->psets[id] = NULL;
     pthread_mutex_unlock(&e->queue_lock);
-    hvl__shm_close(ps, 1);
+    hvl__planes_close(ps, 1);
     if (ps->comm != MPI_COMM_NULL) MPI_Comm_free(&ps->comm);
     free(ps->ranks);
     free(ps);

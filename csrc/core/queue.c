@@ -1,18 +1,19 @@
-/* queue.c: the door into the engine. hvl_enqueue (any thread) checks a request, copies it into
- * an entry, and hands it to the bg thread through the queue; the bg thread drains the queue into
- * its pending map and finishes entries when their collective completes. The queue and the
- * in-flight name set are guarded by queue_lock. */
+/* queue.c: the door into the engine, and the life of an entry. hvl_enqueue (any thread) checks a
+ * request, copies it into an entry, and hands it to the bg thread through the queue; the bg
+ * thread drains the queue into its pending map, pairs agreed responses with entries (claim) and
+ * finishes entries when their collective completes (hvl__entry_finish, the one completion call).
+ * The queue and the in-flight name set are guarded by queue_lock. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "internal.h"
+#include "cycle.h"
+#include "timeline.h"
 
 /* Checks that need the process set: it exists, this rank is a member, the root is one, and
  * alltoall splits match its size. *set_size gets its size. */
 static int check_set(hvl_engine *e, const hvl_request *q, const char *name, int *set_size)
 {
-    int control = q->op == HVL_JOIN || q->op == HVL_PROCESS_SET_ADD || q->op == HVL_PROCESS_SET_REMOVE;
-    if (control && q->process_set != 0)
+    if (hvl__op_is(q->op, HVL_OPF_WHOLE_JOB) && q->process_set != 0)
         return hvl__fail(HVL_ERR_INVALID_ARG, "%s runs on every rank (process set 0), not on process set %d",
                          hvl__op_name(q->op), q->process_set);
     int my_rank = -1, root = -1;
@@ -22,7 +23,7 @@ static int check_set(hvl_engine *e, const hvl_request *q, const char *name, int 
     if (my_rank < 0)
         return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': this rank (%d) is not a member of process set %d; "
                          "only its members may run collectives on it", name, e->rank, q->process_set);
-    if (q->op == HVL_BROADCAST && root < 0)
+    if (hvl__op_is(q->op, HVL_OPF_ROOTED) && root < 0)
         return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': root rank %d is not a member of process set %d",
                          name, q->root_rank, q->process_set);
     return HVL_OK;
@@ -55,14 +56,14 @@ static int check_request(hvl_engine *e, const hvl_request *q, int *set_size)
         return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': unknown op %d", name, q->op);
     HVL_CHECK(check_set(e, q, name, set_size));
     if (q->op == HVL_PROCESS_SET_ADD || q->op == HVL_PROCESS_SET_REMOVE) return check_set_change(e, q);
-    if (q->op == HVL_BARRIER || q->op == HVL_JOIN) return HVL_OK;
+    if (!hvl__op_is(q->op, HVL_OPF_DATA)) return HVL_OK;
     if (q->dtype < 0 || q->dtype >= HVL_DTYPE_COUNT)
         return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': unknown dtype %d", name, q->dtype);
     if (q->ndim < 0 || q->ndim > HVL_MAX_DIMS)
         return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': %d dimensions (at most %d)", name, q->ndim, HVL_MAX_DIMS);
     for (int i = 0; i < q->ndim; i++)
         if (q->shape[i] < 0) return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': negative dimension", name);
-    int reducing = q->op == HVL_ALLREDUCE || q->op == HVL_REDUCESCATTER;
+    int reducing = hvl__op_is(q->op, HVL_OPF_REDUCES);
     if (reducing && (q->reduce_op < 0 || q->reduce_op >= HVL_REDUCE_COUNT))
         return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': unknown reduce op %d", name, q->reduce_op);
     if (reducing && q->dtype == HVL_BOOL && (q->reduce_op == HVL_AVERAGE || q->prescale != 1.0 || q->postscale != 1.0))
@@ -99,40 +100,40 @@ static char *engine_name(const hvl_request *q)
     return s;
 }
 
+/* The request as an entry: its description (what the ranks agree on) and buffers. Ops without
+ * data describe no dtype or shape, so every rank's requests for them compare equal. */
 static hvl_entry *entry_new(const hvl_request *q, int set_size)
 {
     hvl_entry *en = calloc(1, sizeof(*en));
     if (!en) return NULL;
-    en->req = *q;
-    en->name = engine_name(q);
-    int control = q->op == HVL_BARRIER || q->op == HVL_JOIN || q->op == HVL_PROCESS_SET_ADD ||
-                  q->op == HVL_PROCESS_SET_REMOVE;   /* no data */
-    memcpy(en->shape, q->shape, sizeof(int64_t) * (size_t)(control ? 0 : q->ndim));
-    if (control) {
-        en->req.ndim = 0, en->req.dtype = HVL_UINT8, en->req.reduce_op = 0;
-        en->req.root_rank = q->op == HVL_PROCESS_SET_REMOVE ? q->root_rank : 0;
-    }
-    int nsplits = q->op == HVL_ALLTOALL ? set_size : q->op == HVL_PROCESS_SET_ADD ? q->nsplits : 0;
-    if (nsplits) {
-        en->splits = malloc(sizeof(int64_t) * (size_t)nsplits);
-        for (int i = 0; en->splits && i < nsplits; i++)
+    int data = hvl__op_is(q->op, HVL_OPF_DATA), reduces = hvl__op_is(q->op, HVL_OPF_REDUCES);
+    en->d = (hvl_desc){.op = q->op, .dtype = data ? q->dtype : HVL_UINT8,
+                       .reduce_op = reduces ? q->reduce_op : 0,
+                       .root_rank = hvl__op_is(q->op, HVL_OPF_ROOTED) ? q->root_rank : 0,
+                       .process_set = q->process_set,
+                       .target_set = q->op == HVL_PROCESS_SET_REMOVE ? q->root_rank : 0,
+                       .ndim = data ? q->ndim : 0, .prescale = reduces ? q->prescale : 1.0,
+                       .postscale = reduces ? q->postscale : 1.0, .name = engine_name(q)};
+    memcpy(en->d.shape, q->shape, sizeof(int64_t) * (size_t)en->d.ndim);
+    en->input = q->input;
+    en->output = q->output;
+    en->nsplits = q->op == HVL_ALLTOALL ? set_size : q->op == HVL_PROCESS_SET_ADD ? q->nsplits : 0;
+    if (en->nsplits) {
+        en->splits = malloc(sizeof(int64_t) * (size_t)en->nsplits);
+        for (int i = 0; en->splits && i < en->nsplits; i++)
             en->splits[i] = q->splits ? q->splits[i] : q->shape[0] / set_size;
     }
-    if (!en->name || (nsplits && !en->splits)) {
-        free(en->name); free(en->splits); free(en);
+    if (!en->d.name || (en->nsplits && !en->splits)) {
+        free(en->d.name); free(en->splits); free(en);
         return NULL;
     }
-    en->req.name = en->name;
-    en->req.shape = en->shape;
-    en->req.splits = en->splits;
-    en->req.nsplits = nsplits;
     en->enqueued_at = hvl__now();
     return en;
 }
 
 static void entry_free(hvl_entry *en)
 {
-    free(en->name);
+    free(en->d.name);
     free(en->splits);
     free(en);
 }
@@ -149,14 +150,12 @@ int hvl_enqueue(const hvl_request *q, int64_t *handle_out)
     pthread_mutex_lock(&e->queue_lock);
     if (!e->running)
         rc = hvl__fail(HVL_ERR_SHUT_DOWN, "hvlite has been shut down (a rank called shutdown() or the engine failed); cannot run '%s'", q->name);
-    else if (hvl__strmap_get(&e->inflight, en->name))
+    else if (hvl__strmap_get(&e->inflight, en->d.name))
         rc = hvl__fail(HVL_ERR_INVALID_ARG, "tensor name '%s' is already in flight on this rank; names must be unique among pending requests", q->name);
-    else if ((rc = hvl__strmap_put(&e->inflight, en->name, en)) != HVL_OK)
-        hvl__fail(rc, "out of memory");
-    else if ((rc = hvl__handle_new(&en->handle)) != HVL_OK) {
-        hvl__strmap_del(&e->inflight, en->name);
-        hvl__fail(rc, "out of memory allocating a handle");
-    }
+    else if ((rc = hvl__strmap_put(&e->inflight, en->d.name, en)) != HVL_OK)
+        ;   /* its message is set */
+    else if ((rc = hvl__handle_new(&en->handle)) != HVL_OK)
+        hvl__strmap_del(&e->inflight, en->d.name);
     if (rc == HVL_OK) {
         /* Only the first request of a burst wakes the bg thread: it drains the whole queue,
          * and it checks the queue under this lock before it sleeps, so no wake-up is lost. */
@@ -181,8 +180,9 @@ int hvl__queue_drain(hvl_engine *e)
     for (hvl_entry *next; en; en = next) {
         next = en->next;
         if (tl) hvl__tl_submitted(en);
-        if (rc == HVL_OK) rc = hvl__strmap_put(&e->pending, en->name, en);
-        if (en->req.op == HVL_JOIN) e->joined = 1;
+        /* after a failure (fatal) the rest are still linked, so the stop frees them */
+        if (rc == HVL_OK) rc = hvl__strmap_put(&e->pending, en->d.name, en);
+        if (en->d.op == HVL_JOIN) e->joined = 1;
         en->prev_pending = e->pending_tail;
         en->next_pending = NULL;
         if (e->pending_tail) e->pending_tail->next_pending = en; else e->pending_head = en;
@@ -193,37 +193,35 @@ int hvl__queue_drain(hvl_engine *e)
 
 static void synthetic_free(hvl_entry *en, hvl_outcome *o)
 {
-    free((void *)en->req.input);
-    free(en->req.output);
+    free((void *)en->input);
+    free(en->output);
     free(o->message);
     free(o->result);
     free(o->recv_splits);
     entry_free(en);
 }
 
-hvl_entry *hvl__entry_synthesize(hvl_engine *e, const hvl_response *r)
+/* A stand-in entry for a tensor a joined rank never submitted: zero input (no rows for
+ * allgather/alltoall), scratch output, no handle. NULL when out of memory. */
+static hvl_entry *synthesize(hvl_engine *e, const hvl_response *r)
 {
-    const hvl_pset *ps = hvl__pset(e, r->process_set);
+    const hvl_pset *ps = hvl__pset(e, r->d.process_set);
     hvl_entry *en = calloc(1, sizeof(*en));
-    if (!en || !(en->name = strdup(r->name))) { free(en); return NULL; }
+    if (!en || !(en->d.name = strdup(r->d.name))) { free(en); return NULL; }
     en->synthetic = 1;
-    memcpy(en->shape, r->shape, sizeof(int64_t) * (size_t)r->ndim);
-    int gathers = r->op == HVL_ALLGATHER || r->op == HVL_ALLTOALL;
-    if (gathers && r->ndim > 0) en->shape[0] = 0;                 /* contributes no rows */
-    hvl_request q = {r->op, r->dtype, r->reduce_op, r->root_rank, r->process_set, r->ndim, en->name, en->shape,
-                     NULL, NULL, r->prescale, r->postscale, NULL, 0};
-    int64_t bytes = hvl__request_bytes(&q);
-    int64_t out_bytes = r->op == HVL_REDUCESCATTER && r->ndim
-        ? bytes / (en->shape[0] ? en->shape[0] : 1) * hvl_reducescatter_rows(en->shape[0], ps->rank, ps->size)
-        : bytes;
-    void *in = calloc((size_t)bytes + 1, 1), *out = gathers ? NULL : calloc((size_t)out_bytes + 1, 1);
-    if (r->op == HVL_ALLTOALL) en->splits = calloc((size_t)ps->size, sizeof(int64_t));
-    q.input = in;
-    q.output = out;
-    q.splits = en->splits;
-    q.nsplits = r->op == HVL_ALLTOALL ? ps->size : 0;
-    en->req = q;
-    if (!in || (!gathers && !out) || (r->op == HVL_ALLTOALL && !en->splits)) {
+    char *name = en->d.name;
+    en->d = r->d;
+    en->d.name = name;
+    int gathers = hvl__op_is(r->d.op, HVL_OPF_FREE_DIM0);
+    if (gathers && r->d.ndim > 0) en->d.shape[0] = 0;                 /* contributes no rows */
+    int64_t bytes = hvl__desc_bytes(&en->d), rows = en->d.shape[0] ? en->d.shape[0] : 1;
+    int64_t out_bytes = r->d.op == HVL_REDUCESCATTER && r->d.ndim
+        ? bytes / rows * hvl_reducescatter_rows(en->d.shape[0], ps->rank, ps->size) : bytes;
+    en->input = calloc((size_t)bytes + 1, 1);
+    en->output = gathers ? NULL : calloc((size_t)out_bytes + 1, 1);
+    en->nsplits = r->d.op == HVL_ALLTOALL ? ps->size : 0;
+    if (en->nsplits) en->splits = calloc((size_t)ps->size, sizeof(int64_t));
+    if (!en->input || (!gathers && !en->output) || (en->nsplits && !en->splits)) {
         hvl_outcome none = {0};
         synthetic_free(en, &none);
         return NULL;
@@ -231,21 +229,71 @@ hvl_entry *hvl__entry_synthesize(hvl_engine *e, const hvl_response *r)
     return en;
 }
 
+int hvl__queue_claim(hvl_engine *e, const hvl_response_list *agreed, const hvl_response **resps,
+                     hvl_entry **entries, int *n)
+{
+    *n = 0;
+    for (int i = 0; i < agreed->count; i++) {
+        const hvl_response *r = &agreed->items[i];
+        hvl_entry *en = hvl__strmap_get(&e->pending, r->d.name);
+        if (r->status == HVL_ERR_TIMEOUT) {   /* stall shutdown: every rank stops here */
+            int rc = hvl__fail(HVL_ERR_TIMEOUT, "%s", r->error ? r->error : "stall shutdown");
+            if (en) {
+                hvl_outcome o = {.status = r->status, .message = strdup(hvl_last_error())};
+                hvl__entry_finish(e, en, &o);
+            }
+            return rc;
+        }
+        hvl_pset *ps = hvl__pset(e, r->d.process_set);
+        if (!ps || ps->rank < 0) {     /* not a member: nothing to run here (or the set is gone) */
+            if (en) {
+                hvl_outcome o = {.status = HVL_ERR_INVALID_ARG,
+                                 .message = strdup("its process set was removed before it ran")};
+                hvl__entry_finish(e, en, &o);
+            }
+            continue;
+        }
+        if (!en && e->joined && r->status != HVL_OK) continue;   /* not ours to report */
+        if (!en && e->joined && !(en = synthesize(e, r))) return hvl__oom("a joined rank's stand-in");
+        if (!en)
+            return hvl__fail(HVL_ERR_SYSTEM, "agreed tensor '%s' is not pending on rank %d (the ranks are "
+                             "out of step: an hvlite bug)", r->d.name, e->rank);
+        if (r->status != HVL_OK) {
+            hvl_outcome o = {.status = r->status, .message = strdup(r->error ? r->error : "")};
+            hvl__entry_finish(e, en, &o);
+            continue;
+        }
+        resps[*n] = r;
+        entries[(*n)++] = en;
+    }
+    return HVL_OK;
+}
+
 void hvl__entry_finish(hvl_engine *e, hvl_entry *en, hvl_outcome *o)
 {
     if (en->synthetic) { synthetic_free(en, o); return; }
-    hvl__strmap_del(&e->pending, en->name);
+    hvl__strmap_del(&e->pending, en->d.name);
     if (en->prev_pending) en->prev_pending->next_pending = en->next_pending; else e->pending_head = en->next_pending;
     if (en->next_pending) en->next_pending->prev_pending = en->prev_pending; else e->pending_tail = en->prev_pending;
     pthread_mutex_lock(&e->queue_lock);
-    hvl__strmap_del(&e->inflight, en->name);
+    hvl__strmap_del(&e->inflight, en->d.name);
     pthread_mutex_unlock(&e->queue_lock);
     hvl__count(&e->counters.tensors_done, 1);   /* before the waiter can wake and read it */
     hvl__handle_complete(en->handle, o);
     entry_free(en);
 }
 
-void hvl__entries_fail_all(hvl_engine *e, int status, const char *message)
+void hvl__queue_fail_set(hvl_engine *e, int set, const char *message)
+{
+    for (hvl_entry *en = e->pending_head, *next; en; en = next) {
+        next = en->next_pending;
+        if (en->d.process_set != set) continue;
+        hvl_outcome o = {.status = HVL_ERR_INVALID_ARG, .message = strdup(message)};
+        hvl__entry_finish(e, en, &o);
+    }
+}
+
+void hvl__queue_fail_all(hvl_engine *e, int status, const char *message)
 {
     pthread_mutex_lock(&e->queue_lock);
     e->running = 0;

@@ -4,7 +4,8 @@
  * the kernels are pure. Integer scaling is computed in double and rounds toward zero. */
 #include <math.h>
 #include <string.h>
-#include "internal.h"
+#include "kernels.h"
+#include "util.h"
 #include "half.h"
 
 static MPI_Datatype half_type = MPI_DATATYPE_NULL, bhalf_type = MPI_DATATYPE_NULL;
@@ -121,14 +122,6 @@ const char *hvl__dtype_name(int dtype)
     static const char *names[HVL_DTYPE_COUNT] = {"uint8", "int8", "uint16", "int16", "int32", "int64",
                                                  "float16", "bfloat16", "float32", "float64", "bool"};
     return dtype >= 0 && dtype < HVL_DTYPE_COUNT ? names[dtype] : "unknown dtype";
-}
-
-const char *hvl__op_name(int op)
-{
-    static const char *names[HVL_OP_COUNT] = {"allreduce", "allgather", "broadcast", "alltoall",
-                                              "reducescatter", "barrier", "join",
-                                              "add_process_set", "remove_process_set"};
-    return op >= 0 && op < HVL_OP_COUNT ? names[op] : "unknown op";
 }
 
 const char *hvl__reduce_name(int reduce_op)

@@ -10,7 +10,7 @@
 #pragma GCC optimize("O3")
 #endif
 #include <stdint.h>
-#include "internal.h"
+#include "kernels.h"
 #include "half.h"
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

@@ -14,7 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "internal.h"
+#include "autotune.h"
+#include "request.h"
 
 #define MAX_SAMPLES_LIMIT 100   /* the search refits its model on every sample: O(samples^3) */
 #define LOG_HEADER "sample,phase,fusion_threshold,cycle_time_ms,response_cache,cycles,bytes,seconds,bytes_per_second\n"
@@ -34,19 +35,13 @@ struct hvl_autotune {
     double started;             /* wake-up of the sample's first cycle; < 0 before it */
 };
 
-/* What rank 0 tells every rank at startup (one broadcast, same layout everywhere). */
-typedef struct {
-    double autotune, warmup, steps, max_samples, noise, cycle_time_ms;
-    char error[512];            /* rank 0's reason to fail init, or "" */
-} start_msg;
-
 static pthread_mutex_t tuning_lock = PTHREAD_MUTEX_INITIALIZER;   /* a leaf lock */
 static hvl_tuning published;    /* tuning_lock */
 
 static hvl_tune_point in_force(const hvl_engine *e)
 {
     return (hvl_tune_point){e->params.fusion_threshold, e->params.cycle_time_ms,
-                            e->cache != NULL && !e->cache_bypass};
+                            e->params.cache_capacity > 0 && !e->cache_bypass};
 }
 
 static void publish(const hvl_engine *e)
@@ -68,38 +63,29 @@ int hvl_get_tuning(hvl_tuning *out)
     return HVL_OK;
 }
 
-/* Rank 0: its settings, or why they cannot run; opens the log (*log) when asked for. */
-static void rank0_settings(const hvl_params *p, start_msg *m, FILE **log)
+/* Rank 0 (the settings are rank 0's everywhere): why they cannot run, into error ("" if they
+ * can); opens the log (*log) when asked for. */
+static void check_settings(const hvl_params *p, char *error, size_t n, FILE **log)
 {
-    *m = (start_msg){p->autotune != 0, p->autotune_warmup, p->autotune_steps,
-                     p->autotune_max_samples, p->autotune_noise, p->cycle_time_ms, ""};
-    if (!p->autotune) return;
     if (p->autotune_steps < 1)
-        snprintf(m->error, sizeof(m->error), "HVLITE_AUTOTUNE_STEPS_PER_SAMPLE=%d: it must be at least 1",
-                 p->autotune_steps);
+        snprintf(error, n, "HVLITE_AUTOTUNE_STEPS_PER_SAMPLE=%d: it must be at least 1", p->autotune_steps);
     else if (p->autotune_max_samples < 1 || p->autotune_max_samples > MAX_SAMPLES_LIMIT)
-        snprintf(m->error, sizeof(m->error), "HVLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES=%d: it must be 1 to %d",
+        snprintf(error, n, "HVLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES=%d: it must be 1 to %d",
                  p->autotune_max_samples, MAX_SAMPLES_LIMIT);
     else if (!isfinite(p->autotune_noise))
-        snprintf(m->error, sizeof(m->error), "HVLITE_AUTOTUNE_GAUSSIAN_PROCESS_NOISE: it must be a finite number >= 0");
+        snprintf(error, n, "HVLITE_AUTOTUNE_GAUSSIAN_PROCESS_NOISE: it must be a finite number >= 0");
     else if (p->autotune_log[0] && !(*log = fopen(p->autotune_log, "w")))
-        snprintf(m->error, sizeof(m->error), "cannot open HVLITE_AUTOTUNE_LOG '%s' for writing: %s",
-                 p->autotune_log, strerror(errno));
+        snprintf(error, n, "cannot open HVLITE_AUTOTUNE_LOG '%s' for writing: %s", p->autotune_log, strerror(errno));
 }
 
-/* Every rank: takes rank 0's settings and starts tuning; rank 0 also gets the search and log. */
-static int make_tuner(hvl_engine *e, const start_msg *m, FILE *log)
+/* Every rank starts tuning; rank 0 also gets the search and the log (log: owned, may be NULL). */
+static int make_tuner(hvl_engine *e, FILE *log)
 {
     hvl_autotune *t = calloc(1, sizeof(*t));
     if (!t) {
         if (log) fclose(log);
-        return hvl__fail(HVL_ERR_NO_MEMORY, "out of memory starting autotune");
+        return hvl__oom("starting autotune");
     }
-    e->params.autotune = 1;
-    e->params.autotune_warmup = (int)m->warmup;
-    e->params.autotune_steps = (int)m->steps;
-    e->params.autotune_max_samples = (int)m->max_samples;
-    e->params.autotune_noise = m->noise;
     t->state = HVL_AUTOTUNE_TUNING;
     t->started = -1;
     t->log = log;
@@ -109,23 +95,30 @@ static int make_tuner(hvl_engine *e, const start_msg *m, FILE *log)
     if (log && (fputs(LOG_HEADER, log) < 0 || fflush(log) != 0))
         return hvl__fail(HVL_ERR_SYSTEM, "cannot write HVLITE_AUTOTUNE_LOG '%s': %s",
                          e->params.autotune_log, strerror(errno));
-    return hvl__search_create(&t->search, e->params.autotune_max_samples, m->noise, e->cache != NULL);
+    return hvl__search_create(&t->search, e->params.autotune_max_samples, e->params.autotune_noise,
+                              e->params.cache_capacity > 0);
 }
 
 int hvl__autotune_start(hvl_engine *e)
 {
-    start_msg m;
+    char error[HVL_PATH_MAX + 256] = "";   /* room for the log path */
     FILE *log = NULL;
-    if (e->rank == 0) rank0_settings(&e->params, &m, &log);
-    int rc = hvl__mpi_check(MPI_Bcast(&m, (int)sizeof(m), MPI_BYTE, 0, e->comm), "MPI_Bcast (autotune settings)");
-    if (rc == HVL_OK && m.error[0]) rc = hvl__fail(HVL_ERR_INVALID_ARG, "autotune (rank 0's settings): %s", m.error);
-    if (rc == HVL_OK) e->params.cycle_time_ms = m.cycle_time_ms;   /* the same tick everywhere */
-    if (rc == HVL_OK && m.autotune) {
-        rc = make_tuner(e, &m, log);
-        log = NULL;
+    int rc;
+    if (e->rank == 0 && e->params.autotune) check_settings(&e->params, error, sizeof(error), &log);
+    HVL_CHECK_GOTO(hvl__mpi_check(MPI_Bcast(error, (int)sizeof(error), MPI_CHAR, 0, e->comm),
+                                  "MPI_Bcast (autotune settings verdict)"), rc, out);
+    if (error[0]) {
+        rc = hvl__fail(HVL_ERR_INVALID_ARG, "autotune (rank 0's settings): %s", error);
+        goto out;
     }
+    if (e->params.autotune) {
+        rc = make_tuner(e, log);   /* takes the log, also when it fails */
+        log = NULL;
+        if (rc != HVL_OK) goto out;
+    }
+    publish(e);
+out:
     if (log) fclose(log);
-    if (rc == HVL_OK) publish(e);
     return rc;
 }
 
@@ -154,7 +147,7 @@ int hvl__autotune_sync(hvl_engine *e)
     }
     MPI_Request req;
     HVL_CHECK(hvl__mpi_check(MPI_Ibcast(v, 5, MPI_DOUBLE, 0, e->comm, &req), "MPI_Ibcast (autotune values)"));
-    HVL_CHECK(hvl__mpi_wait(e, &req, "autotune values from rank 0"));
+    HVL_CHECK(hvl__mpi_wait(&req, e->params.peer_timeout_s, "autotune values from rank 0"));
     if (!t) return hvl__fail(HVL_ERR_SYSTEM, "rank 0 sent autotune values but autotune is off on rank %d", e->rank);
     e->params.fusion_threshold = (int64_t)v[0];
     e->params.cycle_time_ms = v[1];
@@ -180,8 +173,7 @@ static int64_t payload_bytes(const hvl_response_list *agreed)
     int64_t bytes = 0;
     for (int i = 0; i < agreed->count; i++) {
         const hvl_response *r = &agreed->items[i];
-        if (r->status == HVL_OK && r->op != HVL_BARRIER && r->op != HVL_JOIN)
-            bytes += hvl__shape_elems(r->ndim, r->shape) * hvl_dtype_size(r->dtype);
+        if (r->status == HVL_OK && hvl__op_is(r->d.op, HVL_OPF_DATA)) bytes += hvl__desc_bytes(&r->d);
     }
     return bytes;
 }

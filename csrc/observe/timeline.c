@@ -14,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#include "internal.h"
+#include "timeline_writer.h"
 
 #define MAX_PENDING_BYTES ((size_t)64 << 20)
 
@@ -34,29 +34,14 @@ static int64_t cycle_bytes;
 static hvl_tl_piece *pieces;
 static int npieces, pieces_cap;
 
-static void put(hvl_buf *b, const void *p, size_t n)
-{
-    if (b->bad) return;
-    if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 64 * 1024;
-        while (cap < b->len + n) cap *= 2;
-        char *d = realloc(b->data, cap);
-        if (!d) { b->bad = 1; return; }
-        b->data = d;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, p, n);
-    b->len += n;
-}
-
-static void put_i32(int32_t v) { put(&tl.records, &v, sizeof(v)); }
-static void put_i64(int64_t v) { put(&tl.records, &v, sizeof(v)); }
-static void put_f64(double v) { put(&tl.records, &v, sizeof(v)); }
+static void put_i32(int32_t v) { hvl__buf_put(&tl.records, &v, sizeof(v)); }
+static void put_i64(int64_t v) { hvl__buf_put(&tl.records, &v, sizeof(v)); }
+static void put_f64(double v) { hvl__buf_put(&tl.records, &v, sizeof(v)); }
 static void put_str(const char *s)
 {
     int32_t n = s ? (int32_t)strlen(s) : 0;
     put_i32(n);
-    put(&tl.records, s ? s : "", (size_t)n + 1);
+    hvl__buf_put(&tl.records, s ? s : "", (size_t)n + 1);
 }
 
 /* Takes tl.lock if a record may be added now (open, writer keeping up); else counts the drop. */
@@ -82,8 +67,8 @@ void hvl__tl_submitted(const hvl_entry *en)
 {
     if (!record_begin(HVL_TL_SUBMIT)) return;
     put_f64(en->enqueued_at);
-    put_i32(en->req.op);
-    put_str(en->name);
+    put_i32(en->d.op);
+    put_str(en->d.name);
     record_end();
 }
 
@@ -158,8 +143,7 @@ void hvl__tl_piece(double t_in, double t_reduce, double t_out, int64_t bytes)
 
 static int64_t entry_bytes(const hvl_batch *b, const hvl_entry *en)
 {
-    if (b->op == HVL_ALLREDUCE) return hvl__shape_elems(en->req.ndim, en->shape) * hvl_dtype_size(b->dtype);
-    return hvl__request_bytes(&en->req);
+    return hvl__shape_elems(en->d.ndim, en->d.shape) * hvl_dtype_size(b->dtype);
 }
 
 void hvl__tl_batch(const hvl_batch *b, double t_start, int rc)
@@ -183,10 +167,10 @@ void hvl__tl_batch(const hvl_batch *b, double t_start, int rc)
         put_i32(n);
         put_str(b->backend);
         put_str(rc == HVL_OK ? "" : hvl_last_error());
-        put(&tl.records, pieces + first, sizeof(hvl_tl_piece) * (size_t)n);
+        hvl__buf_put(&tl.records, pieces + first, sizeof(hvl_tl_piece) * (size_t)n);
         for (int i = 0; i < b->count; i++) {
             put_i64(entry_bytes(b, b->entries[i]));
-            put_str(b->entries[i]->name);
+            put_str(b->entries[i]->d.name);
         }
         record_end();
     }

@@ -24,7 +24,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
-#include "internal.h"
+#include "timeline_writer.h"
 
 #define GAP_MIN ((int64_t)256 << 10)
 

@@ -26,7 +26,8 @@
 #include <time.h>
 #include <unistd.h>
 #include <sys/prctl.h>
-#include "internal.h"
+#include "kernels.h"
+#include "timeline_writer.h"
 
 typedef struct {
     int tid;
@@ -286,7 +287,7 @@ static void batch_entry(writer_t *w, const batch_t *b, const char *name, int64_t
         hvl__json_str(&w->out, b->error);
     }
     HVL_JSON_LIT(&w->out, "}}");
-    if (b->op == HVL_BARRIER || b->op == HVL_JOIN) return;    /* negotiation was the whole op */
+    if (!hvl__op_is(b->op, HVL_OPF_DATA)) return;    /* negotiation was the whole op */
     if (b->op != HVL_ALLREDUCE) {
         ev_span(w, tr->tid, b->t0, b->t1, collective);
         HVL_JSON_LIT(&w->out, "}");

@@ -13,7 +13,7 @@
  * neighbours, so a single lucky sample does not decide. */
 #include <math.h>
 #include <stdlib.h>
-#include "internal.h"
+#include "autotune.h"
 
 #define NDIM 3
 #define XI 0.01                 /* EI's margin, in standard deviations of the scores */

@@ -8,27 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "internal.h"
+#include "util.h"
 
-static int reserve(hvl_buf *b, size_t n)
-{
-    if (b->bad) return 0;
-    if (b->len + n < b->cap) return 1;
-    size_t cap = b->cap ? b->cap : 1 << 16;
-    while (cap <= b->len + n) cap *= 2;
-    char *d = realloc(b->data, cap);
-    if (!d) { b->bad = 1; return 0; }
-    b->data = d;
-    b->cap = cap;
-    return 1;
-}
-
-void hvl__json_raw(hvl_buf *b, const char *s, size_t n)
-{
-    if (!reserve(b, n)) return;
-    memcpy(b->data + b->len, s, n);
-    b->len += n;
-}
+void hvl__json_raw(hvl_buf *b, const char *s, size_t n) { hvl__buf_put(b, s, n); }
 
 void hvl__json_int(hvl_buf *b, int64_t v)
 {
@@ -54,7 +36,7 @@ void hvl__json_printf(hvl_buf *b, const char *fmt, ...)
     int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
     if (n < 0) { b->bad = 1; return; }
-    if (!reserve(b, (size_t)n + 1)) return;
+    if (!hvl__buf_reserve(b, (size_t)n + 1)) return;
     va_start(ap, fmt);
     vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
     va_end(ap);

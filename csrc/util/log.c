@@ -12,11 +12,12 @@
 #include <time.h>
 #include <unistd.h>
 #include <sys/syscall.h>
-#include "internal.h"
+#include "util.h"
 
 static int log_level = HVL_LOG_WARNING;
 static int log_rank = -1;
 static __thread char *last_error;      /* grows to fit; freed never (one per thread) */
+static __thread int last_status;       /* the status hvl__fail last returned on this thread */
 static __thread size_t last_error_cap;
 
 static const char *level_names[] = {"TRACE", "DEBUG", "INFO", "WARNING", "ERROR"};
@@ -51,8 +52,7 @@ static pthread_mutex_t once_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static uint64_t key_hash(const char *key)
 {
-    uint64_t h = 1469598103934665603ULL;
-    for (const unsigned char *p = (const unsigned char *)key; *p; p++) h = (h ^ *p) * 1099511628211ULL;
+    uint64_t h = hvl__hash(key, strlen(key), HVL_HASH_SEED);
     return h ? h : 1;   /* 0 marks a free slot */
 }
 
@@ -83,6 +83,7 @@ int hvl__log_once(const char *key, int level, const char *fmt, ...)
 int hvl__fail(int rc, const char *fmt, ...)
 {
     va_list ap;
+    last_status = rc;
     va_start(ap, fmt);
     int need = vsnprintf(NULL, 0, fmt, ap) + 1;   /* messages carry whole tensor names */
     va_end(ap);
@@ -97,6 +98,10 @@ int hvl__fail(int rc, const char *fmt, ...)
     }
     return rc;
 }
+
+int hvl__oom(const char *what) { return hvl__fail(HVL_ERR_NO_MEMORY, "out of memory: %s", what); }
+
+int hvl__last_status(void) { return last_status; }
 
 const char *hvl_last_error(void) { return last_error ? last_error : ""; }
 

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include "internal.h"
+#include "util.h"
 
 int hvl__mpi_check(int mpi_rc, const char *what)
 {
@@ -18,7 +18,7 @@ int hvl__mpi_check(int mpi_rc, const char *what)
     return hvl__fail(HVL_ERR_MPI, "%s failed: %s", what, text);
 }
 
-int hvl__mpi_wait(hvl_engine *e, MPI_Request *req, const char *what)
+int hvl__mpi_wait(MPI_Request *req, double timeout_s, const char *what)
 {
     const double spin_s = 20e-6, max_sleep_s = 200e-6;
     double start = hvl__now(), sleep_s = 5e-6;
@@ -28,10 +28,10 @@ int hvl__mpi_wait(hvl_engine *e, MPI_Request *req, const char *what)
         if (done) return HVL_OK;
         double now = hvl__now();
         if (now - start < spin_s) continue;
-        if (e->params.peer_timeout_s > 0 && now - start > e->params.peer_timeout_s)
+        if (timeout_s > 0 && now - start > timeout_s)
             return hvl__fail(HVL_ERR_TIMEOUT, "%s: no answer from the other ranks for %.0f s "
                              "(HVLITE_PEER_TIMEOUT_SECONDS); a rank has died or hangs outside hvlite",
-                             what, e->params.peer_timeout_s);
+                             what, timeout_s);
         struct timespec ts = {0, (long)(sleep_s * 1e9)};
         nanosleep(&ts, NULL);
         /* Naps grow with the wait so far (a tenth of it, 10..200 us): a peer that arrives soon
@@ -43,15 +43,15 @@ int hvl__mpi_wait(hvl_engine *e, MPI_Request *req, const char *what)
     }
 }
 
-int hvl__allgather_i64(hvl_pset *ps, const int64_t *mine, int count, int64_t *all)
+int hvl__allgather_i64(MPI_Comm comm, const int64_t *mine, int count, int64_t *all)
 {
-    return hvl__mpi_check(MPI_Allgather(mine, count, MPI_INT64_T, all, count, MPI_INT64_T, ps->comm),
+    return hvl__mpi_check(MPI_Allgather(mine, count, MPI_INT64_T, all, count, MPI_INT64_T, comm),
                           "MPI_Allgather (sizes)");
 }
 
-int hvl__alltoall_i64(hvl_pset *ps, const int64_t *mine, int64_t *theirs)
+int hvl__alltoall_i64(MPI_Comm comm, const int64_t *mine, int64_t *theirs)
 {
-    return hvl__mpi_check(MPI_Alltoall(mine, 1, MPI_INT64_T, theirs, 1, MPI_INT64_T, ps->comm),
+    return hvl__mpi_check(MPI_Alltoall(mine, 1, MPI_INT64_T, theirs, 1, MPI_INT64_T, comm),
                           "MPI_Alltoall (splits)");
 }
 
@@ -67,14 +67,17 @@ int hvl__counts_fit_int(const int64_t *bytes, int n, const char *what)
     return HVL_OK;
 }
 
-int hvl__agree(hvl_pset *ps, int local_rc, const char *what)
+int hvl__agree(MPI_Comm comm, int local_rc, const char *what, int *everywhere)
 {
     int mine = local_rc != HVL_OK, any = 0;
     char *mine_text = mine ? strdup(hvl_last_error()) : NULL;
-    int rc = hvl__mpi_check(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, ps->comm), "MPI_Allreduce (agree)");
-    if (rc == HVL_OK && any)
+    *everywhere = 0;
+    int rc = hvl__mpi_check(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm), "MPI_Allreduce (agree)");
+    if (rc == HVL_OK && any) {
+        *everywhere = 1;
         rc = mine ? hvl__fail(HVL_ERR_INVALID_ARG, "%s", mine_text ? mine_text : what)
                   : hvl__fail(HVL_ERR_INVALID_ARG, "%s failed on another rank (its error says why)", what);
+    }
     free(mine_text);
     return rc;
 }

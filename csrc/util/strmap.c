@@ -1,17 +1,12 @@
 /* strmap.c: an open-addressing hash map from C strings to pointers. Not thread-safe: each map
- * is guarded by its owner (see internal.h). The map borrows keys; they must outlive the entry. */
+ * is guarded by its owner (each names its lock). The map borrows keys; they must outlive the entry. */
 #include <stdlib.h>
 #include <string.h>
-#include "internal.h"
+#include "util.h"
 
 static const char tombstone[] = "";  /* marks a deleted slot; compared by address */
 
-static size_t hash(const char *s)
-{
-    size_t h = 1469598103934665603ULL;  /* FNV-1a */
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
-    return h;
-}
+static size_t hash(const char *s) { return (size_t)hvl__hash(s, strlen(s), HVL_HASH_SEED); }
 
 int hvl__strmap_live(const hvl_strmap *m, size_t i)
 {
@@ -33,7 +28,7 @@ static size_t probe(const hvl_strmap *m, const char *key)
 static int rehash(hvl_strmap *m, size_t cap)
 {
     hvl_strmap next = {calloc(cap, sizeof(hvl_strmap_slot)), cap, 0, 0};
-    if (!next.slots) return HVL_ERR_NO_MEMORY;
+    if (!next.slots) return hvl__oom("growing a hash map");
     for (size_t i = 0; i < m->cap; i++)
         if (hvl__strmap_live(m, i)) next.slots[probe(&next, m->slots[i].key)] = m->slots[i], next.count++;
     free(m->slots);

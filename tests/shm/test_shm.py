@@ -221,9 +221,9 @@ def test_backend(config, dtype):
     if config.startswith("shm"):
         assert ran["shm_collectives"] == ran["collectives"] - BIG_BROADCASTS_ON_MPI > 0, ran
     elif config == "mpi":
-        assert ran["shm_collectives"] == 0 and ran["hierarchical_allreduces"] == 0, ran
+        assert ran["shm_collectives"] == 0 and ran["hierarchical_collectives"] == 0, ran
     else:
-        assert ran["shm_collectives"] == 0 and ran["hierarchical_allreduces"] > 0, ran
+        assert ran["shm_collectives"] == 0 and ran["hierarchical_collectives"] > 0, ran
     RESULTS[config, dtype.name] = got
     if config != "shm":
         compare_with_shm(config, dtype, got)
@@ -237,10 +237,10 @@ def test_hierarchical_topology_and_one_collective_each():
     assert hvd.local_size() == hosts.count(hosts[RANK]) and hvd.local_rank() == local_ranks[RANK]
     assert hvd.cross_size() == local_ranks.count(local_ranks[RANK])   # hosts with that local rank
     assert hvd.cross_rank() == hosts[RANK]
-    before = hvd.engine_counters()["hierarchical_allreduces"]
+    before = hvd.engine_counters()["hierarchical_collectives"]
     out = hvd.allreduce(np.full(100003, RANK + 1, np.int64), op=hvd.Sum, name="hier.one")
     assert (out == SIZE * (SIZE + 1) // 2).all()
-    assert hvd.engine_counters()["hierarchical_allreduces"] == before + 1
+    assert hvd.engine_counters()["hierarchical_collectives"] == before + 1
 
 
 def test_no_segment_file_while_running():

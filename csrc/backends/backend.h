@@ -1,0 +1,85 @@
+/* backend.h: the plug-in contract of a data plane ("backend"), and the registry that holds them
+ * (backend.c). A data plane is one file defining one `const hvl_backend` plus one line in the
+ * registry; nothing outside it names it or knows its state.
+ *
+ * The contract:
+ * - Per-set life. When a process set is made (set 0 at init, others when added), the registry
+ *   calls every plane's `open` on every member, in registry order, at the same point of the
+ *   agreed response list, so collective set-up inside `open` lines up across the members. A
+ *   plane leaves in *state what it keeps for that set (a segment, communicators), or NULL when
+ *   it will not serve the set; it may decide that alike on every member only (e.g. from the
+ *   agreed settings and the set's topology). `close` frees the state (clean: an agreed stop, so
+ *   communicators may be freed; otherwise peers may be gone). A plane without state leaves
+ *   both NULL. A non-OK status from `open` is fatal to the engine.
+ * - Choice. For each batch the registry asks, in priority order, every plane that has state for
+ *   the set (or needs none) whether it `can_run` (op, dtype, bytes of the agreed batch: the same
+ *   on every member, so every member picks alike); the first that accepts runs it. MPI accepts
+ *   everything and comes last.
+ * - Collectives run among the members of `ps` (this rank is one); ranks and counts are indexed
+ *   by the rank within the set. Errors follow the engine's rule (util.h): set the message where
+ *   it happens. A failed collective is fatal unless the plane agreed the failure with every
+ *   member first (hvl__agree).
+ * - Counting is the registry's: collectives and bytes per plane, whatever the plane does.
+ * bg thread only. */
+#ifndef HVLITE_BACKEND_H
+#define HVLITE_BACKEND_H
+
+#include "engine.h"
+
+/* A fused allreduce seen as one stream of `count` elements, for a plane that does its own
+ * chunking (the shm plane moves each chunk straight between the tensors and its segment, with
+ * no fusion-buffer copy). fill writes elements [off, off + n) of the batch, prescale applied, to
+ * `to`; drain takes them reduced from `from` into the outputs, average and postscale applied.
+ * Each is called over consecutive ranges, in order, covering [0, count). Owned by execute.c. */
+typedef struct hvl_stream {
+    int64_t count;
+    int dtype, reduce_op;
+    void (*fill)(struct hvl_stream *s, int64_t off, int64_t n, void *to);
+    void (*drain)(struct hvl_stream *s, int64_t off, int64_t n, const void *from);
+} hvl_stream;
+
+typedef struct {
+    const char *name;
+    int (*open)(hvl_engine *e, hvl_pset *ps, void **state);    /* optional */
+    void (*close)(void *state, int clean);                      /* optional */
+    /* 1 if this plane runs `op` on `dtype` for `bytes` of payload among `ps`. */
+    int (*can_run)(const hvl_engine *e, const hvl_pset *ps, const void *state, int op, int dtype,
+                   int64_t bytes);
+    /* In place when src == dst. count elements. */
+    int (*allreduce)(hvl_engine *e, hvl_pset *ps, void *state, const void *src, void *dst,
+                     int64_t count, int dtype, int reduce_op);
+    /* dst receives rank r's rank_bytes[r] bytes at the sum of the earlier ranks' bytes. */
+    int (*allgatherv)(hvl_engine *e, hvl_pset *ps, void *state, const void *src, void *dst,
+                      const int64_t *rank_bytes);
+    int (*broadcast)(hvl_engine *e, hvl_pset *ps, void *state, void *buf, int64_t bytes, int root);
+    /* send_bytes[r] bytes go to rank r; recv_bytes[r] come from rank r; blocks back to back. */
+    int (*alltoallv)(hvl_engine *e, hvl_pset *ps, void *state, const void *src,
+                     const int64_t *send_bytes, void *dst, const int64_t *recv_bytes);
+    /* dst receives this rank's counts[rank] elements of the reduction of src. */
+    int (*reducescatter)(hvl_engine *e, hvl_pset *ps, void *state, const void *src, void *dst,
+                         const int64_t *counts, int dtype, int reduce_op);
+    /* Optional (NULL: the engine calls .allreduce on HVLITE_ALLREDUCE_PIECE pieces). */
+    int (*allreduce_stream)(hvl_engine *e, hvl_pset *ps, void *state, hvl_stream *s);
+} hvl_backend;
+
+/* The plane chosen for one batch: its backend, its state for the batch's set, its registry slot. */
+typedef struct hvl_plane {
+    const hvl_backend *be;
+    void *state;
+    int index;
+} hvl_plane;
+
+/* Registry (backend.c). open: every plane's open for a new set, on its members (collective);
+ * on failure the planes opened so far are closed again. close: every plane's close. */
+int hvl__planes_open(hvl_engine *e, hvl_pset *ps);
+void hvl__planes_close(hvl_pset *ps, int clean);
+/* The first plane, in priority order, that runs this batch (MPI takes every batch). */
+hvl_plane hvl__plane_for(const hvl_engine *e, const hvl_pset *ps, int op, int dtype, int64_t bytes);
+/* Counts one collective of `bytes` run by p (any thread reads them: hvl_get_backend_counters). */
+void hvl__plane_count(hvl_engine *e, const hvl_plane *p, int64_t bytes);
+
+extern const hvl_backend hvl__backend_mpi;
+extern const hvl_backend hvl__backend_shm;    /* every member on this host */
+extern const hvl_backend hvl__backend_hier;   /* allreduce across hosts: shm, MPI, shm */
+
+#endif /* HVLITE_BACKEND_H */

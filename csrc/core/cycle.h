@@ -1,0 +1,83 @@
+/* cycle.h: the steps of the engine's cycle, in the order engine.c runs them:
+ *     queue (take new requests) -> negotiation (agree on what runs) -> claim (responses meet
+ *     this rank's entries) -> fusion (batches) -> execution (data planes) -> completion (handles)
+ * Each step is one file; this header is their contract with engine.c and with each other.
+ * bg thread only, except where a function says otherwise. */
+#ifndef HVLITE_CYCLE_H
+#define HVLITE_CYCLE_H
+
+#include "engine.h"
+
+/* ---- handles (handle.c): what a waiting user thread sees ---- */
+int hvl__handle_new(int64_t *id);                                   /* under queue_lock */
+typedef struct {
+    int status;
+    char *message;              /* moved into the handle */
+    void *result;               /* moved into the handle (allgather, alltoall); hvl_buffer_free */
+    int64_t result_bytes;
+    int ndim;
+    int64_t shape[HVL_MAX_DIMS];
+    int64_t *recv_splits;       /* moved into the handle */
+    int nsplits;                /* entries of recv_splits */
+    int64_t value;              /* join: the last rank that joined; add_process_set: the set id */
+} hvl_outcome;
+/* Completes a handle; waiters see it at the next hvl__handles_notify (once per batch, so a fused
+ * batch of many tensors wakes a waiting thread once, not once per tensor). */
+void hvl__handle_complete(int64_t id, hvl_outcome *o);
+void hvl__handles_notify(void);
+void hvl__handles_fail_all(int status, const char *message);        /* every pending handle */
+
+/* ---- queue (queue.c): the door into the engine and the life of an entry ---- */
+int hvl__queue_drain(hvl_engine *e);                                 /* queue -> pending */
+/* Pairs this cycle's agreed responses with this rank's entries, in order. An error response
+ * (a mismatch, ...) finishes its entry with that error at once; a response of a set this rank
+ * is not in (or that was removed) is skipped; on a joined rank a tensor it never submitted
+ * gets a stand-in entry (zero input, scratch output). The pairs of OK responses go to
+ * resps[]/entries[] (room for agreed->count), *n their count. HVL_ERR_TIMEOUT for a stall
+ * shutdown response (fatal: every rank stops at it); HVL_ERR_SYSTEM if an agreed tensor is not
+ * pending here (a bug: the ranks are out of step). */
+int hvl__queue_claim(hvl_engine *e, const hvl_response_list *agreed, const hvl_response **resps,
+                     hvl_entry **entries, int *n);
+/* The one completion call: completes en's handle with o (moved) and frees the entry. */
+void hvl__entry_finish(hvl_engine *e, hvl_entry *en, hvl_outcome *o);
+void hvl__queue_fail_set(hvl_engine *e, int set, const char *message);  /* pending entries of a set */
+void hvl__queue_fail_all(hvl_engine *e, int status, const char *message);  /* stops accepting */
+
+/* ---- negotiation (negotiate.c with cache.c and coordinator.c): agree with every rank on
+ * what runs this cycle, in order ---- */
+int hvl__negotiation_create(hvl_engine *e, hvl_negotiation **out);
+void hvl__negotiation_destroy(hvl_negotiation *n);
+int hvl__negotiate(hvl_engine *e, hvl_response_list *out);
+void hvl__negotiation_sets_changed(hvl_negotiation *n);             /* a set was added */
+void hvl__negotiation_drop_set(hvl_negotiation *n, int set);        /* a set was removed */
+
+/* ---- fusion (fusion.c): agreed responses -> batches that share one collective ---- */
+typedef struct {
+    int op, dtype, reduce_op, root_rank;
+    int target_set;             /* remove_process_set: the set it removes */
+    int last_joined;            /* join: the rank that joined last */
+    double prescale, postscale;
+    hvl_pset *ps;               /* the set it runs among */
+    int count;                  /* entries in this batch */
+    hvl_entry **entries;        /* borrowed from the pending map */
+    int64_t bytes;              /* payload, from the agreed responses (the same on every rank) */
+    const char *backend;        /* set by execute.c: the data plane that ran it (static) */
+    int failed_everywhere;      /* set by the run: its error was agreed by every member, so it
+                                   fails this batch only and the engine goes on */
+} hvl_batch;
+typedef struct { hvl_batch *items; int count; hvl_entry **entry_store; } hvl_batch_list;
+/* Groups the agreed OK responses (resps[i] is entries[i]'s) in order; same result on every rank. */
+int hvl__fuse(hvl_engine *e, const hvl_response **resps, hvl_entry **entries, int n, hvl_batch_list *out);
+void hvl__batches_free(hvl_batch_list *l);
+
+/* ---- execution (execute.c, gather.c) ---- */
+struct hvl_plane;
+/* Runs the batches in order and finishes their entries. A failed collective is fatal (the
+ * ranks may be out of step) unless the batch says it failed everywhere; the fatal status is
+ * returned. */
+int hvl__execute(hvl_engine *e, hvl_batch_list *batches);
+/* gather.c: allgather (fused batches) and alltoall; results go into o[] (one per entry). */
+int hvl__run_allgather(hvl_engine *e, const struct hvl_plane *p, hvl_batch *b, hvl_outcome *o);
+int hvl__run_alltoall(hvl_engine *e, const struct hvl_plane *p, hvl_batch *b, hvl_outcome *o);
+
+#endif /* HVLITE_CYCLE_H */

@@ -1,0 +1,131 @@
+/* engine.h: the engine's state, which every part of the cycle reads: settings (param.c), the one
+ * engine instance and its life status (state.c), and the process sets (pset.c).
+ *
+ * Threads: "user" threads call hvl_enqueue/hvl_wait/...; the one background ("bg") thread runs
+ * the cycle (engine.c). Each shared field below names the lock that guards it. Lock order,
+ * written once: queue_lock before handle_lock; never take queue_lock while holding handle_lock.
+ * Leaf locks (nothing else is taken while held): autotune's tuning_lock, the buffer pool's lock,
+ * the timeline's locks. Atomic flags (shutdown_requested, fatal) use acquire/release: a reader
+ * that sees the flag set also sees what was written before it. */
+#ifndef HVLITE_ENGINE_H
+#define HVLITE_ENGINE_H
+
+#include "request.h"
+
+typedef struct hvl_engine hvl_engine;
+typedef struct hvl_negotiation hvl_negotiation;   /* negotiate.c: cache, coordinator, ready bits */
+typedef struct hvl_autotune hvl_autotune;         /* observe/autotune.c */
+
+/* ---- settings (param.c) ---- */
+#define HVL_PATH_MAX 4096            /* longest file path setting, with its NUL */
+typedef struct {
+    int64_t fusion_threshold;   /* bytes; one fused collective carries at most this much */
+    int64_t allreduce_piece;    /* bytes an allreduce moves per collective call (0 = all) */
+    double cycle_time_ms;       /* bg thread tick while requests are pending */
+    int cache_capacity;         /* response cache entries; 0 disables the cache */
+    double stall_check_s;       /* warn about tensors some ranks have not submitted; 0 = off */
+    double stall_shutdown_s;    /* stop the engine on every rank over such a tensor; 0 = off */
+    double peer_timeout_s;      /* a wait on peers that takes longer fails the engine */
+    int log_level;
+    int autotune;               /* 1: autotune tunes fusion threshold, cycle time, cache use */
+    int autotune_warmup;        /* samples measured and discarded before the search */
+    int autotune_steps;         /* engine cycles that did work per sample */
+    int autotune_max_samples;   /* samples the search scores before it settles */
+    double autotune_noise;      /* the search's noise variance on standardised scores */
+    char autotune_log[HVL_PATH_MAX];   /* CSV of every sample (rank 0); "" = none */
+    char timeline_path[HVL_PATH_MAX];  /* "" = no timeline at start (rank 0's value is used) */
+    int timeline_mark_cycles;
+    int shm_disable;            /* 1: never use the shared-memory data plane */
+    int hierarchical_allreduce; /* 1: multi-host allreduces go shm -> MPI among hosts -> shm */
+    int64_t shm_chunk;          /* bytes per shared-memory pipeline step (per rank and buffer) */
+    int test_fake_hosts;        /* tests only: split each host's ranks as if on this many hosts */
+} hvl_params;
+
+/* Reads HVLITE_* (and HOROVOD_*) silently; cannot fail. Bad values keep their defaults. */
+void hvl__params_load(hvl_params *p);
+/* Warns (once per process each) about unknown HVLITE_* names and bad values. bg thread, after
+ * the rank is known, so the lines carry it. */
+void hvl__params_warn(void);
+void hvl__params_log(const hvl_params *p);
+/* Collective over comm: every setting the table marks "agreed" (those every rank must share to
+ * build the same batches and run the same data planes) takes rank 0's value. */
+int hvl__params_agree(hvl_params *p, MPI_Comm comm);
+
+/* ---- process sets (pset.c); the table is identical on every rank ---- */
+#define HVL_MAX_BACKENDS 8
+typedef struct hvl_pset {
+    int id;                     /* 0 = every rank */
+    int size;                   /* members */
+    int rank;                   /* this process's rank among the members; -1 if not one */
+    int *ranks;                 /* members' global ranks, ascending (owned) */
+    MPI_Comm comm;              /* the members' communicator; MPI_COMM_NULL on non-members */
+    int one_host;               /* every member runs on this process's host */
+    /* Each data plane's own state for this set (backends/backend.c opens and closes them; the
+     * index is the plane's place in the registry). NULL: that plane does not serve the set. */
+    void *plane_state[HVL_MAX_BACKENDS];
+} hvl_pset;
+int hvl__psets_create(hvl_engine *e);                /* the global set 0, from e->comm */
+void hvl__psets_destroy(hvl_engine *e, int clean);   /* clean: communicators may be freed */
+hvl_pset *hvl__pset(hvl_engine *e, int id);          /* NULL if there is no such set */
+int hvl__pset_rank_of(const hvl_pset *ps, int global_rank);   /* -1 if not a member */
+/* Collective over every rank (all run it at the same point): checks every rank passed the same
+ * ascending members, then builds the set, its communicator and its data planes' state; *id_out
+ * is its id. HVL_ERR_INVALID_ARG with *everywhere = 1 for different lists or a duplicate of an
+ * existing set (every rank fails alike: not fatal). */
+int hvl__pset_add(hvl_engine *e, const int64_t *members, int n, int *id_out, int *everywhere);
+void hvl__pset_remove(hvl_engine *e, int id);        /* frees the set; cannot fail */
+/* Any thread, under queue_lock: set id's size, this rank's rank in it (-1: not a member) and,
+ * if other_rank is not NULL, global rank `other`'s. HVL_ERR_INVALID_ARG if there is no such set. */
+int hvl__pset_lookup(hvl_engine *e, int id, int *size, int *rank, int other, int *other_rank);
+
+/* ---- the engine (one instance, state.c) ---- */
+struct hvl_engine {
+    /* set once by the bg thread before init completes, read-only afterwards */
+    MPI_Comm comm;              /* dup of COMM_WORLD, MPI_ERRORS_RETURN */
+    MPI_Comm local_comm, cross_comm;
+    int rank, size, local_rank, local_size, cross_rank, cross_size;
+    int thread_multiple;
+    int mpi_initialized_here;
+    hvl_params params;          /* agreed settings come from rank 0 (hvl__params_agree) */
+
+    /* queue_lock */
+    pthread_mutex_t queue_lock;
+    pthread_cond_t wake_cond;   /* signalled on enqueue and shutdown */
+    hvl_entry *queue_head, *queue_tail;
+    hvl_strmap inflight;        /* engine name -> entry, for the duplicate-name check */
+    int running;                /* accepting requests */
+    int bursts;                 /* open hvl_burst_begin calls: enqueue does not wake bg */
+    hvl_pset **psets;           /* indexed by set id; NULL where a set was removed. Changed by bg
+                                   under queue_lock; bg reads it without the lock */
+    int npsets;
+
+    /* atomics */
+    int shutdown_requested;
+    int fatal;                  /* sticky hvl_status of a fatal engine error */
+
+    /* bg thread only */
+    hvl_strmap pending;         /* engine name -> entry taken from the queue, not yet done */
+    hvl_entry *pending_head, *pending_tail;   /* the same entries, in enqueue order */
+    int joined;                 /* this rank's join is pending: stand in for its tensors */
+    hvl_negotiation *negotiation;
+    int cache_bypass;           /* autotune: every request goes through rank 0, not the cache */
+    hvl_autotune *autotune;     /* NULL unless HVLITE_AUTOTUNE */
+    char *fusion_buf;           /* fused allreduce pieces, packed allgather blocks */
+    int64_t fusion_cap;
+    char *scratch_buf;          /* prescaled reducescatter input, gathered allgather blocks */
+    int64_t scratch_cap;
+
+    hvl_counters counters;      /* written by bg with relaxed atomics, read by anyone */
+    struct { int64_t collectives, bytes; } plane_counts[HVL_MAX_BACKENDS];   /* the same; by registry slot */
+};
+
+extern hvl_engine hvl__engine;
+/* Life status (state.c). The bg thread marks the engine running once startup succeeded, and
+ * stopped (with the reason) when its cycle ends. Any thread may ask. */
+void hvl__mark_running(void);
+void hvl__mark_stopped(const char *why);
+/* HVL_ERR_NOT_INITIALIZED (never started) or HVL_ERR_SHUT_DOWN (with why it stopped), with
+ * the message set. */
+int hvl__not_running(void);
+
+#endif /* HVLITE_ENGINE_H */

@@ -1,0 +1,26 @@
+/* kernels.h: element math, shared by the cycle (scaling, averaging) and the data planes
+ * (reductions): the MPI datatypes and ops of each hvlite dtype and reduce op (reduce.c, with
+ * float16/bfloat16 as MPI user ops), scaling, and the elementwise reduce kernels of the
+ * shared-memory plane (reduce_kernels.c). Pure functions, any thread, except setup/teardown
+ * (bg thread, once MPI is up). */
+#ifndef HVLITE_KERNELS_H
+#define HVLITE_KERNELS_H
+
+#include <mpi.h>
+#include <stdint.h>
+#include "hvlite.h"
+
+int hvl__reduce_setup(void);                 /* creates the float16/bfloat16 MPI types and ops */
+void hvl__reduce_teardown(void);
+MPI_Datatype hvl__mpi_dtype(int dtype);
+MPI_Op hvl__mpi_op(int reduce_op, int dtype);
+/* dst[i] = src[i] * factor (dst may equal src). Integers round toward zero and saturate.
+ * Cannot fail. */
+void hvl__scale(void *dst, const void *src, int64_t count, int dtype, double factor);
+/* out[i] = a[i] op b[i] for n elements; out may be a or b, else no overlap. Average sums.
+ * Integers wrap; bool Sum/Max = any, Min/Product = all. Cannot fail. */
+void hvl__reduce_pair(void *out, const void *a, const void *b, int64_t n, int dtype, int reduce_op);
+const char *hvl__dtype_name(int dtype);
+const char *hvl__reduce_name(int reduce_op);
+
+#endif /* HVLITE_KERNELS_H */

@@ -1,0 +1,50 @@
+"""tools/check_engine.py keeps the engine's shape: the checkout passes, and each rule fails when
+a violation is planted in a copy of the sources (so the check cannot pass vacuously)."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOOL = os.path.join(ROOT, "tools", "check_engine.py")
+
+
+def check(root):
+    return subprocess.run([sys.executable, TOOL, root], capture_output=True, text=True, timeout=60)
+
+
+def test_checkout_keeps_the_rules():
+    out = check(ROOT)
+    assert out.returncode == 0, out.stdout
+
+
+@pytest.fixture
+def copy(tmp_path):
+    for folder in ("csrc", "hvlite"):
+        shutil.copytree(os.path.join(ROOT, folder), tmp_path / folder,
+                        ignore=shutil.ignore_patterns("*.so", "__pycache__", "_core.c"))
+    return tmp_path
+
+
+def plant(path, text):
+    with open(path, "a") as f:
+        f.write(text)
+
+
+@pytest.mark.parametrize("where, text, expected", [
+    ("csrc/core/queue.c", "\nvoid hvl__planted(void) { hvl_init(); }\n", "calls up into the cycle file"),
+    ("csrc/util/util.c", "\nvoid hvl__planted(void) { hvl__queue_drain(0); }\n", "call circle"),
+    ("csrc/core/fusion.c", "\nint hvl__planted(void) { return HVL_ERR_SYSTEM; }\n", "bare 'return HVL_ERR_SYSTEM;'"),
+    ("csrc/core/execute.c", '\n#include "coordinator.h"\n', "private to core/negotiate.c"),
+    ("csrc/core/pset.c", "\nconst void *hvl__planted = &hvl__backend_shm;\n", "names the data plane hvl__backend_shm"),
+    ("csrc/util/strmap.c", '\n#include "engine.h"\n', "util/ includes engine.h"),
+    ("hvlite/ops.py", "\nimport torch\n", "the neutral layer imports torch"),
+    ("hvlite/torch/functions.py", "\nfrom ..tensorflow import ops\n", "hvlite.torch imports hvlite.tensorflow"),
+    ("hvlite/tensorflow/functions.py", "\nimport hvlite.torch\n", "hvlite.tensorflow imports hvlite.torch"),
+])
+def test_a_planted_violation_is_reported(copy, where, text, expected):
+    plant(copy / where, text)
+    out = check(str(copy))
+    assert out.returncode == 1 and expected in out.stdout, out.stdout

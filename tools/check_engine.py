@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Checks the engine's shape rules (csrc/) and the Python layering rules, so they stay true.
+
+Usage: ``python tools/check_engine.py [ROOT]`` (ROOT: a checkout, default this one). Prints each
+broken rule with the file and line, and exits 1 if there is any (0 otherwise). It reads the
+sources as text; nothing is built or imported.
+
+Rules (the reasons are in ../shared/DESIGN.md and the headers named):
+1. No call circles between C files: the graph "file A calls a function defined in file B" has
+   no cycle, so every file has a place in one order, and core/engine.c (the cycle's life) is on
+   top: no other file calls a function it defines.
+2. The error rule (csrc/util/util.h): no ``return HVL_ERR_...;`` — every error sets its message
+   where it happens (hvl__fail / hvl__oom) and callers pass the status on.
+3. Private headers stay private: cache.h and coordinator.h belong to the negotiation
+   (core/negotiate.c and their own .c), shm.h to backends/, timeline_writer.h to observe/.
+4. A data plane is named only in backends/: nothing else mentions ``hvl__backend_<name>`` or
+   includes a plane's private header.
+5. util/ and kernels/ know nothing of the engine: they include only their own headers and
+   hvlite.h (util.h for kernels).
+6. The Python neutral layer (hvlite/*.py, hvlite/runner/) imports neither torch nor tensorflow;
+   hvlite/torch and hvlite/tensorflow never import each other.
+"""
+import ast
+import os
+import re
+import sys
+
+DEFINITION = re.compile(r"^(?!static\b|typedef\b|extern\b|#|\s)[A-Za-z_][\w \*]*?\b(hvl_?\w+)\s*\(", re.M)
+INCLUDE = re.compile(r'^#include "([^"]+)"', re.M)
+BARE_ERROR = re.compile(r"\breturn\s+HVL_ERR_\w+\s*;")
+
+PRIVATE_HEADERS = {
+    "cache.h": ("core/negotiate.c", "core/cache.c"),
+    "coordinator.h": ("core/negotiate.c", "core/coordinator.c"),
+    "shm.h": ("backends/",),
+    "timeline_writer.h": ("observe/",),
+}
+LEAF_FOLDERS = {"util/": {"util.h", "hvlite.h"}, "kernels/": {"kernels.h", "half.h", "util.h", "hvlite.h"}}
+
+
+def strip_c(text):
+    """C text without comments and string/char literals (same line numbers)."""
+    def blank(m):
+        return re.sub(r"[^\n]", " ", m.group(0))
+    return re.sub(r'/\*.*?\*/|//[^\n]*|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', blank, text, flags=re.S)
+
+
+def c_files(csrc):
+    for here, dirs, files in os.walk(csrc):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith((".c", ".h")):
+                path = os.path.join(here, name)
+                yield os.path.relpath(path, csrc).replace(os.sep, "/"), open(path).read()
+
+
+def line_of(text, pos):
+    return text.count("\n", 0, pos) + 1
+
+
+def find_cycle(edges):
+    """One cycle (a list of nodes) in the directed graph, or None."""
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def check_c(root):
+    csrc = os.path.join(root, "csrc")
+    files = dict(c_files(csrc))
+    code = {name: strip_c(text) for name, text in files.items()}
+    problems = []
+    defined = {}
+    for name, text in code.items():
+        if name.endswith(".c"):
+            for m in DEFINITION.finditer(text):
+                line_end = text.find("\n", m.start())
+                if not text[m.start():line_end].rstrip().endswith(";"):
+                    defined[m.group(1)] = name
+    calls = {}
+    for name, text in code.items():
+        if not name.endswith(".c"):
+            continue
+        for fn, home in defined.items():
+            if home != name and re.search(r"\b%s\s*\(" % re.escape(fn), text):
+                calls.setdefault(name, {}).setdefault(home, []).append(fn)
+    for caller, callees in sorted(calls.items()):
+        if "core/engine.c" in callees:
+            problems.append("%s calls up into the cycle file core/engine.c: %s"
+                            % (caller, ", ".join(callees["core/engine.c"])))
+    cycle = find_cycle({a: set(b) for a, b in calls.items()})
+    if cycle:
+        links = ["%s -> %s (%s)" % (a, b, ", ".join(sorted(set(calls[a][b]))[:3])) for a, b in zip(cycle, cycle[1:])]
+        problems.append("call circle: " + "; ".join(links))
+    for name, text in code.items():
+        for m in BARE_ERROR.finditer(text):
+            problems.append("%s:%d: bare '%s': set the message where the error happens (hvl__fail/hvl__oom)"
+                            % (name, line_of(text, m.start()), m.group(0)))
+        for m in INCLUDE.finditer(files[name]):
+            header = m.group(1)
+            owners = PRIVATE_HEADERS.get(header)
+            if owners and not name.startswith(owners) and os.path.basename(name) != header:
+                problems.append("%s:%d: includes %s, private to %s" % (name, line_of(files[name], m.start()),
+                                                                       header, " and ".join(owners)))
+            for folder, allowed in LEAF_FOLDERS.items():
+                if name.startswith(folder) and header not in allowed:
+                    problems.append("%s:%d: %s includes %s; it may include only %s"
+                                    % (name, line_of(files[name], m.start()), folder, header, ", ".join(sorted(allowed))))
+        if not name.startswith("backends/"):
+            for m in re.finditer(r"\bhvl__backend_(?!for\b)\w+", text):
+                problems.append("%s:%d: names the data plane %s outside backends/"
+                                % (name, line_of(text, m.start()), m.group(0)))
+    return problems
+
+
+def imports(path):
+    tree = ast.parse(open(path).read(), path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            yield node.lineno, base
+
+
+def check_python(root):
+    package = os.path.join(root, "hvlite")
+    problems = []
+    for here, dirs, files in os.walk(package):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        rel_dir = os.path.relpath(here, package).replace(os.sep, "/")
+        adapter = rel_dir.split("/")[0] if rel_dir.split("/")[0] in ("torch", "tensorflow") else None
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(here, name)
+            rel = os.path.relpath(path, root).replace(os.sep, "/")
+            depth = 0 if rel_dir == "." else rel_dir.count("/") + 1
+            for lineno, module in imports(path):
+                top = module.lstrip(".").split(".")[0]
+                dots = len(module) - len(module.lstrip("."))
+                if adapter is None and not dots and top in ("torch", "tensorflow", "keras"):
+                    problems.append("%s:%d: the neutral layer imports %s" % (rel, lineno, top))
+                # a relative import that climbs to the package root and enters the other adapter
+                other = {"torch": "tensorflow", "tensorflow": "torch"}.get(adapter)
+                if other and ((dots == depth + 1 and top == other) or module == "hvlite." + other
+                              or module.startswith("hvlite.%s." % other)):
+                    problems.append("%s:%d: hvlite.%s imports hvlite.%s" % (rel, lineno, adapter, other))
+    return problems
+
+
+def main(argv):
+    root = os.path.abspath(argv[1] if len(argv) > 1 else os.path.join(os.path.dirname(__file__), ".."))
+    problems = check_c(root) + check_python(root)
+    for p in problems:
+        print(p)
+    print("%d problem(s)" % len(problems) if problems else "engine shape and layering: ok")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
