@@ -60,7 +60,7 @@ def test_topology_shm_process_sets_hierarchical(sim, hosts, hierarchical, tmp_pa
     placed = [h.split(":")[0] for h in hosts.split(",") for _ in range(int(h.split(":")[1]))]
     assert all(host == placed[int(r)] for r, host, _ in ok), ok  # each rank on its own host
     if hierarchical:
-        assert all(json.loads(c)["hierarchical_allreduces"] >= 1 for _, _, c in ok), ok
+        assert all(json.loads(c)["hierarchical_collectives"] >= 1 for _, _, c in ok), ok
     # every host with a rank exchanged at least the big allreduce's payload over its link
     assert_crossed(job, sorted(set(placed)), BIG // 2)
     trace = timeline_trace.load(str(timeline))

@@ -84,21 +84,24 @@ def check_process_sets():
     assert (on_host > 0) == (LAYOUT[h] > 1), \
         "rank %d: %d shm collectives for its host's set of %d ranks" % (R, on_host, LAYOUT[h])
     if across is not None and R in spanning:
-        before = hvd.engine_counters()["shm_collectives"]
+        before = hvd.engine_counters()
         check_dtypes(across, spanning)
-        assert hvd.engine_counters()["shm_collectives"] == before, \
+        after = hvd.engine_counters()
+        assert after["shm_collectives"] == before["shm_collectives"], \
             "rank %d: a set spanning hosts ran on the shared-memory plane" % R
+        assert after["mpi_collectives"] > before["mpi_collectives"], \
+            "rank %d: a set spanning hosts did not run on the MPI plane" % R
     hvd.barrier()
 
 
 def check_hierarchical():
     if os.environ.get("HVLITE_HIERARCHICAL_ALLREDUCE") != "1":
         return
-    before = hvd.engine_counters()["hierarchical_allreduces"]
+    before = hvd.engine_counters()["hierarchical_collectives"]
     xs = [inputs(11, r, np.dtype(np.float64), (100003,)) for r in range(N)]
     got = hvd.allreduce(xs[R], op=hvd.Sum, name="spread.hier")
     assert_equal(got, reduce(np.stack(xs), "Sum", np.dtype(np.float64), N), "hierarchical allreduce")
-    ran = hvd.engine_counters()["hierarchical_allreduces"] - before
+    ran = hvd.engine_counters()["hierarchical_collectives"] - before
     assert ran == 1, "rank %d: %d hierarchical allreduces, expected 1" % (R, ran)
 
 
@@ -109,6 +112,7 @@ check_process_sets()
 check_hierarchical()
 counters = hvd.engine_counters()
 print("spread OK rank %d host %s %s" % (R, socket.gethostname(), json.dumps(
-    {k: counters[k] for k in ("collectives", "shm_collectives", "hierarchical_allreduces")})),
+    {k: counters[k] for k in ("collectives", "shm_collectives", "hierarchical_collectives",
+                              "mpi_collectives")})),
     flush=True)
 hvd.shutdown()
