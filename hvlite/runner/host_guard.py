@@ -33,6 +33,7 @@ from typing import List, Optional, Sequence
 from .control import ENV_HOST
 from .control_client import ControlClient, ControlError
 from .proctree import become_subreaper, kill_tree, reap_zombies
+from .shm_files import ShmWatcher, remove_unused
 
 __all__ = ["KILL_GRACE_SECONDS", "STOP_DELAY_SECONDS", "read_secret", "main"]
 
@@ -60,6 +61,7 @@ class _Guard:
         self._lock = threading.Lock()
         self.reason: Optional[str] = None
         self.proxy: Optional[subprocess.Popen] = None
+        self.shm: Optional[ShmWatcher] = None     # the job's /dev/shm files on this host
 
     def end(self, reason: str, delay: float = 0.0) -> None:
         """Say why, then end every process below this one after ``delay`` seconds (on a
@@ -71,6 +73,8 @@ class _Guard:
         sys.stderr.write("hvlrun: host %s: %s; ending the job's processes here\n"
                          % (self._host, reason))
         sys.stderr.flush()
+        if self.shm is not None:
+            self.shm.look()                      # while the processes still hold them
         threading.Thread(target=self._kill, args=(delay,), daemon=True).start()
 
     def _kill(self, delay: float) -> None:
@@ -120,11 +124,13 @@ def _run_proxy(command: List[str], host: str, client: ControlClient, guard: _Gua
         client.send("done 127")
         return 127
     client.send("guard %s %d" % (host, guard.proxy.pid))
+    shm = guard.shm = ShmWatcher(os.getpid())
     if guard.reason is not None:  # a stop arrived before the proxy existed
         kill_tree(os.getpid(), KILL_GRACE_SECONDS, keep=[guard.proxy.pid])
     returncode = guard.proxy.wait()
     kill_tree(os.getpid(), KILL_GRACE_SECONDS)   # what the proxy left behind on this host
     reap_zombies()
+    remove_unused(shm.stop())                    # MPI's files a killed rank left in /dev/shm
     code = 128 - returncode if returncode < 0 else returncode
     client.send("done %d" % code)
     return code

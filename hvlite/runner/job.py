@@ -14,6 +14,9 @@ Contract:
     a failure (the message names it and its ranks), else the first failing rank's (earliest
     non-zero ``exit`` report), else 128+signum after SIGINT/SIGTERM, :data:`START_TIMEOUT_CODE` after a start timeout, else the
     launcher's own code (128+signum if a signal ended it); never 0 when the launcher failed.
+  * Once the job is over, the shared-memory files its processes on this host mapped (MPI's
+    per-job files, which a killed rank never unlinks) are removed when nothing maps them any
+    more (``shm_files.py``; each host guard does the same on its host).
   * When the launcher exits with a non-zero code on its own, every client still connected is
     sent ``stop`` too, and what is left of its process group is ended. Control lines that failed authentication are reported in one warning at
     the end.
@@ -28,6 +31,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .shm_files import ShmWatcher, remove_unused
 from .control import ControlServer
 
 __all__ = ["START_TIMEOUT_CODE", "HOST_LOST_CODE", "run_job"]
@@ -40,10 +44,13 @@ _STOP_WAIT_SECONDS = 1.0
 
 
 def _terminate_group(proc: subprocess.Popen, server: ControlServer, reason: str,
-                     grace: float = _KILL_GRACE_SECONDS) -> int:
+                     grace: float = _KILL_GRACE_SECONDS, shm: Optional[ShmWatcher] = None) -> int:
     """Ask every wrapper and guard to stop; :data:`_STOP_WAIT_SECONDS` later, end what is left
     of ``proc``'s process group; return the launcher's code. Asking first lets every rank's
-    wrapper say why its rank ends."""
+    wrapper say why its rank ends. ``shm`` takes a last look at the job's shared-memory files
+    while its processes still hold them."""
+    if shm is not None:
+        shm.look()
     server.stop_all(reason)
     try:
         proc.wait(timeout=_STOP_WAIT_SECONDS)
@@ -77,7 +84,7 @@ def _say(message: str) -> None:
 
 
 def _wait_job(proc: subprocess.Popen, server: ControlServer, np: int, start_timeout: float,
-              caught: List[int], lost: List[str]) -> Optional[int]:
+              caught: List[int], lost: List[str], shm: Optional[ShmWatcher] = None) -> Optional[int]:
     """Wait for ``mpiexec``, ending the job on a signal, a failed rank, a lost host or rank
     (described into ``lost``) or a start timeout.
 
@@ -100,15 +107,15 @@ def _wait_job(proc: subprocess.Popen, server: ControlServer, np: int, start_time
             pass
         if caught:
             _say("got %s, stopping the job" % signal.Signals(caught[0]).name)
-            return _terminate_group(proc, server, "hvlrun got " + signal.Signals(caught[0]).name)
+            return _terminate_group(proc, server, "hvlrun got " + signal.Signals(caught[0]).name, shm=shm)
         failure = server.first_failure()
         if failure is not None:  # one rank failed: the job cannot go on
-            return _terminate_group(proc, server, "rank %d failed" % failure[0])
+            return _terminate_group(proc, server, "rank %d failed" % failure[0], shm=shm)
         gone = server.lost()
         if gone is not None:
             lost.append(gone.message)
             _say("%s; ending the job on every host" % gone.message)
-            return _terminate_group(proc, server, "lost " + gone.who, _LOST_GRACE_SECONDS)
+            return _terminate_group(proc, server, "lost " + gone.who, _LOST_GRACE_SECONDS, shm)
         if deadline is None:
             continue
         missing = sorted(set(range(np)) - set(server.started_ranks()))
@@ -117,7 +124,7 @@ def _wait_job(proc: subprocess.Popen, server: ControlServer, np: int, start_time
         elif time.monotonic() > deadline:
             _say("rank%s %s did not start within %g s" % (
                 "s" if len(missing) > 1 else "", ",".join(map(str, missing)), start_timeout))
-            _terminate_group(proc, server, "start timeout")
+            _terminate_group(proc, server, "start timeout", shm=shm)
             return None
 
 
@@ -149,7 +156,11 @@ def run_job(argv: Sequence[str], env: Dict[str, str], server: ControlServer, np:
             sys.stderr.write("hvlrun: cannot run %s: %s\n" % (argv[0], e))
             return 127
         lost: List[str] = []
-        rc = _wait_job(proc, server, np, start_timeout, caught, lost)
+        shm = ShmWatcher(os.getpid())
+        try:
+            rc = _wait_job(proc, server, np, start_timeout, caught, lost, shm)
+        finally:
+            remove_unused(shm.stop())
     finally:
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
