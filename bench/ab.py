@@ -21,7 +21,7 @@ Contract:
 - Every run gets ``--json PATH`` appended and must write its tables there
   (``harness.write_json``); its output and JSON are kept in ``--out`` (default: a new temporary
   folder), as ``a1.txt``/``a1.json``, ``b1.txt``, .... A run that fails ends ab.py (exit 1) with
-  its output.
+  its output; one that passes ``--timeout`` is killed (its whole process group) and ends it too.
 - Rounds run both sides back to back; ``--order abba`` (default) alternates which goes first
   (AB, BA, AB, ...) so a steady drift favours neither, ``abab`` always runs A first, ``random``
   tosses a seeded coin per round.
@@ -36,6 +36,7 @@ import glob
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -92,15 +93,22 @@ def run_once(label, side, command, cwd, out_dir, timeout):
     """Run the command for one side; returns (tables, seconds). Exits on failure."""
     json_path = os.path.join(out_dir, label + ".json")
     t0 = time.perf_counter()
-    out = subprocess.run(command + ["--json", json_path], env=side_env(side), cwd=cwd,
-                         capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(command + ["--json", json_path], env=side_env(side), cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)     # the run's own group: hvlrun, mpiexec, ranks
+        proc.communicate()
+        sys.exit("ab.py: run %s took more than --timeout %g s; stopped" % (label, timeout))
     seconds = time.perf_counter() - t0
     with open(os.path.join(out_dir, label + ".txt"), "w") as f:
-        f.write(out.stdout + out.stderr)
-    if out.returncode or not os.path.exists(json_path):
+        f.write(stdout + stderr)
+    if proc.returncode or not os.path.exists(json_path):
         sys.exit("ab.py: run %s failed (exit %d; no JSON: %s)\n%s\n%s"
-                 % (label, out.returncode, not os.path.exists(json_path), out.stdout[-3000:],
-                    out.stderr[-3000:]))
+                 % (label, proc.returncode, not os.path.exists(json_path), stdout[-3000:],
+                    stderr[-3000:]))
     with open(json_path) as f:
         return json.load(f)["tables"], seconds
 
