@@ -27,7 +27,8 @@ Contract:
   tosses a seeded coin per round.
 - Printed per table of the command: A's and B's table (each number the median over the rounds),
   then, per row and numeric column, A, B and B/A: the median over rounds of the ratio of the two
-  runs of one round (neighbours in time), with the range of those per-round ratios. Rows are
+  runs of one round (neighbours in time), with the range of those per-round ratios. Text cells
+  that differ between runs (a confidence interval, say) read "(varies)" in A's and B's tables. Rows are
   matched by their key columns; a row missing from some run is left out of the comparison.
 Nothing is asserted about times.
 """
@@ -48,6 +49,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from tables import print_table  # noqa: E402
 
+VARIES = "(varies)"   # a text cell (e.g. a confidence interval) that differs between runs
 PRESETS = {"bench": ["hvlrun", "-np", "2", "python", "bench/allreduce.py"],
            "bench-torch": ["python", "bench/torch_training.py"],
            "step-overhead": ["hvlrun", "-np", "2", "python", "bench/step_overhead.py"]}
@@ -134,14 +136,15 @@ def by_key(table):
 
 
 def median_table(tables):
-    """One table from the same table of several runs: each number the median over the runs
-    (rows of the first run; text cells from it)."""
+    """One table from the same table of several runs (rows of the first run): each number the
+    median over the runs; text the same in every run as it is, else VARIES."""
     k = tables[0]["key_columns"]
     out = []
     for row in tables[0]["rows"]:
         same = [by_key(t).get(tuple(row[:k])) for t in tables]
         cells = zip(*[r for r in same if r])
-        out.append([statistics.median(c) if all(number(v) for v in c) else c[0] for c in cells])
+        out.append([statistics.median(c) if all(number(v) for v in c) else
+                    c[0] if len(set(map(str, c))) == 1 else VARIES for c in cells])
     return out
 
 
@@ -175,12 +178,14 @@ def report(runs, columns):
         n, k = len(a_tables), a_first["key_columns"]
         print("\n=== " + a_first["title"])
         for label, tables in (("A", a_tables), ("B", b_tables)):
-            print_table("%s: median of %d runs" % (label, n), tables[0]["columns"],
+            print_table("%s: median of %d runs; %s: text that differs between runs (each run's "
+                        "table is in its .txt)" % (label, n, VARIES), tables[0]["columns"],
                         [[fmt(v) for v in r] for r in median_table(tables)], k)
-        print_table("B vs A: B/A = median over rounds of (B / A within one round), range = "
-                    "min-max of those per-round ratios", a_first["columns"][:k] +
-                    ["column", "A", "B", "B/A", "range"], compare_rows(a_tables, b_tables, columns),
-                    k)
+        rows = compare_rows(a_tables, b_tables, columns)
+        if rows:
+            print_table("B vs A: B/A = median over rounds of (B / A within one round), range = "
+                        "min-max of those per-round ratios", a_first["columns"][:k] +
+                        ["column", "A", "B", "B/A", "range"], rows, k)
 
 
 def main():
