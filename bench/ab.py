@@ -222,11 +222,13 @@ def main():
     for r, order in enumerate(orders(args.rounds, args.order, args.seed), start=1):
         for s in order:
             cwd = sides[s] if args.cwd == "side" else ROOT
+            load = os.getloadavg()[0]
             tables, took = run_once("%s%d" % (s, r), sides[s], command, cwd, out_dir, args.timeout)
             runs[s].append(tables)
             seconds[s].append(took)
             sequence += s.upper()
-            print("round %d: %s took %.1f s" % (r, s.upper(), took), flush=True)
+            print("round %d: %s took %.1f s (load average before: %.1f, after: %.1f)"
+                  % (r, s.upper(), took, load, os.getloadavg()[0]), flush=True)
     print("\n%d rounds, order %s; wall time per run (median): A %.1f s, B %.1f s"
           % (args.rounds, sequence, statistics.median(seconds["a"]),
              statistics.median(seconds["b"])))

@@ -40,7 +40,10 @@ plane), ``mpi`` the engine with HVLITE_SHM_DISABLE=1. Switching needs an engine 
 (``hvd.shutdown(); hvd.init()``; mpi4py owns MPI, so hvlite can restart in one process), so the
 rounds are split into --blocks blocks; each block runs every plane once, in a random order:
 restart, --warmup rounds per model thrown away, then the block's rounds of every model. The
-models and optimizers live across restarts. Times are printed, never asserted.
+models and optimizers live across restarts. ``--null`` gives the 'dist' copy the plain optimizer
+too: a null run whose overhead CIs should hold 0 (a check that the two copies and the pairing are
+unbiased). The title gives the machine's load average before and after. Times are printed, never
+asserted.
 """
 import argparse
 import copy
@@ -80,15 +83,16 @@ class Subject:
     """One model twice (under DistributedOptimizer, and plain), its batches, and flat buffers of
     its gradient bytes for the reference allreduces."""
 
-    def __init__(self, name, batch_size, seed, comm):
+    def __init__(self, name, batch_size, seed, comm, null=False):
         torch.manual_seed(seed)                   # identical weights on every rank and copy
         self.name, self.batch_size, self.comm = name, batch_size, comm
         self.dist_model, self.make_batch = build(name)
         self.plain_model = copy.deepcopy(self.dist_model)
         self.plain_opt = torch.optim.SGD(self.plain_model.parameters(), lr=0.01, momentum=0.9)
-        self.dist_opt = hvd.DistributedOptimizer(
-            torch.optim.SGD(self.dist_model.parameters(), lr=0.01, momentum=0.9),
-            named_parameters=self.dist_model.named_parameters())
+        self.dist_opt = torch.optim.SGD(self.dist_model.parameters(), lr=0.01, momentum=0.9)
+        if not null:
+            self.dist_opt = hvd.DistributedOptimizer(
+                self.dist_opt, named_parameters=self.dist_model.named_parameters())
         count = sum(p.numel() for p in self.dist_model.parameters() if p.requires_grad)
         self.grad_bytes = 4 * count
         self.flat = torch.zeros(count)            # zeros: sums stay finite (and never denormal)
@@ -214,18 +218,21 @@ def plane_row(name, a, b, rng, resamples):
             "%.2fx" % (a["plain"] / b["plain"])]
 
 
-def report(subjects, planes, runs, shm_used, args, comm):
-    """Print the tables (rank 0) and return them for --json."""
+def report(subjects, planes, runs, shm_used, args, comm, load):
+    """Print the tables (rank 0) and return them for --json. `load`: the 1-minute load
+    averages before and after the measurement (the machine's other work)."""
     rng = np.random.default_rng(args.seed + 1)
     stats = {k: summarize(v, rng, args.bootstrap) for k, v in runs.items()}
     label = {p: p if p != "shm" or shm_used[p] else "shm (unused: MPI)" for p in planes}
     cells = [(s, p, stats[s.name, p]) for s in subjects for p in planes]
     tables = [print_table(
-        "training-step overhead of gradient communication, %d ranks, batch %d per rank: "
+        "%straining-step overhead of gradient communication, %d ranks, batch %d per rank: "
         "overhead = DistributedOptimizer step - plain step, paired per round (random order), "
         "%d rounds per cell in %d blocks; 95%% CIs: percentile bootstrap over rounds (%d "
-        "resamples); hvl / mpi4py: one allreduce of the gradient bytes (times in ms)"
-        % (comm.size, args.batch_size, args.pairs, args.blocks, args.bootstrap),
+        "resamples); hvl / mpi4py: one allreduce of the gradient bytes; load average %.1f "
+        "before, %.1f after (times in ms)"
+        % ("NULL RUN (both copies plain; overhead should be 0): " if args.null else "",
+           comm.size, args.batch_size, args.pairs, args.blocks, args.bootstrap, *load),
         ["model", "plane", "grads", "rounds", "plain step", "overhead med", "95% CI", "+-% ovh",
          "+-% step", "overhead mean", "95% CI", "ovh/step", "hvl allreduce", "mpi4py", "ovh/hvl",
          "95% CI"], [overhead_row(s, label[p], st) for s, p, st in cells], key_columns=2)]
@@ -260,6 +267,9 @@ def main():
     p.add_argument("--seed", type=int, default=0, help="seeds weights, batches, orders, bootstrap")
     p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples")
     p.add_argument("--smoke", action="store_true", help="tiny run for CI: a few seconds")
+    p.add_argument("--null", action="store_true",
+                   help="null run: the 'dist' copy steps with the plain optimizer too, so every "
+                        "overhead CI should hold 0 (checks the pairing)")
     add_json_arg(p)
     args = p.parse_args()
     if args.smoke:
@@ -268,11 +278,13 @@ def main():
     comm = MPI.COMM_WORLD
     torch.set_num_threads(1)
     hvd.init()
-    subjects = [Subject(m, args.batch_size, args.seed, comm) for m in args.models]
+    subjects = [Subject(m, args.batch_size, args.seed, comm, args.null) for m in args.models]
     torch.manual_seed(args.seed + 1 + comm.rank)  # batches: each rank its own data
+    load = [os.getloadavg()[0]]
     runs, shm_used = measure(subjects, args.planes, args, comm)
+    load.append(os.getloadavg()[0])
     if comm.rank == 0:
-        tables = report(subjects, args.planes, runs, shm_used, args, comm)
+        tables = report(subjects, args.planes, runs, shm_used, args, comm, load)
         if args.json:
             write_json(args.json, tables, columns=COLUMNS, seconds={
                 "%s/%s" % k: v.tolist() for k, v in runs.items()})
