@@ -2,7 +2,7 @@
 on a machine whose speed drifts.
 
     hvlrun -np 2 python bench/step_overhead.py                    # MLP and ResNet, shm and MPI
-    hvlrun -np 2 python bench/step_overhead.py --models mlp --pairs 400 --planes shm
+    hvlrun -np 2 python bench/step_overhead.py --models mlp --pairs 400 --blocks 16
     hvlrun -np 2 python bench/step_overhead.py --smoke            # CI: a few seconds
     hvlrun -np 2 python bench/step_overhead.py --json out.json    # + the tables as JSON
 
@@ -21,29 +21,35 @@ SGD (lr 0.01, momentum 0.9), --batch-size per rank, one thread per process. Ever
 after an mpi4py barrier and its time is the slowest rank's.
 
 Per round, overhead = dist - plain. Reported per model and data plane (times in ms):
-1. the plain step; the median and the mean overhead, each with a 95% percentile-bootstrap
-   confidence interval (rounds resampled --bootstrap times, seeded); the median's CI half-width
-   relative to the overhead ("+-% ovh": differences in overhead well below it are noise) and to
-   the plain step ("+-% step"); overhead / plain step; both reference allreduces (medians); and
-   median overhead / median hvl allreduce ("ovh/hvl", CI with the rounds resampled jointly);
+1. the plain step; the median and the mean overhead, each with its 95% confidence interval; the
+   median's CI half-width relative to the overhead ("+-% ovh": differences in overhead well
+   below it are noise) and to the plain step ("+-% step"); overhead / plain step; both reference
+   allreduces (medians); median overhead / median hvl allreduce ("ovh/hvl") with its CI;
 2. the overhead split where the slowest rank's backward ended: before (hooks, communication
    overlapping backward) and after (optimizer.step(): waiting for the allreduces, SGD), each
    median with its CI; the "after" part is short, so its CI is far tighter than the whole
    step's when the step is long;
-3. with two planes: median overhead on one / on the other, with a CI (each plane's rounds
-   resampled on their own).
+3. with two planes: median overhead on one / on the other, with its CI.
 ``--json PATH`` writes the tables and every round's raw times (seconds, the slowest rank's, per
-COLUMNS: each item's duration, and for the two steps when backward ended).
+COLUMNS: each item's duration, and for the two steps when backward ended), block after block.
 
-Data planes: ``shm`` is the engine with HVLITE_SHM_DISABLE=0 (on one host: the shared-memory data
-plane), ``mpi`` the engine with HVLITE_SHM_DISABLE=1. Switching needs an engine restart
-(``hvd.shutdown(); hvd.init()``; mpi4py owns MPI, so hvlite can restart in one process), so the
-rounds are split into --blocks blocks; each block runs every plane once, in a random order:
-restart, --warmup rounds per model thrown away, then the block's rounds of every model. The
-models and optimizers live across restarts. ``--null`` gives the 'dist' copy the plain optimizer
-too: a null run whose overhead CIs should hold 0 (a check that the two copies and the pairing are
-unbiased). The title gives the machine's load average before and after. Times are printed, never
-asserted.
+Blocks: the rounds run in --blocks blocks of equal size (--pairs is rounded up to a multiple);
+each block runs every data plane once, in a random order: engine restart, --warmup rounds per
+model thrown away, then the block's rounds of every model. ``shm`` is the engine with
+HVLITE_SHM_DISABLE=0 (on one host: the shared-memory data plane), ``mpi`` with
+HVLITE_SHM_DISABLE=1; hvlite restarts in one process (``hvd.shutdown(); hvd.init()``: mpi4py owns
+MPI) and the models and optimizers live across restarts.
+
+Confidence intervals: 95%, percentile bootstrap in two stages, --bootstrap resamples (seeded):
+each resample draws --blocks blocks with replacement, then each drawn block's rounds with
+replacement. On a shared machine the other work changes the overhead itself from one stretch of
+time to the next (MLP: 5 to 20 ms between blocks of one run), which resampling rounds alone would
+hide behind a too-narrow interval; with --blocks 1 only round-to-round noise is seen. Every
+model and plane uses the same drawn blocks, so the plane ratio's interval is paired in time.
+
+``--null`` gives the 'dist' copy the plain optimizer too: a null run, whose overhead intervals
+should hold 0 (a check that the two copies and the pairing are unbiased). The title gives the
+machine's load average before and after. Times are printed, never asserted.
 """
 import argparse
 import copy
@@ -127,23 +133,18 @@ class Subject:
         return times
 
 
-def split(total, parts):
-    """`total` rounds over `parts` blocks, as evenly as possible."""
-    return [total // parts + (b < total % parts) for b in range(parts)]
-
-
 def measure(subjects, planes, args, comm):
     """Run the blocks; returns ({(model, plane): times}, {plane: shm data plane used})."""
     order_rng = np.random.default_rng(args.seed)  # same seed on every rank: same order
     start = {n: v for n, v in os.environ.items() if n.startswith(("HVLITE_", "HOROVOD_"))}
     runs = {(s.name, p): [] for s in subjects for p in planes}
     shm_used = {}
-    for per_block in split(args.pairs, args.blocks):
+    for _ in range(args.blocks):
         for plane in [planes[i] for i in order_rng.permutation(len(planes))]:
             restart_engine(hvd, start, PLANES[plane])
             for s in subjects:
                 s.rounds(args.warmup, order_rng)
-                runs[s.name, plane].append(s.rounds(per_block, order_rng))
+                runs[s.name, plane].append(s.rounds(args.per_block, order_rng))
             shm_used[plane] = hvlite.engine_counters()["shm_collectives"] > 0
     restart_engine(hvd, start, {})
     return {k: np.concatenate(v) for k, v in runs.items()}, shm_used
@@ -153,21 +154,28 @@ def interval(values):
     return np.percentile(values, [2.5, 97.5])
 
 
+def resample(chosen, per_block, rng):
+    """Two-stage bootstrap indices into rounds stored block after block: for each resample (row
+    of `chosen`: blocks drawn with replacement) every chosen block's rounds drawn again with
+    replacement. Shape (resamples, blocks * per_block)."""
+    within = rng.integers(0, per_block, size=chosen.shape + (per_block,))
+    return (chosen[..., None] * per_block + within).reshape(len(chosen), -1)
+
+
 def paired(over, ref, idx):
     """Median and mean of the per-round differences `over`, median over / median `ref`, each
     with its 95% percentile-bootstrap interval over the resampled rounds `idx`."""
-    boot_median = np.median(over[idx], axis=1)
-    return {"median": np.median(over), "median_ci": interval(boot_median),
+    boot = np.median(over[idx], axis=1)
+    return {"median": np.median(over), "median_ci": interval(boot), "boot": boot,
             "mean": over.mean(), "mean_ci": interval(over[idx].mean(axis=1)),
             "per_ref": np.median(over) / np.median(ref),
-            "per_ref_ci": interval(boot_median / np.median(ref[idx], axis=1)), "rounds": over}
+            "per_ref_ci": interval(boot / np.median(ref[idx], axis=1))}
 
 
-def summarize(times, rng, resamples):
+def summarize(times, idx):
     """Statistics of one (model, plane): the whole step's overhead, its parts before and after
-    backward ended, and the plain step and reference medians."""
+    backward ended, and the plain step and reference medians; CIs from the resamples `idx`."""
     t = dict(zip(COLUMNS, times.T))
-    idx = rng.integers(0, len(times), size=(resamples, len(times)))
     after = {k: t[k] - t[k + " backward"] for k in ("dist", "plain")}
     return {"rounds": len(times), "plain": np.median(t["plain"]),
             "plain backward": np.median(t["plain backward"]),
@@ -203,18 +211,17 @@ def overhead_row(s, plane, st):
 def parts_row(s, plane, st):
     b, a = st["backward"], st["after"]
     return [s.name, plane, fmt_ms(st["plain backward"]), fmt_ms(b["median"]),
-            fmt_ci(b["median_ci"]), fmt_ms(st["plain after"]), fmt_ms(a["median"]), fmt_ci(a["median_ci"]),
-            half_width(a, a["median"]), "%.2fx" % a["per_ref"], fmt_ci(a["per_ref_ci"], 1)]
+            fmt_ci(b["median_ci"]), fmt_ms(st["plain after"]), fmt_ms(a["median"]),
+            fmt_ci(a["median_ci"]), half_width(a, a["median"]), "%.2fx" % a["per_ref"],
+            fmt_ci(a["per_ref_ci"], 1)]
 
 
-def plane_row(name, a, b, rng, resamples):
-    """Median overhead of plane a / plane b, each plane's rounds resampled independently."""
-    oa, ob = a["total"]["rounds"], b["total"]["rounds"]
-    ia = rng.integers(0, len(oa), size=(resamples, len(oa)))
-    ib = rng.integers(0, len(ob), size=(resamples, len(ob)))
-    ratios = np.median(oa[ia], axis=1) / np.median(ob[ib], axis=1)
+def plane_row(name, a, b):
+    """Median overhead of plane a / plane b; the CI from resamples that drew the same blocks for
+    both planes (they ran in the same stretches of time)."""
     ma, mb = a["total"]["median"], b["total"]["median"]
-    return [name, fmt_ms(ma), fmt_ms(mb), "%.2fx" % (ma / mb), fmt_ci(interval(ratios), 1),
+    return [name, fmt_ms(ma), fmt_ms(mb), "%.2fx" % (ma / mb),
+            fmt_ci(interval(a["total"]["boot"] / b["total"]["boot"]), 1),
             "%.2fx" % (a["plain"] / b["plain"])]
 
 
@@ -222,15 +229,16 @@ def report(subjects, planes, runs, shm_used, args, comm, load):
     """Print the tables (rank 0) and return them for --json. `load`: the 1-minute load
     averages before and after the measurement (the machine's other work)."""
     rng = np.random.default_rng(args.seed + 1)
-    stats = {k: summarize(v, rng, args.bootstrap) for k, v in runs.items()}
+    chosen = rng.integers(0, args.blocks, size=(args.bootstrap, args.blocks))  # same for all
+    stats = {k: summarize(v, resample(chosen, args.per_block, rng)) for k, v in runs.items()}
     label = {p: p if p != "shm" or shm_used[p] else "shm (unused: MPI)" for p in planes}
     cells = [(s, p, stats[s.name, p]) for s in subjects for p in planes]
     tables = [print_table(
         "%straining-step overhead of gradient communication, %d ranks, batch %d per rank: "
         "overhead = DistributedOptimizer step - plain step, paired per round (random order), "
-        "%d rounds per cell in %d blocks; 95%% CIs: percentile bootstrap over rounds (%d "
-        "resamples); hvl / mpi4py: one allreduce of the gradient bytes; load average %.1f "
-        "before, %.1f after (times in ms)"
+        "%d rounds per cell in %d blocks; 95%% CIs: two-stage percentile bootstrap (blocks, "
+        "then rounds within them; %d resamples); hvl / mpi4py: one allreduce of the gradient "
+        "bytes; load average %.1f before, %.1f after (times in ms)"
         % ("NULL RUN (both copies plain; overhead should be 0): " if args.null else "",
            comm.size, args.batch_size, args.pairs, args.blocks, args.bootstrap, *load),
         ["model", "plane", "grads", "rounds", "plain step", "overhead med", "95% CI", "+-% ovh",
@@ -250,8 +258,7 @@ def report(subjects, planes, runs, shm_used, args, comm, load):
             "their own; times in ms)" % (a, b),
             ["model", "overhead " + a, "overhead " + b, "%s/%s" % (a, b), "95% CI",
              "plain step %s/%s" % (a, b)],
-            [plane_row(s.name, stats[s.name, a], stats[s.name, b], rng, args.bootstrap)
-             for s in subjects]))
+            [plane_row(s.name, stats[s.name, a], stats[s.name, b]) for s in subjects]))
     return tables
 
 
@@ -259,10 +266,11 @@ def main():
     p = argparse.ArgumentParser(description="paired training-step communication overhead")
     p.add_argument("--models", nargs="+", default=["mlp", "resnet"], choices=["mlp", "resnet"])
     p.add_argument("--planes", nargs="+", default=["shm", "mpi"], choices=sorted(PLANES))
-    p.add_argument("--pairs", type=int, default=100, help="timed rounds per model and plane")
-    p.add_argument("--blocks", type=int, default=4,
-                   help="engine restarts per plane; the rounds are split over them")
-    p.add_argument("--warmup", type=int, default=3, help="rounds thrown away after each restart")
+    p.add_argument("--pairs", type=int, default=120,
+                   help="timed rounds per model and plane (rounded up to a multiple of --blocks)")
+    p.add_argument("--blocks", type=int, default=8,
+                   help="engine restarts per plane; the rounds are split evenly over them")
+    p.add_argument("--warmup", type=int, default=2, help="rounds thrown away after each restart")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--seed", type=int, default=0, help="seeds weights, batches, orders, bootstrap")
     p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples")
@@ -275,6 +283,8 @@ def main():
     if args.smoke:
         args.pairs, args.blocks, args.warmup, args.batch_size, args.bootstrap = 4, 1, 1, 4, 200
     args.blocks = max(1, min(args.blocks, args.pairs))
+    args.per_block = -(-args.pairs // args.blocks)
+    args.pairs = args.per_block * args.blocks
     comm = MPI.COMM_WORLD
     torch.set_num_threads(1)
     hvd.init()
