@@ -21,7 +21,8 @@ Contract:
 - Every run gets ``--json PATH`` appended and must write its tables there
   (``harness.write_json``); its output and JSON are kept in ``--out`` (default: a new temporary
   folder), as ``a1.txt``/``a1.json``, ``b1.txt``, .... A run that fails ends ab.py (exit 1) with
-  its output; one that passes ``--timeout`` is killed (its whole process group) and ends it too.
+  its output; one that passes ``--timeout`` (or a Ctrl-C) is stopped (SIGTERM to its process
+  group: hvlrun stops its job) and ends ab.py too.
 - Rounds run both sides back to back; ``--order abba`` (default) alternates which goes first
   (AB, BA, AB, ...) so a steady drift favours neither, ``abab`` always runs A first, ``random``
   tosses a seeded coin per round.
@@ -91,6 +92,18 @@ def check_side(side):
     return where
 
 
+def stop(proc, grace=30):
+    """Stop a run: SIGTERM to its process group (hvlrun then stops its job: mpiexec and the
+    ranks), reading its pipes meanwhile so that nothing it still writes breaks it; SIGKILL to
+    the group if it has not ended after `grace` seconds."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.communicate(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+
 def run_once(label, side, command, cwd, out_dir, timeout):
     """Run the command for one side; returns (tables, seconds). Exits on failure."""
     json_path = os.path.join(out_dir, label + ".json")
@@ -101,9 +114,11 @@ def run_once(label, side, command, cwd, out_dir, timeout):
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)     # the run's own group: hvlrun, mpiexec, ranks
-        proc.communicate()
+        stop(proc)
         sys.exit("ab.py: run %s took more than --timeout %g s; stopped" % (label, timeout))
+    except KeyboardInterrupt:             # the run is in its own session: it did not get it
+        stop(proc)
+        sys.exit("ab.py: interrupted; run %s stopped" % label)
     seconds = time.perf_counter() - t0
     with open(os.path.join(out_dir, label + ".txt"), "w") as f:
         f.write(stdout + stderr)
