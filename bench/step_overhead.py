@@ -254,8 +254,8 @@ def report(subjects, planes, runs, shm_used, args, comm, load):
     if len(planes) == 2:
         a, b = planes
         tables.append(print_table(
-            "data planes: median overhead %s / %s (95%% CI: each plane's rounds resampled on "
-            "their own; times in ms)" % (a, b),
+            "data planes: median overhead %s / %s (95%% CI: the same blocks drawn for both "
+            "planes, rounds within them on their own; times in ms)" % (a, b),
             ["model", "overhead " + a, "overhead " + b, "%s/%s" % (a, b), "95% CI",
              "plain step %s/%s" % (a, b)],
             [plane_row(s.name, stats[s.name, a], stats[s.name, b]) for s in subjects]))
