@@ -5,6 +5,7 @@ memcpy of the same bytes), measured in one run.
     hvlrun -np 2 python bench/allreduce.py                   # full table, 4 KiB .. 256 MiB
     hvlrun -np 2 python bench/allreduce.py --smoke           # tiny sizes, a few iterations
     hvlrun -np 2 python bench/allreduce.py --autotune        # + the 160-tensor case tuned
+    hvlrun -np 2 python bench/allreduce.py --json out.json   # + the tables as JSON (bench/ab.py)
 
 Every case is float32, op Sum, in place, median of --iters calls after warm-up (slowest rank per
 call; cases of more than 64 MiB take half as many). Phases, in order: hvlite as configured
@@ -27,7 +28,8 @@ from mpi4py import MPI
 
 import hvlite as hvd
 from harness import (add_repeat_args, human, init_gloo, median_over_repeats, memcpy_floor, ms,
-                     print_table, ratio, restart_engine, timed)
+                     ratio, restart_engine, timed)
+from tables import add_json_arg, print_table, write_json
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -146,19 +148,21 @@ def autotune_case(count, nbytes, comm, iters, rounds, tune_env):
 
 def autotune_table(args, comm, many, iters):
     """--autotune: print the many-tensor case with start settings vs autotune's choice. Autotune
-    runs with the AUTOTUNE settings of the environment (tight ones under --smoke)."""
+    runs with the AUTOTUNE settings of the environment (tight ones under --smoke). Returns the
+    printed table (rank 0), else None."""
     tune_env = {"HVLITE_AUTOTUNE_WARMUP_SAMPLES": "1", "HVLITE_AUTOTUNE_STEPS_PER_SAMPLE": "2",
                 "HVLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "4"} if args.smoke else {}
     tune_env.update((n, v) for n, v in os.environ.items() if "AUTOTUNE" in n)
     rounds = 2 if args.smoke else args.rounds
     chosen, steps, rows = autotune_case(many[0], many[1], comm, iters, rounds, tune_env)
     if comm.rank == 0:
-        print_table("autotune, %d ranks: settled after %d samples (%d steps); start settings vs "
-                    "autotune's choice as settings, engine restarted for each in turn, median of "
-                    "%d rounds x %d (times in ms)"
-                    % (comm.size, chosen["autotune_samples"], steps, rounds, iters),
-                    ["case", "fusion", "cycle ms", "cache", "hvlite", "mpi4py", "hvl/mpi",
-                     "vs start", "#wrong"], rows)
+        return print_table(
+            "autotune, %d ranks: settled after %d samples (%d steps); start settings vs "
+            "autotune's choice as settings, engine restarted for each in turn, median of "
+            "%d rounds x %d (times in ms)"
+            % (comm.size, chosen["autotune_samples"], steps, rounds, iters),
+            ["case", "fusion", "cycle ms", "cache", "hvlite", "mpi4py", "hvl/mpi",
+             "vs start", "#wrong"], rows)
 
 
 def iters_for(nbytes, iters):
@@ -194,6 +198,7 @@ def main():
     p.add_argument("--autotune", action="store_true",
                    help="also: the many-tensor case with start settings vs autotune's choice")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds for --autotune")
+    add_json_arg(p)
     args = p.parse_args()
     comm = MPI.COMM_WORLD
     hvd.init()
@@ -225,18 +230,22 @@ def main():
     shm, hmpi, t_mpi, t_mem = (median_over_repeats(runs[k]) for k in ("hvl", "hmpi", "mpi", "mem"))
     rows = [row(c[0], c[1], a, b, m, g, f, comm.size)
             for c, a, b, m, g, f in zip(cases, shm, hmpi, t_mpi, gloo, t_mem)]
+    tables = []
     if comm.rank == 0:
-        print_table("allreduce float32 Sum, %d ranks, %s; hvlite on its %s data plane, hvl-mpi: "
-                    "restarted with HVLITE_SHM_DISABLE=1; median of %d repeats x %d calls "
-                    "(times in ms)" % (comm.size, hvd.mpi_vendor().strip(), backend, repeat, iters),
-                    ["case", "hvlite", "hvl-mpi", "mpi4py", "gloo", "memcpy", "hvl/hvl-mpi",
-                     "hvl/mpi4py", "hvl/gloo", "hvl/memcpy", "algbw GB/s", "busbw GB/s", "#wrong"],
-                    rows)
+        tables.append(print_table(
+            "allreduce float32 Sum, %d ranks, %s; hvlite on its %s data plane, hvl-mpi: "
+            "restarted with HVLITE_SHM_DISABLE=1; median of %d repeats x %d calls "
+            "(times in ms)" % (comm.size, hvd.mpi_vendor().strip(), backend, repeat, iters),
+            ["case", "hvlite", "hvl-mpi", "mpi4py", "gloo", "memcpy", "hvl/hvl-mpi",
+             "hvl/mpi4py", "hvl/gloo", "hvl/memcpy", "algbw GB/s", "busbw GB/s", "#wrong"],
+            rows))
         print("engine counters of the last hvlite phase:", counters)
     if dist:
         dist.destroy_process_group()
     if args.autotune:
-        autotune_table(args, comm, many, iters)
+        tables.append(autotune_table(args, comm, many, iters))
+    if args.json and comm.rank == 0:
+        write_json(args.json, tables)
     hvd.shutdown()
 
 
