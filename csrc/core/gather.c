@@ -1,6 +1,6 @@
 /* gather.c: the collectives whose output size is known only when they run: allgather (dim 0
  * may differ per rank) and alltoall (splits). Sizes are exchanged first, then the data goes
- * into buffers the engine allocates and the handle owns. Allgathers of one cycle are fused:
+ * into result buffers (hvl_buffer_alloc) that the handle owns. Allgathers of one cycle are fused:
  * every rank packs its tensors into one block, one allgatherv moves all blocks, and each
  * tensor's result is cut out of the blocks by a displacement table. Size limits and
  * allocations are agreed by every rank before the data moves (hvl__agree), so a tensor too big
@@ -8,7 +8,6 @@
  * bg thread only. */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include "internal.h"
 
 int64_t hvl__row_bytes(const hvl_entry *en)
@@ -31,22 +30,6 @@ static void gathered_shape(const hvl_entry *en, int64_t rows, hvl_outcome *o)
     for (int i = 1; i < en->req.ndim; i++) o->shape[i] = en->shape[i];
 }
 
-/* A result buffer (never NULL for 0 bytes; free() releases it). Results are fresh memory every
- * call and, in a VM, a 4 KiB page fault costs about 2.5 us: a 32 MiB allgather result spent
- * 20 ms faulting. Large ones are aligned to 2 MiB and asked for transparent huge pages, as
- * NumPy does for its arrays: 512 times fewer faults. */
-static void *result_alloc(int64_t bytes)
-{
-    const size_t huge = (size_t)2 << 20;
-    size_t n = (size_t)bytes + 1;
-    if (n < 2 * huge) return malloc(n);
-    n = (n + huge - 1) / huge * huge;
-    void *p = NULL;
-    if (posix_memalign(&p, huge, n) != 0) return NULL;
-    madvise(p, n, MADV_HUGEPAGE);   /* advice only: without THP it is 4 KiB pages, as before */
-    return p;
-}
-
 static int gather_one(hvl_engine *e, const hvl_backend *be, hvl_pset *ps, hvl_entry *en, hvl_outcome *o)
 {
     int64_t rb = hvl__row_bytes(en), total = 0, rows = 0;
@@ -60,7 +43,7 @@ static int gather_one(hvl_engine *e, const hvl_backend *be, hvl_pset *ps, hvl_en
         total += bytes[r];
     }
     int local = rc == HVL_OK ? hvl__counts_fit_int(bytes, ps->size, en->name) : rc;
-    if (local == HVL_OK && !(o->result = result_alloc(total)))
+    if (local == HVL_OK && !(o->result = hvl_buffer_alloc(total)))
         local = hvl__fail(HVL_ERR_NO_MEMORY, "allgather '%s': out of memory", en->name);
     if (rc == HVL_OK) rc = hvl__agree(ps, local, "allgather");
     if (rc == HVL_OK) rc = be->allgatherv(e, ps, en->req.input, o->result, bytes);
@@ -80,7 +63,7 @@ static int unpack(hvl_batch *b, const int64_t *rows, const int64_t *rb,
         int64_t total_rows = 0;
         for (int r = 0; r < ps->size; r++) total_rows += rows[r * k + t];
         o[t].result_bytes = total_rows * rb[t];
-        if (!(o[t].result = result_alloc(o[t].result_bytes))) return HVL_ERR_NO_MEMORY;
+        if (!(o[t].result = hvl_buffer_alloc(o[t].result_bytes))) return HVL_ERR_NO_MEMORY;
         gathered_shape(b->entries[t], total_rows, &o[t]);
     }
     int64_t block_start = 0;
@@ -150,7 +133,7 @@ int hvl__run_alltoall(hvl_engine *e, const hvl_backend *be, hvl_batch *b, hvl_ou
     }
     int local = rc == HVL_OK ? hvl__counts_fit_int(send_bytes, ps->size, en->name) : rc;
     if (local == HVL_OK) local = hvl__counts_fit_int(recv_bytes, ps->size, en->name);
-    if (local == HVL_OK && !(o->result = result_alloc(total)))
+    if (local == HVL_OK && !(o->result = hvl_buffer_alloc(total)))
         local = hvl__fail(HVL_ERR_NO_MEMORY, "alltoall '%s': out of memory", en->name);
     if (rc == HVL_OK) rc = hvl__agree(ps, local, "alltoall");   /* only this rank knows its sizes */
     if (rc == HVL_OK) rc = be->alltoallv(e, ps, en->req.input, send_bytes, o->result, recv_bytes);
