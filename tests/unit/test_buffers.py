@@ -1,11 +1,14 @@
-"""The result-buffer allocator (csrc/core/buffers.c through hvlite._core): alignment, the reuse
-cache and its bounds, freeing from other threads, 0 bytes."""
+"""The result-buffer allocator (csrc/core/buffers.c through hvlite._core) and the results made
+over it: alignment, the reuse cache and its bounds, freeing from other threads, 0 bytes; and
+out-of-place results that outlive their handles and are writable (one-rank engine)."""
 import gc
 import threading
 
 import numpy as np
 import pytest
 
+import hvlite as hvd
+from hvlite import buffers
 from hvlite._lib import ffi, lib
 
 MIB = 1 << 20
@@ -56,6 +59,8 @@ def test_large_buffers_are_huge_page_aligned_and_writable(nbytes, empty_cache):
 def test_bad_sizes_and_null():
     assert lib.hvl_buffer_alloc(-1) == ffi.NULL
     lib.hvl_buffer_free(ffi.NULL)      # a no-op, as free(NULL)
+    with pytest.raises(MemoryError):
+        buffers.allocate(-1)
 
 
 def test_a_freed_large_buffer_is_reused_for_the_same_rounded_size(empty_cache):
@@ -107,8 +112,7 @@ def test_the_cache_keeps_its_byte_bound(empty_cache):
 def test_buffers_free_from_other_threads(empty_cache):
     """Allocated on one thread and freed on another (as when a result dies on a data-loader
     thread), and many threads allocating and freeing at once."""
-    owners = [ffi.gc(lib.hvl_buffer_alloc(n), lib.hvl_buffer_free)
-              for n in (0, 100, HUGE_MIN, 2 * HUGE_MIN)]
+    owners = [buffers.allocate(n) for n in (0, 100, HUGE_MIN, 2 * HUGE_MIN)]
     raw = [lib.hvl_buffer_alloc(n) for n in (10, HUGE_MIN)]
 
     def release():
@@ -142,3 +146,75 @@ def test_buffers_free_from_other_threads(empty_cache):
     assert not errors
     count, nbytes = cached()
     assert count <= lib.HVL_BUFFER_CACHE_COUNT and nbytes <= lib.HVL_BUFFER_CACHE_BYTES
+
+
+def test_array_output_views_engine_memory_from_the_crossover():
+    small, small_ptr = buffers.array_output(np.float32).new((3, 4))
+    assert small.base is None and small.shape == (3, 4)       # a plain np.empty
+    big, owner = buffers.array_output(np.float32).new((HUGE_MIN // 4 + 1,))
+    assert big.ctypes.data == addr(owner) and big.ctypes.data % HUGE_PAGE == 0
+    aligned, owner = buffers.array_output(np.int8, aligned=True).new((5,))
+    assert aligned.ctypes.data == addr(owner) and buffers.is_aligned(aligned)
+    zero, _ = buffers.array_output(np.float64, aligned=True).new((0, 3))
+    assert zero.shape == (0, 3) and zero.dtype == np.float64
+    for a in (small, big, aligned, zero):
+        assert a.flags.writeable and a.flags.c_contiguous
+
+
+@pytest.fixture(scope="module")
+def engine():
+    hvd.init()
+    yield
+    c = hvd.engine_counters()
+    assert c["tensors_submitted"] == c["tensors_done"]
+
+
+def test_out_of_place_results_outlive_their_handles(engine, empty_cache):
+    """A large out-of-place result is engine memory: it stays valid and writable after its
+    handle, the input and every other reference are gone, and returns to the cache when the
+    array dies; the next call of that size reuses it."""
+    n = HUGE_MIN // 8 + 5
+    x = np.arange(n, dtype=np.float64)
+    handles = [hvd.allreduce_async(x, op=hvd.Sum, name="outlive.ar"),
+               hvd.broadcast_async(x, 0, name="outlive.bc"),
+               hvd.reducescatter_async(x, op=hvd.Max, name="outlive.rs")]
+    outs = [hvd.synchronize(h) for h in handles]
+    del handles, x
+    gc.collect()
+    expected = np.arange(n, dtype=np.float64)
+    for out in outs:
+        assert out.ctypes.data % HUGE_PAGE == 0 and out.flags.writeable and out.flags.c_contiguous
+        np.testing.assert_array_equal(out, expected)
+        out *= 2
+        np.testing.assert_array_equal(out, 2 * expected)
+    freed = {out.ctypes.data for out in outs}
+    before = cached()[0]
+    del outs, out
+    gc.collect()
+    assert cached()[0] == before + 3
+    again = hvd.allreduce(expected, op=hvd.Sum, name="outlive.ar")
+    assert again.ctypes.data in freed and cached()[0] == before + 2
+    np.testing.assert_array_equal(again, expected)
+
+
+def test_torch_results_over_engine_memory(engine):
+    torch = pytest.importorskip("torch")
+    import hvlite.torch as th
+    n = HUGE_MIN // 4 + 3
+    t = torch.arange(n, dtype=torch.float32)
+    outs = [th.allreduce(t, op=th.Sum, name="torch.outlive.ar"),
+            th.broadcast(t, 0, name="torch.outlive.bc"),
+            th.reducescatter(t, op=th.Sum, name="torch.outlive.rs"),
+            th.allgather(t, name="torch.outlive.ag")]
+    del t
+    gc.collect()
+    expected = torch.arange(n, dtype=torch.float32)
+    for out in outs:
+        assert out.data_ptr() % HUGE_PAGE == 0 and out.is_contiguous()
+        assert torch.equal(out, expected)
+        out.mul_(3)
+        assert torch.equal(out, expected * 3)
+    small = th.allreduce(torch.ones(3), op=th.Sum, name="torch.small")
+    assert torch.equal(small, torch.ones(3))
+    empty = th.allreduce(torch.zeros(0, 2, dtype=torch.bfloat16), name="torch.empty")
+    assert empty.shape == (0, 2) and empty.dtype == torch.bfloat16
