@@ -7,7 +7,11 @@ memcpy of the same bytes), measured in one run.
     hvlrun -np 2 python bench/allreduce.py --autotune        # + the 160-tensor case tuned
 
 Every case is float32, op Sum, in place, median of --iters calls after warm-up (slowest rank per
-call; cases of more than 64 MiB take half as many). Phases, in order: hvlite as configured
+call; cases of more than 64 MiB take half as many). "hvl out" is the same engine phase's
+out-of-place call (``hvlite.allreduce(buf)``: a new result each call, which from 4 MiB is an
+engine buffer reused from call to call) and "out/in" its ratio to the in-place "hvlite"; a second
+table does the same through ``hvlite.torch`` (``allreduce`` vs ``allreduce_``; not with
+--no-torch). Phases, in order: hvlite as configured
 (on one host: the shm data plane), mpi4py, the memcpy floor, hvlite restarted with
 HVLITE_SHM_DISABLE=1 (its MPI data plane); these phases run --repeat times in turn (this VM's
 memory bandwidth drifts by up to 2x over minutes, so interleaving keeps the ratios honest) and
@@ -48,6 +52,29 @@ def one_tensor_hvlite(nbytes, comm, iters):
     return t_hvl, check_wrong(lambda b: hvd.allreduce_(b, op=hvd.Sum, name=name), n, comm.size)
 
 
+def numpy_ones(n):
+    return np.ones(n, np.float32)
+
+
+def one_tensor_out_of_place(nbytes, comm, iters, api=hvd, ones=numpy_ones):
+    """Time for one out-of-place allreduce of nbytes through ``api`` (hvlite, or hvlite.torch
+    with torch's ``ones``), a new result every call, and the wrong elements of a checked call."""
+    buf = ones(nbytes // 4)
+    name = "bench.out.%d.%s" % (nbytes, api.__name__)
+    t_out = timed(lambda: api.allreduce(buf, op=api.Sum, name=name), comm, iters)
+    out = np.asarray(api.allreduce(buf, op=api.Sum, name=name))
+    return t_out, int(np.count_nonzero(out != comm.size))
+
+
+def one_tensor_torch_in_place(nbytes, comm, iters, api, ones):
+    buf = ones(nbytes // 4)
+    name = "bench.torch.%d" % nbytes
+    t_in = timed(lambda: api.allreduce_(buf, op=api.Sum, name=name), comm, iters)
+    buf.fill_(1)
+    api.allreduce_(buf, op=api.Sum, name=name)
+    return t_in, int((buf != comm.size).sum())
+
+
 def one_tensor_mpi(nbytes, comm, iters):
     buf = np.ones(nbytes // 4, np.float32)
     return timed(lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM), comm, iters)
@@ -71,6 +98,16 @@ def many_tensors_hvlite(count, nbytes, comm, iters):
         b[...] = 1
     hvl()
     return t_hvl, sum(int(np.count_nonzero(b != comm.size)) for b in bufs)
+
+
+def many_tensors_out_of_place(count, nbytes, comm, iters):
+    bufs = [np.ones(nbytes // 4, np.float32) for _ in range(count)]
+
+    def hvl():
+        hs = [hvd.allreduce_async(b, op=hvd.Sum, name="many.out.%d" % i) for i, b in enumerate(bufs)]
+        return [hvd.synchronize(h) for h in hs]
+    t_out = timed(hvl, comm, iters)
+    return t_out, sum(int(np.count_nonzero(out != comm.size)) for out in hvl())
 
 
 def many_tensors_mpi(count, nbytes, comm, iters):
@@ -176,13 +213,53 @@ def hvlite_column(cases, comm, iters):
     return out
 
 
-def row(label, nbytes, shm, hmpi, t_mpi, t_gloo, t_mem, size):
-    (t_shm, wrong_shm), (t_hmpi, wrong_hmpi) = shm, hmpi
+def out_of_place_column(cases, comm, iters):
+    """The out-of-place form of every case, the engine as it is now: [(t, wrong)] per case."""
+    return [many_tensors_out_of_place(many[0], many[1], comm, iters_for(nbytes, iters)) if many
+            else one_tensor_out_of_place(nbytes, comm, iters_for(nbytes, iters))
+            for label, nbytes, many in cases]
+
+
+def torch_columns(sizes, comm, iters, torch_api):
+    """hvlite.torch in place and out of place per size: {"in": [(t, wrong)], "out": [...]}."""
+    api, ones = torch_api
+    return {"in": [one_tensor_torch_in_place(n, comm, iters_for(n, iters), api, ones)
+                   for n in sizes],
+            "out": [one_tensor_out_of_place(n, comm, iters_for(n, iters), api, ones)
+                    for n in sizes]}
+
+
+def load_torch():
+    """(hvlite.torch, a float32 ``ones``), or None if torch is not installed."""
+    try:
+        import torch
+        import hvlite.torch as api
+    except ImportError:
+        return None
+    return api, lambda n: torch.ones(n, dtype=torch.float32)
+
+
+def row(label, nbytes, shm, out, hmpi, t_mpi, t_gloo, t_mem, size):
+    (t_shm, wrong_shm), (t_out, wrong_out), (t_hmpi, wrong_hmpi) = shm, out, hmpi
     algbw = nbytes / t_shm / 1e9
     busbw = algbw * 2 * (size - 1) / size
-    return [label, ms(t_shm), ms(t_hmpi), ms(t_mpi), ms(t_gloo), ms(t_mem), ratio(t_shm, t_hmpi),
-            ratio(t_shm, t_mpi), ratio(t_shm, t_gloo), ratio(t_shm, t_mem), "%.2f" % algbw,
-            "%.2f" % busbw, wrong_shm + wrong_hmpi]
+    return [label, ms(t_shm), ms(t_out), ms(t_hmpi), ms(t_mpi), ms(t_gloo), ms(t_mem),
+            ratio(t_out, t_shm), ratio(t_shm, t_hmpi), ratio(t_shm, t_mpi), ratio(t_shm, t_gloo),
+            ratio(t_shm, t_mem), "%.2f" % algbw, "%.2f" % busbw, wrong_shm + wrong_out + wrong_hmpi]
+
+
+def torch_table(sizes, cells, comm):
+    rows = [[human(n), ms(i[0]), ms(o[0]), ratio(o[0], i[0]), i[1] + o[1]]
+            for n, i, o in zip(sizes, cells["in"], cells["out"])]
+    print_table("hvlite.torch allreduce float32 Sum, %d ranks: in place (allreduce_) vs out of "
+                "place (allreduce, a new tensor per call); same engine phase as \"hvlite\" "
+                "(times in ms)" % comm.size, ["case", "in place", "out of place", "out/in", "#wrong"],
+                rows)
+
+
+def torch_cells(runs):
+    """Median over repeats of the torch columns (each a list of (t, wrong) per size)."""
+    return {form: median_over_repeats([r[form] for r in runs]) for form in ("in", "out")}
 
 
 def main():
@@ -205,10 +282,15 @@ def main():
     cases = [(human(n), n, None) for n in sizes]
     cases.append(("%d x %s" % (many[0], human(many[1])), many[0] * many[1], many))
     start = {n: v for n, v in os.environ.items() if n.startswith(("HVLITE_", "HOROVOD_"))}
-    runs = {"hvl": [], "hmpi": [], "mpi": [], "mem": []}
+    runs = {"hvl": [], "out": [], "torch": [], "hmpi": [], "mpi": [], "mem": []}
+    th = None if args.no_torch else load_torch()
     for _ in range(repeat):
-        # hvlite as configured (shm on one host), mpi4py, memcpy; hvlite on its MPI data plane
+        # hvlite as configured (shm on one host), in place and out of place (NumPy, torch),
+        # mpi4py, memcpy; hvlite on its MPI data plane
         runs["hvl"].append(hvlite_column(cases, comm, iters))
+        runs["out"].append(out_of_place_column(cases, comm, iters))
+        if th:
+            runs["torch"].append(torch_columns(sizes, comm, iters, th))
         counters = hvd.engine_counters()
         runs["mpi"].append([many_tensors_mpi(c[2][0], c[2][1], comm, iters) if c[2]
                             else one_tensor_mpi(c[1], comm, iters_for(c[1], iters)) for c in cases])
@@ -222,16 +304,20 @@ def main():
     if dist:
         gloo = [many_tensors_gloo(c[2][0], c[2][1], comm, dist, iters) if c[2]
                 else one_tensor_gloo(c[1], comm, dist, iters_for(c[1], iters)) for c in cases]
-    shm, hmpi, t_mpi, t_mem = (median_over_repeats(runs[k]) for k in ("hvl", "hmpi", "mpi", "mem"))
-    rows = [row(c[0], c[1], a, b, m, g, f, comm.size)
-            for c, a, b, m, g, f in zip(cases, shm, hmpi, t_mpi, gloo, t_mem)]
+    shm, out, hmpi, t_mpi, t_mem = (median_over_repeats(runs[k])
+                                    for k in ("hvl", "out", "hmpi", "mpi", "mem"))
+    rows = [row(c[0], c[1], a, o, b, m, g, f, comm.size)
+            for c, a, o, b, m, g, f in zip(cases, shm, out, hmpi, t_mpi, gloo, t_mem)]
     if comm.rank == 0:
         print_table("allreduce float32 Sum, %d ranks, %s; hvlite on its %s data plane, hvl-mpi: "
                     "restarted with HVLITE_SHM_DISABLE=1; median of %d repeats x %d calls "
                     "(times in ms)" % (comm.size, hvd.mpi_vendor().strip(), backend, repeat, iters),
-                    ["case", "hvlite", "hvl-mpi", "mpi4py", "gloo", "memcpy", "hvl/hvl-mpi",
-                     "hvl/mpi4py", "hvl/gloo", "hvl/memcpy", "algbw GB/s", "busbw GB/s", "#wrong"],
+                    ["case", "hvlite", "hvl out", "hvl-mpi", "mpi4py", "gloo", "memcpy", "out/in",
+                     "hvl/hvl-mpi", "hvl/mpi4py", "hvl/gloo", "hvl/memcpy", "algbw GB/s",
+                     "busbw GB/s", "#wrong"],
                     rows)
+        if th:
+            torch_table(sizes, torch_cells(runs["torch"]), comm)
         print("engine counters of the last hvlite phase:", counters)
     if dist:
         dist.destroy_process_group()
