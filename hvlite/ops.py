@@ -38,11 +38,9 @@ def _array(tensor):
 def _in_place(tensor):
     """(source, output, finish) of an in-place call on ``tensor``: a non-contiguous array is
     sent as a contiguous copy and the result copied back."""
-    if not isinstance(tensor, np.ndarray):
-        raise TypeError("hvlite expects a numpy.ndarray, got %s" % type(tensor).__name__)
+    buf = _array(tensor)
     if not tensor.flags.writeable:
         raise ValueError("in-place collective on a read-only array")
-    buf = _array(tensor)
     source = array_source(buf)
     finish = None if buf is tensor else (lambda target: _copy_back(target, buf))
     return source, InPlace(tensor, source.pointer), finish
