@@ -2,9 +2,11 @@
 
 Why: a fresh output array is fresh memory, and its page faults cost as much as the collective
 (64 MiB: 16,384 faults of ~2.5 us in this VM, on every call, because malloc maps and unmaps
-blocks that large). The engine's result buffers (``hvl_buffer_alloc``, csrc/core/buffers.c) are
-huge-page backed from ``lib.HVL_BUFFER_HUGE_MIN`` (4 MiB) and come back from a small bounded
-cache already faulted in, so a steady loop of out-of-place calls reuses its memory.
+blocks that large; 13-64 faults a call at 1 MiB, where malloc trims its heap). The engine's
+result buffers (``hvl_buffer_alloc``, csrc/core/buffers.c) come back from a small bounded cache
+already faulted in from ``lib.HVL_BUFFER_CACHE_MIN`` (1 MiB) and are huge-page backed from
+``HUGE_MIN`` (``lib.HVL_BUFFER_HUGE_MIN``, 4 MiB), so a steady loop of out-of-place calls
+reuses its memory.
 
 Contract:
 - ``allocate(nbytes) -> owner``: a cffi pointer to ``nbytes`` of engine memory (64-byte
@@ -26,11 +28,13 @@ Contract:
 - ``Source(pointer, dtype, shape, keep)``: an input buffer as ``hvlite.collectives`` takes it;
   ``array_source(array)`` makes one from a NumPy array (a contiguous copy if it is not).
 
-Crossover (measured on this VM, one process): ``np.empty`` takes 0.3 us and an engine buffer
-viewed as an array 1.6 us (torch: 2.2 us against 4.4 us); below 4 MiB both come from malloc,
-whose heap hands back memory already faulted in, so engine memory gains nothing there and costs
-1-2 us a call. ``ENGINE_MEMORY_MIN`` is therefore the engine's huge-page threshold (read at
-every call: the tests lower it to send every size through engine memory).
+Crossover (measured on this VM): ``np.empty`` takes 0.3 us and an engine buffer viewed as an
+array 1.6 us (torch: 2.2 us against 4.4 us). Below 1 MiB out-of-place loops measured no page
+faults with ``np.empty``/``torch.empty`` (0-10 a call, and engine buffers there come from malloc
+as well), so the plain allocation is kept; from 1 MiB they measured 13-64 faults a call (30-160
+us, against 1-2 us for engine memory) and 0 with engine buffers. ``ENGINE_MEMORY_MIN`` is
+therefore the engine's cache threshold (read at every call: the tests lower it to send every
+size through engine memory).
 """
 import math
 from typing import NamedTuple
@@ -41,7 +45,8 @@ from ._lib import ffi, lib
 from .dtypes import to_engine
 
 ALIGNMENT = 64
-ENGINE_MEMORY_MIN = lib.HVL_BUFFER_HUGE_MIN
+ENGINE_MEMORY_MIN = lib.HVL_BUFFER_CACHE_MIN
+HUGE_MIN = lib.HVL_BUFFER_HUGE_MIN     # engine buffers from here are 2 MiB-aligned huge pages
 NULL = ffi.NULL
 
 

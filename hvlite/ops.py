@@ -3,7 +3,7 @@
 Contract: every function here is a collective: every rank must call it, in the same order,
 with the same name (or every rank with no name), dtype, and the shape rules of its op. Inputs
 may be non-contiguous (a contiguous copy is sent); outputs are new C-contiguous, writable arrays
-(from 4 MiB they view engine memory that is reused from call to call: see ``hvlite.buffers``),
+(from 1 MiB they view engine memory that is reused from call to call: see ``hvlite.buffers``),
 except the in-place ``*_`` forms, which write into (and return) their argument. ``*_async``
 forms return a handle for ``poll``/``synchronize``. Errors: ``TypeError`` for a non-array or an
 unsupported dtype, ``ValueError`` for bad arguments, ``HvliteError`` subclasses for what the

@@ -3,7 +3,7 @@
 Contract: every function is a collective: every rank calls it, in the same order, with the same
 name (or every rank with none), dtype, and the shape rules of its op (see ``hvlite.ops``).
 Tensors are passed to the engine by address (``data_ptr``); a non-contiguous input is sent as a
-contiguous copy. Results are new tensors (from 4 MiB, tensors over engine memory that the
+contiguous copy. Results are new tensors (from 1 MiB, tensors over engine memory that the
 engine reuses from call to call, already faulted in: see ``hvlite.buffers``), except the
 in-place ``*_`` forms, which write into and return their argument. ``*_async`` forms return a
 handle for ``poll``/``synchronize``. The submitting is ``hvlite.collectives``; this module
@@ -67,9 +67,9 @@ def _source(tensor):
 
 class _TensorOutput:
     """Output allocator of torch results of one dtype (see hvlite.collectives): from
-    ``buffers.ENGINE_MEMORY_MIN`` bytes a fresh result is a tensor over engine memory, which the engine
-    reuses from call to call already faulted in; below, ``torch.empty`` is cheaper (2 us
-    against 4 us) and malloc's heap reuses its memory as well (see hvlite.buffers)."""
+    ``buffers.ENGINE_MEMORY_MIN`` bytes a fresh result is a tensor over engine memory, which
+    the engine reuses from call to call already faulted in; below, ``torch.empty`` is cheaper
+    (2 us against 4 us) and measured no page faults (see hvlite.buffers)."""
 
     __slots__ = ("dtype", "itemsize")
 

@@ -1,6 +1,6 @@
 """Out-of-place allreduce, broadcast and reducescatter through engine memory (hvlite.buffers),
 NumPy and torch, every dtype, checked on every rank against a NumPy reference: large results
-(from the 4 MiB crossover) must be engine buffers (2 MiB-aligned); with the crossover lowered to
+(from 4 MiB) must be huge-page engine buffers (2 MiB-aligned); with the crossover lowered to
 0 every shape (0-d, 0-element, ...) goes through engine memory too; a steady loop reuses its
 buffers. SPMD: run by hvlrun (tests/test_spmd.py)."""
 import math
@@ -15,7 +15,7 @@ from hvlite import buffers
 from reference import DTYPES, SHAPES, assert_equal, inputs, reduce
 
 RANK, SIZE = hvd.rank(), hvd.size()
-HUGE_MIN = buffers.ENGINE_MEMORY_MIN      # the crossover as shipped (4 MiB)
+HUGE_MIN = buffers.HUGE_MIN     # engine buffers from 4 MiB are 2 MiB-aligned: recognisable
 HUGE_PAGE = 2 << 20
 TORCH = {d: getattr(torch, d.name) for d in DTYPES}     # the same names, bfloat16 included
 torch.set_num_threads(1)

@@ -161,7 +161,7 @@ def test_large_results_are_adopted_engine_buffers(dtype):
     """Eager out-of-place allreduce, broadcast and reducescatter of results over 4 MiB: right
     values, and (but for bfloat16, which DLPack cannot carry and TensorFlow copies) the tensor
     is the engine's huge-page buffer itself, adopted through DLPack without a copy."""
-    rows = SIZE * (hvlite.buffers.ENGINE_MEMORY_MIN // dtype.itemsize // 4) + 1
+    rows = SIZE * (hvlite.buffers.HUGE_MIN // dtype.itemsize // 4) + 1
     xs = all_inputs(12, dtype, (rows, 4))
     mine = tf.constant(xs[RANK])
     counts = [rows // SIZE + (1 if r < rows % SIZE else 0) for r in range(SIZE)]

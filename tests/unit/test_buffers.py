@@ -12,6 +12,7 @@ from hvlite import buffers
 from hvlite._lib import ffi, lib
 
 MIB = 1 << 20
+CACHE_MIN = lib.HVL_BUFFER_CACHE_MIN
 HUGE_MIN = lib.HVL_BUFFER_HUGE_MIN
 HUGE_PAGE = 2 * MIB
 
@@ -33,7 +34,8 @@ def empty_cache():
     lib.hvl_buffer_cache_trim()
 
 
-@pytest.mark.parametrize("nbytes", [0, 1, 63, 64, 4095, 100000, MIB, HUGE_MIN - 1])
+@pytest.mark.parametrize("nbytes", [0, 1, 63, 64, 4095, 100000, CACHE_MIN - 1, CACHE_MIN,
+                                    HUGE_MIN - 65536, HUGE_MIN - 1])
 def test_small_buffers_are_64_byte_aligned_and_writable(nbytes):
     p = lib.hvl_buffer_alloc(nbytes)
     assert p != ffi.NULL and addr(p) % 64 == 0
@@ -79,8 +81,24 @@ def test_a_freed_large_buffer_is_reused_for_the_same_rounded_size(empty_cache):
 
 
 def test_small_buffers_are_not_cached(empty_cache):
-    lib.hvl_buffer_free(lib.hvl_buffer_alloc(HUGE_MIN - 1))
+    lib.hvl_buffer_free(lib.hvl_buffer_alloc(CACHE_MIN - 1))
     assert cached() == (0, 0)
+
+
+def test_middle_buffers_are_cached_by_size_rounded_to_64_kib(empty_cache):
+    """From HVL_BUFFER_CACHE_MIN to HVL_BUFFER_HUGE_MIN: mappings of sizes rounded to 64 KiB,
+    cached, without the huge-page alignment."""
+    p = lib.hvl_buffer_alloc(CACHE_MIN + 1)
+    assert addr(p) % 4096 == 0
+    lib.hvl_buffer_free(p)
+    assert cached() == (1, CACHE_MIN + 65536)
+    same_class = lib.hvl_buffer_alloc(CACHE_MIN + 65536)
+    assert addr(same_class) == addr(p) and cached() == (0, 0)
+    lib.hvl_buffer_free(same_class)
+    just_under_huge = lib.hvl_buffer_alloc(HUGE_MIN - 1)   # rounds up to 4 MiB: a huge one
+    assert addr(just_under_huge) % HUGE_PAGE == 0
+    lib.hvl_buffer_free(just_under_huge)
+    assert cached() == (2, CACHE_MIN + 65536 + HUGE_MIN)
 
 
 def test_the_cache_keeps_the_newest_buffers_up_to_its_count(empty_cache):
@@ -149,10 +167,10 @@ def test_buffers_free_from_other_threads(empty_cache):
 
 
 def test_array_output_views_engine_memory_from_the_crossover():
-    small, small_ptr = buffers.array_output(np.float32).new((3, 4))
-    assert small.base is None and small.shape == (3, 4)       # a plain np.empty
-    big, owner = buffers.array_output(np.float32).new((HUGE_MIN // 4 + 1,))
-    assert big.ctypes.data == addr(owner) and big.ctypes.data % HUGE_PAGE == 0
+    small, _ = buffers.array_output(np.float32).new((buffers.ENGINE_MEMORY_MIN // 4 - 1,))
+    assert small.base is None                                   # a plain np.empty
+    big, owner = buffers.array_output(np.float32).new((buffers.ENGINE_MEMORY_MIN // 4,))
+    assert big.ctypes.data == addr(owner)
     aligned, owner = buffers.array_output(np.int8, aligned=True).new((5,))
     assert aligned.ctypes.data == addr(owner) and buffers.is_aligned(aligned)
     zero, _ = buffers.array_output(np.float64, aligned=True).new((0, 3))
