@@ -7,11 +7,12 @@ memcpy of the same bytes), measured in one run.
     hvlrun -np 2 python bench/allreduce.py --autotune        # + the 160-tensor case tuned
 
 Every case is float32, op Sum, in place, median of --iters calls after warm-up (slowest rank per
-call; cases of more than 64 MiB take half as many). "hvl out" is the same engine phase's
-out-of-place call (``hvlite.allreduce(buf)``: a new result each call, which from 4 MiB is an
-engine buffer reused from call to call) and "out/in" its ratio to the in-place "hvlite"; a second
-table does the same through ``hvlite.torch`` (``allreduce`` vs ``allreduce_``; not with
---no-torch). Phases, in order: hvlite as configured
+call; cases of more than 64 MiB take half as many). "hvl out" is the out-of-place form
+(``y = hvlite.allreduce(x)``: a new result each call, which from 1 MiB is an engine buffer
+reused from call to call), timed call by call in alternation with the in-place "hvlite" (so a
+burst of load hits both), and "out/in" its ratio; a second table does the same through
+``hvlite.torch`` (``allreduce`` vs ``allreduce_``; not with --no-torch). Phases, in order:
+hvlite as configured
 (on one host: the shm data plane), mpi4py, the memcpy floor, hvlite restarted with
 HVLITE_SHM_DISABLE=1 (its MPI data plane); these phases run --repeat times in turn (this VM's
 memory bandwidth drifts by up to 2x over minutes, so interleaving keeps the ratios honest) and
@@ -25,6 +26,7 @@ from the expected value in a separate checked call, in both hvlite phases.
 import argparse
 import os
 import statistics
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -56,23 +58,41 @@ def numpy_ones(n):
     return np.ones(n, np.float32)
 
 
-def one_tensor_out_of_place(nbytes, comm, iters, api=hvd, ones=numpy_ones):
-    """Time for one out-of-place allreduce of nbytes through ``api`` (hvlite, or hvlite.torch
-    with torch's ``ones``), a new result every call, and the wrong elements of a checked call."""
-    buf = ones(nbytes // 4)
-    name = "bench.out.%d.%s" % (nbytes, api.__name__)
-    t_out = timed(lambda: api.allreduce(buf, op=api.Sum, name=name), comm, iters)
-    out = np.asarray(api.allreduce(buf, op=api.Sum, name=name))
-    return t_out, int(np.count_nonzero(out != comm.size))
+def timed_pair(in_place, out_of_place, comm, iters, warmup=3):
+    """Median times of the two forms of one case timed alternately, call by call (slowest rank
+    per call): a burst of load on this shared machine then hits both forms alike."""
+    for _ in range(warmup):
+        in_place()
+        out_of_place()
+    samples = ([], [])
+    for _ in range(iters):
+        for fn, times in zip((in_place, out_of_place), samples):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            fn()
+            times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    return statistics.median(samples[0]), statistics.median(samples[1])
 
 
-def one_tensor_torch_in_place(nbytes, comm, iters, api, ones):
-    buf = ones(nbytes // 4)
-    name = "bench.torch.%d" % nbytes
-    t_in = timed(lambda: api.allreduce_(buf, op=api.Sum, name=name), comm, iters)
-    buf.fill_(1)
-    api.allreduce_(buf, op=api.Sum, name=name)
-    return t_in, int((buf != comm.size).sum())
+def wrong(array, size):
+    return int(np.count_nonzero(np.asarray(array) != size))
+
+
+def one_tensor_forms(nbytes, comm, iters, api=hvd, ones=numpy_ones):
+    """In-place and out-of-place allreduce of nbytes through ``api`` (hvlite, or hvlite.torch
+    with torch's ``ones``): ((t_in, wrong), (t_out, wrong)). Out of place is ``y =
+    allreduce(x)``: a new result every call, the previous one alive until it is replaced."""
+    buf, held = ones(nbytes // 4), [None]
+    name_in, name_out = ("bench.%s.%d.%s" % (form, nbytes, api.__name__) for form in ("in", "out"))
+
+    def out_of_place():
+        held[0] = api.allreduce(buf, op=api.Sum, name=name_out)
+    t_in, t_out = timed_pair(lambda: api.allreduce_(buf, op=api.Sum, name=name_in),
+                             out_of_place, comm, iters)
+    buf[...] = 1
+    out = api.allreduce(buf, op=api.Sum, name=name_out)
+    api.allreduce_(buf, op=api.Sum, name=name_in)
+    return (t_in, wrong(buf, comm.size)), (t_out, wrong(out, comm.size))
 
 
 def one_tensor_mpi(nbytes, comm, iters):
@@ -100,14 +120,25 @@ def many_tensors_hvlite(count, nbytes, comm, iters):
     return t_hvl, sum(int(np.count_nonzero(b != comm.size)) for b in bufs)
 
 
-def many_tensors_out_of_place(count, nbytes, comm, iters):
-    bufs = [np.ones(nbytes // 4, np.float32) for _ in range(count)]
+def many_tensors_forms(count, nbytes, comm, iters):
+    """The many-tensor step in place and out of place, timed alternately (as one_tensor_forms)."""
+    bufs, held = [np.ones(nbytes // 4, np.float32) for _ in range(count)], [None]
 
-    def hvl():
+    def in_place():
+        hs = [hvd.allreduce_async_(b, op=hvd.Sum, name="many.%d" % i) for i, b in enumerate(bufs)]
+        for h in hs:
+            hvd.synchronize(h)
+
+    def out_of_place():
         hs = [hvd.allreduce_async(b, op=hvd.Sum, name="many.out.%d" % i) for i, b in enumerate(bufs)]
-        return [hvd.synchronize(h) for h in hs]
-    t_out = timed(hvl, comm, iters)
-    return t_out, sum(int(np.count_nonzero(out != comm.size)) for out in hvl())
+        held[0] = [hvd.synchronize(h) for h in hs]
+    t_in, t_out = timed_pair(in_place, out_of_place, comm, iters)
+    for b in bufs:
+        b[...] = 1
+    out_of_place()
+    in_place()
+    return ((t_in, sum(wrong(b, comm.size) for b in bufs)),
+            (t_out, sum(wrong(o, comm.size) for o in held[0])))
 
 
 def many_tensors_mpi(count, nbytes, comm, iters):
@@ -213,20 +244,18 @@ def hvlite_column(cases, comm, iters):
     return out
 
 
-def out_of_place_column(cases, comm, iters):
-    """The out-of-place form of every case, the engine as it is now: [(t, wrong)] per case."""
-    return [many_tensors_out_of_place(many[0], many[1], comm, iters_for(nbytes, iters)) if many
-            else one_tensor_out_of_place(nbytes, comm, iters_for(nbytes, iters))
+def forms_column(cases, comm, iters):
+    """Every case in place and out of place, the engine as it is now: [((t, wrong), (t, wrong))]."""
+    return [many_tensors_forms(many[0], many[1], comm, iters_for(nbytes, iters)) if many
+            else one_tensor_forms(nbytes, comm, iters_for(nbytes, iters))
             for label, nbytes, many in cases]
 
 
 def torch_columns(sizes, comm, iters, torch_api):
     """hvlite.torch in place and out of place per size: {"in": [(t, wrong)], "out": [...]}."""
     api, ones = torch_api
-    return {"in": [one_tensor_torch_in_place(n, comm, iters_for(n, iters), api, ones)
-                   for n in sizes],
-            "out": [one_tensor_out_of_place(n, comm, iters_for(n, iters), api, ones)
-                    for n in sizes]}
+    forms = [one_tensor_forms(n, comm, iters_for(n, iters), api, ones) for n in sizes]
+    return {"in": [f[0] for f in forms], "out": [f[1] for f in forms]}
 
 
 def load_torch():
@@ -287,8 +316,9 @@ def main():
     for _ in range(repeat):
         # hvlite as configured (shm on one host), in place and out of place (NumPy, torch),
         # mpi4py, memcpy; hvlite on its MPI data plane
-        runs["hvl"].append(hvlite_column(cases, comm, iters))
-        runs["out"].append(out_of_place_column(cases, comm, iters))
+        forms = forms_column(cases, comm, iters)
+        runs["hvl"].append([f[0] for f in forms])
+        runs["out"].append([f[1] for f in forms])
         if th:
             runs["torch"].append(torch_columns(sizes, comm, iters, th))
         counters = hvd.engine_counters()
