@@ -16,6 +16,7 @@ def test_allreduce_bench_smoke():
     assert job.returncode == 0, out
     rows = [line for line in job.stdout.splitlines() if "KiB" in line and "x" in line]
     assert len(rows) >= 3, out
+    assert "hvlite.torch allreduce float32 Sum, 2 ranks: in place" in job.stdout, out
     for line in rows:
         assert line.rstrip().endswith(" 0"), "wrong results in: " + line
 
