@@ -23,8 +23,8 @@ Contract:
 - Every run gets ``--json PATH`` appended and must write its tables there
   (``harness.write_json``); its output and JSON are kept in ``--out`` (default: a new temporary
   folder), as ``a1.txt``/``a1.json``, ``b1.txt``, .... A run that fails ends ab.py (exit 1) with
-  its output; one that passes ``--timeout`` (or a Ctrl-C) is stopped (SIGTERM to its process
-  group: hvlrun stops its job) and ends ab.py too.
+  its output; one that passes ``--timeout`` (or a Ctrl-C or SIGTERM to ab.py) is stopped
+  (SIGTERM to its process group: hvlrun stops its job) and ends ab.py too.
 - Rounds run both sides back to back; ``--order abba`` (default) alternates which goes first
   (AB, BA, AB, ...) so a steady drift favours neither, ``abab`` always runs A first, ``random``
   tosses a seeded coin per round.
@@ -260,5 +260,10 @@ def main():
     report(runs, args.columns)
 
 
+def interrupted(signum, frame):
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, interrupted)    # stopped from outside: stop the run as Ctrl-C does
     main()
