@@ -8,6 +8,7 @@ run is also checked against one process trained without interruption (``refdiff`
 throughout: every step applied exactly once in the state every world restores (``counts``),
 identical parameters on every rank, the steps after the last commit done again and no other,
 the loss curve going on from the commit, and hvlrun's log naming each re-form."""
+import json
 import os
 import random
 import re
@@ -66,10 +67,12 @@ def check_reform_logged(err, old, new, reason):
 def test_killed_worker_job_finishes_with_the_rest_from_the_last_commit(tmp_path):
     kill_step = random.Random(15).randint(6, 22)           # a seeded "random" step
     script, hosts = discovery(tmp_path, "localhost:3")
+    timeline = str(tmp_path / "timeline.json")
     job = run_job(3, ["python", TORCH, "--steps", "30", "--commit-every", "5", "--sampler",
                       "--hosts-file", hosts, "--kill", "2:%d:localhost:2" % kill_step],
                   timeout=300, hvlrun_args=["--min-np", "2", "--max-np", "3",
-                                            "--host-discovery-script", script])
+                                            "--host-discovery-script", script,
+                                            "--timeline-filename", timeline])
     out, err = job.stdout, job.stderr
     assert job.returncode == 0, err[-4000:]
     check_finals(out, size=2, steps=30)
@@ -96,7 +99,24 @@ def test_killed_worker_job_finishes_with_the_rest_from_the_last_commit(tmp_path)
     # the sampler: every sample of the epoch processed, only padding twice
     seen = [int(v) for v in lines(out, "SAMPLES")[0]["seen"].split(",")]
     assert min(seen) == 1 and max(seen) <= 2 and seen.count(2) <= 1, seen
+    check_timelines(timeline, took)
     print("\n[elastic] killed at step %d, resumed at %d; re-form %.1f s" % (kill_step, last, took))
+
+
+def check_timelines(path, took):
+    """hvlrun's own trace has both worlds and the re-form; each world's rank 0 wrote the engine's
+    timeline to a file of its own."""
+    events = json.load(open(path))
+    worlds = [e for e in events if e["ph"] == "X" and e["name"].startswith("world ")]
+    reforms = [e for e in events if e["ph"] == "X" and e["name"] == "REFORM world 1 -> 2"]
+    assert [w["name"] for w in worlds] == ["world 1 (3 ranks)", "world 2 (2 ranks)"], events
+    assert worlds[0]["args"]["end"] == "failed" and worlds[1]["args"]["end"] == "done"
+    args = reforms[0]["args"]
+    assert (args["old_ranks"], args["new_ranks"]) == (3, 2) and "signal 9" in args["reason"]
+    assert abs(args["seconds"] - took) < 0.01 and reforms[0]["dur"] == pytest.approx(took * 1e6, rel=0.01)
+    for world in (1, 2):
+        engine = json.load(open(path.replace(".json", ".world%d.json" % world)))
+        assert any("ALLREDUCE" in e.get("name", "") for e in engine), world
 
 
 def test_added_slot_joins_at_the_next_commit(tmp_path):

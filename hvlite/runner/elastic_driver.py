@@ -47,7 +47,7 @@ from .elastic_env import ENV_KEY, ENV_REASON, ENV_STORE, ENV_WORLD
 from .elastic_trace import ElasticTrace, world_path
 from .elastic_world import Launch, WorldEnd, WorldSpec, run_world
 from .host_pool import HostPool, describe, place
-from .hosts import Host, is_local
+from .hosts import Host, interface_ipv4, is_local
 from .launch import _interfaces, knob_env
 from .wire import new_secret
 
@@ -85,22 +85,25 @@ class _Driver:
         self.usable_seen: List[Host] = []
         self.asked_reform = False
         self.last_error = ""
+        self.known: List[Host] = []           # discovery's last answer
         self.timeline = knob_env(args).get("HVLITE_TIMELINE") or os.environ.get("HVLITE_TIMELINE")
         self.trace = ElasticTrace(self.timeline, time.monotonic()) if self.timeline else None
-        self.pending_reform: Optional[Tuple[WorldEnd, WorldSpec, int]] = None   # for the ready log
+        # for the ready log: (the last world that ran, its end, its ranks, the new world)
+        self.pending_reform: Optional[Tuple[int, WorldEnd, int, WorldSpec]] = None
         self.stop = threading.Event()
 
     # --- hosts ---------------------------------------------------------------------------------
     def discover(self) -> List[Host]:
-        """Run discovery now; on failure say why (once per distinct error) and use no host."""
+        """Run discovery now. When it fails, say why (once per distinct error) and keep its
+        last answer (no host before the first): a failing script is no news about the hosts."""
         try:
             hosts = self.source()
         except DiscoveryError as e:
             if str(e) != self.last_error:
                 _say("warning: %s" % e)
             self.last_error = str(e)
-            return []
-        self.last_error = ""
+            return list(self.known)
+        self.last_error, self.known = "", hosts
         return hosts
 
     def choose(self, first: bool) -> Optional[List[Host]]:
@@ -180,7 +183,7 @@ class _Driver:
             pending = self.pending_reform
             if pending is None:
                 return
-            end, spec, old_np = pending
+            old, end, old_np, spec = pending
             ready = self.store.ready(spec.number)
             if ready is None:
                 return
@@ -190,10 +193,10 @@ class _Driver:
              "took %.2f s (from the end of world %d to the first step of world %d)"
              % (spec.number, spec.np, describe(spec.hosts),
                 "commit #%d" % seq if seq else "the initial state (no commit yet)",
-                at - end.at, spec.number - 1, spec.number))
+                at - end.at, old, spec.number))
         if self.trace:
-            self.trace.span("re-forms", "REFORM world %d -> %d" % (spec.number - 1, spec.number),
-                            end.at, at, {"reason": end.reason, "old_world": spec.number - 1,
+            self.trace.span("re-forms", "REFORM world %d -> %d" % (old, spec.number),
+                            end.at, at, {"reason": end.reason, "old_world": old,
                                          "old_ranks": old_np, "new_world": spec.number,
                                          "new_ranks": spec.np, "hosts": describe(spec.hosts),
                                          "commit": seq, "seconds": round(at - end.at, 3)})
@@ -250,6 +253,7 @@ class _Driver:
         args = self.launch.args
         number, resets, no_progress, reason = 0, 0, 0, "start"
         last: Optional[Tuple[WorldSpec, WorldEnd]] = None
+        ran: Optional[Tuple[WorldSpec, WorldEnd]] = None     # the last world that started
         while True:
             hosts = self.choose(first=number == 0)
             if hosts is None:
@@ -272,7 +276,7 @@ class _Driver:
                      "%s%s" % (old.number, old.np, describe(old.hosts), number, spec.np,
                                describe(hosts), end.reason, self._commit_note()))
                 with self.lock:
-                    self.pending_reform = (end, spec, old.np)
+                    self.pending_reform = (ran[0].number, ran[1], ran[0].np, spec)
             end = self.run_one(spec)
             self.account(spec, end)
             info = self.store.latest()
@@ -295,16 +299,20 @@ class _Driver:
                 no_progress = 0
             reason = end.reason
             last = (spec, end)
+            if end.kind != "unreachable":
+                ran = last
 
 
-def _store_address(args) -> Tuple[str, str]:
-    """Return ``(bind, advertise)`` for the commit store: the interface's address with
-    --network-interface, else every address (the hosts of later worlds are not known yet)."""
+def _store_address(args, static_hosts: Optional[List[Host]]) -> Tuple[str, str]:
+    """Return ``(bind, advertise)`` for the commit store: 127.0.0.1 when the hosts are fixed and
+    all local, the interface's address with --network-interface, else every address (the hosts
+    of later worlds are not known yet; clients authenticate)."""
     interfaces = _interfaces(args)
     if interfaces:
-        from .hosts import interface_ipv4
         address = interface_ipv4(interfaces[0])
         return address, address
+    if not args.host_discovery_script and all(is_local(h.name) for h in static_hosts or []):
+        return "127.0.0.1", "127.0.0.1"
     return "0.0.0.0", socket.gethostname()
 
 
@@ -332,7 +340,7 @@ def run_elastic(launch: Launch, static_hosts: Optional[List[Host]]) -> int:
             handlers[signum] = signal.signal(signum, lambda s, _f: caught.append(s))
     store = None
     try:
-        bind, advertise = _store_address(args)
+        bind, advertise = _store_address(args, static_hosts)
         key = new_secret()
         store = CommitStore(key, directory, bind).start()
         launch = launch._replace(hidden_env=dict(launch.hidden_env, **{ENV_KEY: key}))

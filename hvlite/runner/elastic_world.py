@@ -24,6 +24,7 @@ Contract:
 
 import copy
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -181,7 +182,6 @@ class _Watch:
         """Look once; return how the world ended, or None while it goes on."""
         now = time.monotonic()
         if self.caught:
-            import signal
             name = signal.Signals(self.caught[0]).name
             return self.end("signal", "hvlrun got %s" % name, code=128 + self.caught[0])
         exits = self.server.exits()

@@ -18,6 +18,9 @@ Contract:
     through the environment (never a command line, never ``--dry-run``/``--verbose`` output).
     It is bound to 127.0.0.1 when every rank is local, to the interface's address with
     ``--network-interface``, else to every address (clients still authenticate).
+  * ``--host-discovery-script``, ``--min-np`` or ``--max-np`` make the job elastic: it runs as a
+    series of worlds (``elastic_driver.py``) that survive losing and gaining workers; the other
+    elastic flags are refused without them. ``--dry-run`` then prints the first world's command.
   * Exit code 2 means a usage error, 127 that no ``mpiexec`` could be run.
 """
 
@@ -212,6 +215,8 @@ def _check_elastic(args: argparse.Namespace) -> None:
             raise ValueError("--%s only applies to elastic jobs (--host-discovery-script, "
                              "--min-np or --max-np)" % given[0].replace("_", "-"))
         return
+    if args.host_discovery_script and (args.hosts or args.hostfile):
+        raise ValueError("--host-discovery-script names the hosts: give no -H/--hostfile")
     if args.elastic_timeout is None:
         args.elastic_timeout = 600.0
     for name in ("np", "min_np", "max_np", "slots_per_host"):

@@ -13,6 +13,7 @@ Options (argv): --steps N --commit-every C --sleep S --hosts-file F
   --kill RANK:STEP:HOSTS   rank RANK writes HOSTS to F, then SIGKILLs itself, at step STEP
                            (after backward, before the optimizer step), in world 1 only
   --change STEP:HOSTS      rank 0 writes HOSTS to F at step STEP, in world 1 only
+  --fail-on-host H         a rank on host H (by hostname) exits 1 before training (a bad host)
   --sampler                also commit an ElasticSampler and check every sample of the epoch
                            is processed exactly once (prints ``SAMPLES ...``)
 """
@@ -20,6 +21,7 @@ import argparse
 import hashlib
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -36,6 +38,7 @@ parser.add_argument("--hosts-file")
 parser.add_argument("--kill")
 parser.add_argument("--change")
 parser.add_argument("--sampler", action="store_true")
+parser.add_argument("--fail-on-host")
 opts = parser.parse_args()
 
 BATCH = 12          # divisible by 1, 2, 3, 4 and 6: every rank gets the same share
@@ -73,6 +76,8 @@ def reference():
 
 
 hvd.init()
+if opts.fail_on_host and socket.gethostname() == opts.fail_on_host:
+    sys.exit("rank %d: this host (%s) is bad" % (hvd.rank(), opts.fail_on_host))
 RANK = hvd.rank()      # read now: a rank that finishes first shuts the engine down everywhere
 model = make_model()
 optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
