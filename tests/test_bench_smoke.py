@@ -36,3 +36,16 @@ def test_collectives_bench_smoke():
     assert "shm data plane where it takes the size: yes" in job.stdout, out
     for line in rows:
         assert line.rstrip().endswith(" 0"), "wrong results in: " + line
+
+
+def test_elastic_reform_bench_smoke():
+    """bench/elastic_reform.py (it runs hvlrun itself): one NumPy 2 -> 1 re-form, every column."""
+    import subprocess
+    import sys
+    from jobs import MULTIPLIER, ROOT, job_env
+    job = subprocess.run([sys.executable, "bench/elastic_reform.py", "--smoke"], cwd=ROOT,
+                         env=job_env(), capture_output=True, text=True, timeout=180 * MULTIPLIER)
+    assert job.returncode == 0, job.stdout + job.stderr
+    row = [line for line in job.stdout.splitlines() if line.startswith("numpy ")]
+    assert len(row) == 1 and len(row[0].split()) == 7, job.stdout
+    assert all(float(v) > 0 for v in row[0].split()[2:]), job.stdout

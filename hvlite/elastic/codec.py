@@ -12,7 +12,7 @@ Contract:
   * The bytes are ``MAGIC``, an 8-byte little-endian header length, a JSON header (the tree,
     arrays replaced by references) and the arrays' raw bytes back to back. Encoding is
     deterministic: the same tree gives the same bytes (dicts keep their order), so equal
-    digests (:func:`digest`) mean equal states.
+    digests (:func:`digest`, :func:`tree_digest`) mean equal states.
   * :func:`decode` checks everything before it builds anything: the magic, the lengths, the JSON,
     every node's shape, dtype names against an allow-list (never an object dtype), and that
     each array's bytes lie inside the data. Any violation raises :class:`CommitFormatError`
@@ -27,7 +27,7 @@ from typing import Any, List, NamedTuple, Tuple
 
 import numpy as np
 
-__all__ = ["MAGIC", "Array", "CommitFormatError", "encode", "decode", "digest"]
+__all__ = ["MAGIC", "Array", "CommitFormatError", "encode", "decode", "digest", "tree_digest"]
 
 MAGIC = b"HVLSTATE1\n"
 _LEN = struct.Struct("<Q")
@@ -137,16 +137,29 @@ class _Encoder:
         raise TypeError("cannot commit %s: dict key %r of type %s" % (path, key, type(key).__name__))
 
 
+def _parts(tree: Any) -> List[Any]:
+    """The commit bytes of ``tree`` in pieces (header, then each array's memory, uncopied)."""
+    enc = _Encoder()
+    header = json.dumps({"tree": enc.node(tree, "state"), "size": enc.offset},
+                        separators=(",", ":"), allow_nan=False).encode("utf-8")
+    return [MAGIC, _LEN.pack(len(header)), header] + enc.chunks
+
+
 def encode(tree: Any) -> bytes:
     """Return the commit bytes of ``tree`` (see the module contract).
 
     Raises:
         TypeError: a value the format cannot hold; the message names where it is in the tree.
     """
-    enc = _Encoder()
-    header = json.dumps({"tree": enc.node(tree, "state"), "size": enc.offset},
-                        separators=(",", ":"), allow_nan=False).encode("utf-8")
-    return b"".join([MAGIC, _LEN.pack(len(header)), header] + enc.chunks)
+    return b"".join(_parts(tree))
+
+
+def tree_digest(tree: Any) -> bytes:
+    """Return ``digest(encode(tree))`` without assembling the bytes. Raises as :func:`encode`."""
+    hasher = hashlib.sha256()
+    for part in _parts(tree):
+        hasher.update(part)
+    return hasher.digest()
 
 
 class _Decoder:

@@ -4,7 +4,8 @@ Contract: ``run(func)`` returns ``wrapper(state, *args, **kwargs)``, which
   1. puts the job's last commit (or, before the first, rank 0's state) on every rank and checks
      that every rank holds the same state; in a re-formed world it then runs the state's reset
      callbacks (``State._begin_world``); rank 0 reports to hvlrun that the world is ready;
-  2. calls ``func(state, *args, **kwargs)`` and returns what it returns;
+  2. calls ``func(state, *args, **kwargs)`` and returns what it returns, once every rank's
+     ``func`` returned (a barrier, in a managed world);
   3. in a world an elastic hvlrun manages, ends this process when the world must end, so the
      driver can re-form the job (MPI cannot change a running world's ranks):
        * ``HostsUpdatedInterrupt`` (raised on every rank at the same commit or host check):
@@ -26,6 +27,7 @@ import sys
 from typing import Any, Callable, Optional
 
 from ..basics import rank
+from ..ops import barrier
 from ..errors import HvliteDeadlockError, HvliteError, HvliteInvalidArgument, MismatchError
 from ..runner.commit_client import CommitStoreError
 from ..runner.elastic_env import HOSTS_UPDATED_CODE, PEER_LOST_CODE
@@ -79,7 +81,12 @@ def make_run(is_peer_error: Optional[Callable[[BaseException], bool]] = None
                 except CommitStoreError as e:
                     _say("warning: could not report the world ready: %s" % e)
             try:
-                return func(state, *args, **kwargs)
+                result = func(state, *args, **kwargs)
+                if world.managed:
+                    # leave together: a rank that exits shuts the engine down on every rank,
+                    # which would fail a slower rank still inside the last commit
+                    barrier()
+                return result
             except HostsUpdatedInterrupt as interrupt:
                 if not world.managed:
                     raise

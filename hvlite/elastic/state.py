@@ -181,14 +181,14 @@ class State:
                             % (error or "see rank 0's error"))
         buffer = np.frombuffer(data, np.uint8) if data is not None else np.empty(size, np.uint8)
         received = broadcast(buffer, 0, name="hvlite.elastic.state.data")
-        tree = codec.decode(received.tobytes())
+        tree = codec.decode(memoryview(received))
         self._apply(tree)
         self._saved = tree
         self._verify()
 
     def _verify(self) -> None:
         """Every rank encodes its live state; the digests must all equal rank 0's."""
-        mine = np.frombuffer(codec.digest(codec.encode(self._capture())), np.uint8)
+        mine = np.frombuffer(codec.tree_digest(self._capture()), np.uint8)
         digests = allgather(mine.reshape(1, -1), name="hvlite.elastic.state.digest")
         differ = [r for r in range(len(digests)) if not np.array_equal(digests[r], digests[0])]
         if differ:

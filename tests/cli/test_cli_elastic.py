@@ -6,6 +6,7 @@ import json
 import os
 import random
 import socket
+import time
 
 import pytest
 
@@ -171,3 +172,55 @@ def test_dry_run_shows_the_first_world_of_the_discovered_hosts(hvlrun, tmp_path)
     job = hvlrun(["--dry-run", "--min-np", "9", "--host-discovery-script", str(script),
                   "--mpi-flavour", "mpich", "true"])
     assert job.returncode == 2 and "names 6 slots, below --min-np 9" in job.stderr
+
+
+class FakeServer:
+    """What a world's watcher reads from its control server, scripted."""
+
+    def __init__(self, exits, lost=None):
+        self._exits, self._lost = exits, lost
+
+    def exits(self):
+        return list(self._exits)
+
+    def lost(self):
+        return self._lost
+
+    def first_failure_round(self):
+        return 5 if any(c for _, c in self._exits) else None
+
+    def started_ranks(self):
+        return {r: (1, "x") for r in range(3)}
+
+
+class FinishedProc:
+    def poll(self):
+        return 0        # nothing left to end
+
+
+def classify(exits, lost=None, wait=0.0):
+    from hvlite.runner.elastic_world import WorldSpec, _Watch
+    spec = WorldSpec(1, [Host("a", 2), Host("b", 1)], {})
+    watch = _Watch(FinishedProc(), FakeServer(exits, lost), spec, 0, [], None)
+    end = watch.step()
+    if end is None and wait:
+        time.sleep(wait)
+        end = watch.step()
+    return end
+
+
+def test_how_a_world_ended_is_told_from_its_reports():
+    from hvlite.runner.control import Lost
+    from hvlite.runner.elastic_world import PEER_LOST_WAIT_SECONDS
+    failed = classify([(2, 137)])
+    assert (failed.kind, failed.hosts) == ("failed", ("b",))
+    assert failed.reason == "rank 2 on b was killed by signal 9"
+    assert classify([(0, 75)]) is None                      # the others get time to leave
+    assert classify([(0, 75), (1, 75), (2, 75)]).kind == "reform"
+    assert classify([(1, 76)]) is None                      # a consequence: wait for the cause
+    assert classify([(1, 76)], wait=PEER_LOST_WAIT_SECONDS + 0.1).kind == "peer-lost"
+    assert classify([(1, 76), (0, 1)]).hosts == ("a",)      # the cause, once it is there
+    done_then_failed = classify([(0, 0), (2, 3)])
+    assert (done_then_failed.kind, done_then_failed.code) == ("finished-failed", 3)
+    lost = classify([(0, 143)], Lost("host b (rank 2)", "host b (rank 2): gone", 4, "b"))
+    assert (lost.kind, lost.hosts) == ("lost", ("b",))      # lost first: the SIGTERM follows
