@@ -138,9 +138,10 @@ def main():
     if opts.worker:
         return worker(opts)
     if opts.smoke:
-        opts.ranks, opts.frameworks, opts.params, opts.repeat, opts.steps = [2], ["numpy"], 1000, 1, 20
-    print("elastic re-form, this machine (%d cores); seconds after the worker's death, median of %d "
-          "runs; model %d float32 values (%.1f MiB commits)" % (
+        opts.ranks, opts.frameworks, opts.params, opts.repeat = [2], ["numpy"], 1000, 1
+        opts.steps = 20
+    print("elastic re-form, this machine (%d cores); seconds after the worker's death, median of "
+          "%d runs; model %d float32 values (%.1f MiB commits)" % (
               os.cpu_count(), opts.repeat, opts.params, opts.params * 4 / 2 ** 20))
     print("%-8s %-7s" % ("worker", "ranks") + "".join("%13s" % c for c in COLUMNS))
     for framework in opts.frameworks:

@@ -59,7 +59,8 @@ def check_finals(out, size, steps):
 def check_reform_logged(err, old, new, reason):
     assert re.search(r"hvlrun: elastic: re-forming: world %d \(%s\) -> world %d \(%s\); reason: %s"
                      % (old[0], re.escape(old[1]), new[0], re.escape(new[1]), reason), err), err
-    took = re.search(r"hvlrun: elastic: world %d ready: .*the re-form took ([0-9.]+) s" % new[0], err)
+    took = re.search(r"hvlrun: elastic: world %d ready: .*the re-form took ([0-9.]+) s"
+                     % new[0], err)
     assert took, err
     return float(took.group(1))
 
@@ -83,7 +84,7 @@ def test_killed_worker_job_finishes_with_the_rest_from_the_last_commit(tmp_path)
     # world 2 starts at the last commit world 1 made, which is before the kill
     commits1 = [int(c["s"]) for c in lines(out, "COMMIT") if c["w"] == "1"]
     last = int(begins[2]["s"])
-    assert last == max(s for s in commits1 if s <= kill_step) and last <= kill_step, (commits1, begins)
+    assert last == max(s for s in commits1 if s <= kill_step), (commits1, begins)
     # replay: the steps after the last commit are done again, no other step is
     steps = lines(out, "STEP")
     runs = {}
@@ -113,7 +114,8 @@ def check_timelines(path, took):
     assert worlds[0]["args"]["end"] == "failed" and worlds[1]["args"]["end"] == "done"
     args = reforms[0]["args"]
     assert (args["old_ranks"], args["new_ranks"]) == (3, 2) and "signal 9" in args["reason"]
-    assert abs(args["seconds"] - took) < 0.01 and reforms[0]["dur"] == pytest.approx(took * 1e6, rel=0.01)
+    assert abs(args["seconds"] - took) < 0.01
+    assert reforms[0]["dur"] == pytest.approx(took * 1e6, rel=0.01)
     for world in (1, 2):
         engine = json.load(open(path.replace(".json", ".world%d.json" % world)))
         assert any("ALLREDUCE" in e.get("name", "") for e in engine), world
@@ -130,7 +132,8 @@ def test_added_slot_joins_at_the_next_commit(tmp_path):
     check_finals(out, size=3, steps=40)
     check_reform_logged(err, (1, "2 ranks on localhost:2"), (2, "3 ranks on localhost:3"),
                         "the hosts changed")
-    assert "hosts changed (usable now: localhost:3); world 1 (localhost:2) stops at its next commit" in err
+    assert ("hosts changed (usable now: localhost:3); world 1 (localhost:2) stops at its next "
+            "commit") in err
     begins = {int(b["w"]): b for b in lines(out, "BEGIN")}
     commits1 = [int(c["s"]) for c in lines(out, "COMMIT") if c["w"] == "1"]
     # the new world starts at the commit where the old one stopped: nothing is done twice

@@ -134,7 +134,8 @@ class _Encoder:
             return key
         if isinstance(key, tuple):
             return {"t": [self.key(k, path) for k in key]}
-        raise TypeError("cannot commit %s: dict key %r of type %s" % (path, key, type(key).__name__))
+        raise TypeError("cannot commit %s: dict key %r of type %s"
+                        % (path, key, type(key).__name__))
 
 
 def _parts(tree: Any) -> List[Any]:
@@ -235,7 +236,8 @@ def decode(data: bytes) -> Any:
         raise CommitFormatError("not hvlite commit data (no %r header)" % MAGIC)
     (header_len,) = _LEN.unpack(view[len(MAGIC):start])
     if header_len > len(view) - start:
-        raise CommitFormatError("truncated: header of %d bytes, %d left" % (header_len, len(view) - start))
+        raise CommitFormatError("truncated: header of %d bytes, %d left"
+                                % (header_len, len(view) - start))
     try:
         header = json.loads(bytes(view[start:start + header_len]).decode("utf-8"),
                             parse_constant=lambda c: _refuse_constant(c))

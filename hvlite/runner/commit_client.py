@@ -102,8 +102,8 @@ class CommitClient:
         Raises:
             CommitStoreError: not stored (refused, or the connection broke).
         """
-        answer = self._request("put %d %d %s" % (world, len(data), hashlib.sha256(data).hexdigest()),
-                               data).split(" ")
+        digest = hashlib.sha256(data).hexdigest()
+        answer = self._request("put %d %d %s" % (world, len(data), digest), data).split(" ")
         if answer[0] == "stored" and len(answer) == 3:
             return int(answer[1]), int(answer[2])
         raise self._fail("commit not stored: %s" % " ".join(answer))

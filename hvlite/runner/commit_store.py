@@ -224,7 +224,7 @@ class CommitStore:
                 open_now = self._world == int(fields[1])
                 answer = "updates %d" % self._updates if open_now else "refused world is over"
             conn.send(answer)
-        elif fields[0] == "ready" and len(fields) == 3 and fields[1].isdigit() and fields[2].isdigit():
+        elif fields[0] == "ready" and len(fields) == 3 and all(f.isdigit() for f in fields[1:]):
             with self._lock:
                 self._ready.setdefault(int(fields[1]), (int(fields[2]), time.monotonic()))
             conn.send("ok")

@@ -61,7 +61,8 @@ def discover(script: str, default_slots: int, timeout: float = 30.0) -> List[Hos
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
                               check=False)
     except subprocess.TimeoutExpired:
-        raise DiscoveryError("host discovery script %r ran longer than %g s" % (script, timeout)) from None
+        raise DiscoveryError("host discovery script %r ran longer than %g s"
+                             % (script, timeout)) from None
     except OSError as e:
         raise DiscoveryError("cannot run host discovery script %r: %s" % (script, e)) from None
     if done.returncode != 0:

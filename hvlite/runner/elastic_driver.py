@@ -167,7 +167,9 @@ class _Driver:
     # --- worlds --------------------------------------------------------------------------------
     def _commit_note(self) -> str:
         info = self.store.latest()
-        return "; last commit #%d (world %d)" % (info.seq, info.world) if info else "; no commit yet"
+        if info is None:
+            return "; no commit yet"
+        return "; last commit #%d (world %d)" % (info.seq, info.world)
 
     def spec(self, number: int, hosts: List[Host], reason: str) -> WorldSpec:
         local = all(is_local(h.name) for h in hosts)
@@ -246,7 +248,8 @@ class _Driver:
             self.trace.span("worlds", "world %d (%d ranks)" % (spec.number, spec.np),
                             self.world_start, end.at or now,
                             {"hosts": describe(spec.hosts), "end": end.kind,
-                             "reason": end.reason, "timeline": spec.rank_env.get("HVLITE_TIMELINE", "")})
+                             "reason": end.reason,
+                             "timeline": spec.rank_env.get("HVLITE_TIMELINE", "")})
 
     def run(self) -> int:
         """Run worlds until the job ends; return hvlrun's exit code."""

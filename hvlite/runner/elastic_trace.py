@@ -51,7 +51,8 @@ class ElasticTrace:
     def span(self, track: str, name: str, start: float, end: float, args: Dict[str, Any]) -> None:
         """Add a span from ``start`` to ``end`` (``time.monotonic()`` values)."""
         self._events.append({"ph": "X", "pid": 0, "tid": _TRACKS[track], "name": name,
-                             "ts": self._us(start), "dur": max(0.0, self._us(end) - self._us(start)),
+                             "ts": self._us(start),
+                             "dur": max(0.0, self._us(end) - self._us(start)),
                              "args": args})
         self._write()
 

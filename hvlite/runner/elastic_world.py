@@ -123,7 +123,8 @@ def _start_server(launch: Launch, spec: WorldSpec, secret: str
     return server, addr, None
 
 
-def _command(launch: Launch, spec: WorldSpec, addr: str, secret: str) -> Tuple[List[str], Dict[str, str]]:
+def _command(launch: Launch, spec: WorldSpec, addr: str, secret: str
+             ) -> Tuple[List[str], Dict[str, str]]:
     """Return the world's launch command and the launcher's environment."""
     args = copy.copy(launch.args)
     args.np = spec.np
@@ -175,8 +176,9 @@ class _Watch:
                      if c not in (0, HOSTS_UPDATED_CODE, PEER_LOST_CODE)), None)
 
     def describe_rank(self, rank: int, code: int) -> str:
-        how = ("was killed by signal %d" % (code - 128)) if code > 128 else "exited with code %d" % code
-        return "rank %d on %s %s" % (rank, self.rank_host(rank), how)
+        if code > 128:
+            return "rank %d on %s was killed by signal %d" % (rank, self.rank_host(rank), code - 128)
+        return "rank %d on %s exited with code %d" % (rank, self.rank_host(rank), code)
 
     def step(self) -> Optional[WorldEnd]:
         """Look once; return how the world ended, or None while it goes on."""
@@ -188,7 +190,8 @@ class _Watch:
         codes = [c for _, c in exits]
         failure, gone = self.failure(), self.server.lost()
         if gone is not None and self.reform_since is None and (
-                failure is None or _lost_first(gone.since, self.server.first_failure_round(), failure)):
+                failure is None
+                or _lost_first(gone.since, self.server.first_failure_round(), failure)):
             host = _host_of(gone.host, self.spec.hosts) if gone.host else "?"
             return self.end("lost", gone.message, (host,), grace=_LOST_GRACE_SECONDS)
         if failure is not None:
