@@ -118,3 +118,25 @@ def test_signal_to_hvlrun_leaves_nothing_behind():
             raise AssertionError("hvlrun did not end after %s:\n%s" % (signal.Signals(signum).name, out))
         assert proc.returncode == 128 + signum, out
         assert "mpich_shm_" in " ".join(assert_nothing_left(out, "tests/scenarios/kill_rank.py")), out
+
+
+def test_hvlrun_ends_the_job_when_its_output_is_gone():
+    """The reader of hvlrun's output goes away (pipes closed), then hvlrun gets SIGTERM: it must
+    still end every rank and leave nothing behind (its messages fail to print)."""
+    import signal
+    cmd = [sys.executable, "-m", "hvlite.runner", "-np", "2", sys.executable,
+           "tests/scenarios/kill_rank.py", "--wait-for-signal"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=job_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    out = ""
+    deadline = time.monotonic() + 60 * MULTIPLIER
+    while out.count("shm files of rank") < 2 and time.monotonic() < deadline:
+        out += proc.stdout.readline()
+    proc.stdout.close()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30 * MULTIPLIER)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("hvlrun did not end after SIGTERM with its output closed")
+    assert_nothing_left(out, "tests/scenarios/kill_rank.py")

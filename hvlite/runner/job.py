@@ -79,8 +79,13 @@ def _end_group(proc: subprocess.Popen, grace: float) -> None:
 
 
 def _say(message: str) -> None:
-    sys.stderr.write("hvlrun: %s\n" % message)
-    sys.stderr.flush()
+    """One line on stderr; a closed stderr (the reader of hvlrun's output is gone) must not stop
+    hvlrun from ending the job, so write errors are ignored."""
+    try:
+        sys.stderr.write("hvlrun: %s\n" % message)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def _wait_job(proc: subprocess.Popen, server: ControlServer, np: int, start_timeout: float,
@@ -153,7 +158,7 @@ def run_job(argv: Sequence[str], env: Dict[str, str], server: ControlServer, np:
         try:
             proc = subprocess.Popen(list(argv), env=env, start_new_session=True)
         except OSError as e:
-            sys.stderr.write("hvlrun: cannot run %s: %s\n" % (argv[0], e))
+            _say("cannot run %s: %s" % (argv[0], e))
             return 127
         lost: List[str] = []
         shm = ShmWatcher(os.getpid())
