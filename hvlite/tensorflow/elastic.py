@@ -3,8 +3,9 @@
 Contract: ``run``, ``State``, ``ObjectState``, ``HostsUpdatedInterrupt`` (``hvlite.elastic``;
 ``run`` also treats an hvlite peer error that TensorFlow wrapped in ``tf.errors.OpError`` inside
 a graph as one: its message names the hvlite error class), plus
-  * ``TensorFlowKerasState(model, optimizer=None, backward_passes_per_step=1, **kwargs)``: an
-    ``ObjectState`` (``kwargs`` as attributes) that also commits the Keras model's weights and
+  * ``TensorFlowKerasState(model, optimizer=None, backend=None, **kwargs)``: an
+    ``ObjectState`` (``kwargs`` as attributes; ``backend`` is TF1's Keras backend, accepted
+    and unused: TensorFlow 2 is eager) that also commits the Keras model's weights and
     its optimizer's variables (the model's compiled optimizer unless one is given; built first
     if it was not yet, so a fresh process can load them before its first step). The model must
     be built. Keras models as Horovod's ``KerasState``; ``state.model``/``state.optimizer``.
@@ -61,11 +62,11 @@ def _assign(variables: Sequence[Any], values: Sequence[Any], what: str) -> None:
 class TensorFlowKerasState(ObjectState):
     """Horovod's ``TensorFlowKerasState`` / ``KerasState`` (see the module contract)."""
 
-    def __init__(self, model: Any, optimizer: Any = None, backward_passes_per_step: int = 1,
+    def __init__(self, model: Any, optimizer: Any = None, backend: Any = None,
                  **kwargs: Any) -> None:
         self.model = model
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
-        self.backward_passes_per_step = backward_passes_per_step
+        self.backend = backend
         if not model.built:
             raise ValueError("TensorFlowKerasState needs a built model (give it an Input or "
                              "call it once) so that its weights exist on every rank")

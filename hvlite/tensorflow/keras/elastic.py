@@ -1,7 +1,7 @@
 """``hvd.elastic`` for Keras 3: ``KerasState`` and Horovod's elastic callbacks.
 
 Contract: ``run``, ``State``, ``ObjectState``, ``HostsUpdatedInterrupt`` and
-``KerasState(model, optimizer=None, backward_passes_per_step=1, **kwargs)`` (the same as
+``KerasState(model, optimizer=None, **kwargs)`` (the same as
 ``hvlite.tensorflow.elastic.TensorFlowKerasState``), plus the callbacks, which keep
 ``state.epoch``/``state.batch`` and commit during ``model.fit``. Every rank uses the same
 callbacks. Their order in the list does not matter:
