@@ -176,10 +176,39 @@ def test_keras_grows_then_loses_a_worker(tmp_path):
     check_reform_logged(err, (2, "3 ranks on localhost:3"), (3, "2 ranks on localhost:2"),
                         r"rank 2 on localhost was killed by signal 9")
     begins = {int(b["w"]): (int(b["e"]), int(b["b"]), int(b["size"])) for b in lines(out, "BEGIN")}
-    commits = [(int(c["w"]), int(c["e"]), int(c["b"])) for c in lines(out, "COMMIT")]
-    last1 = [c[1:] for c in commits if c[0] == 1][-1]
+    commits = [(int(c["w"]), int(c["e"]), int(c["b"]), int(c["seq"]))
+               for c in lines(out, "COMMIT")]
+    last1 = [c[1:3] for c in commits if c[0] == 1][-1]
     assert begins[2] == last1 + (3,), (begins, commits)     # joins where world 1 stopped
-    assert begins[3][2] == 2 and begins[3][:2] <= (1, 7), begins   # restored before the kill
+    assert begins[3][2] == 2, begins
+    # world 3 restores a commit world 2 made (a commit rank 0 stored while rank 2 was dying
+    # counts too: every rank had applied every step in it), not older than the last one every
+    # rank saw stored, and nothing after the kill (at global batch 14)
+    def flat(epoch, batch):
+        return epoch * 8 + batch
+    resumed, started2 = flat(*begins[3][:2]), flat(*last1)
+    seq, stored = [c[3] for c in commits if c[0] == 1][-1], [started2]
+    for w, e, b, now in commits:
+        if w == 2 and now > seq:           # printed after the commit, also when it failed
+            seq = now
+            stored.append(flat(e, b))
+    points = [started2] + [flat(e, b) for w, e, b, _ in commits if w == 2]
+    assert resumed in points and resumed >= max(stored), (begins, commits)
+    # replay: the steps from world 3's commit to the last one world 2 began are done twice,
+    # every other step once; the first one redone sees the very same model
+    runs = {}
+    for step in lines(out, "STEP"):
+        runs.setdefault(int(step["s"]), []).append((int(step["w"]), float(step["loss"])))
+    last2 = max(s for s, r in runs.items() if any(w == 2 for w, _ in r))
+    assert 14 <= last2 <= 15 and resumed <= last2, (last2, resumed)
+    for step in range(24):
+        expected = 2 if resumed <= step <= last2 else 1
+        assert len(runs.get(step, [])) == expected, (step, runs.get(step), resumed, last2)
+        losses = [loss for _, loss in runs[step]]
+        assert max(losses) - min(losses) <= (0 if step == resumed else 1e-5 * max(losses)), \
+            runs[step]
+    print("\n[elastic] keras: rank 2 killed after global batch 14; world 3 resumed at %d, "
+          "redid %d steps" % (resumed, last2 - resumed + 1))
 
 
 def test_program_that_fails_by_itself_is_not_reformed_forever(tmp_path):

@@ -5,6 +5,7 @@ fits its rows of them, so the averaged gradient, and the whole trajectory, do no
 many ranks a world has. Training resumes mid-epoch by fitting only the epoch's remaining
 batches. The state counts how often each global batch was applied. Rank 0 prints
   ``BEGIN w=<world> e=<epoch> b=<batch> size=<ranks>`` when training starts in a world,
+  ``STEP w=<world> s=<global batch> loss=<its full-batch loss before the step, repr>``,
   ``COMMIT w=<world> e=<epoch> b=<batch> seq=<commit>`` after each commit,
 and every rank at the end ``FINAL rank=<r> size=<n> digest=<sha256 of the weights>
 counts=<applied count per global batch> refdiff=<max |weight - one-process reference|>``.
@@ -70,10 +71,19 @@ def reference():
 
 
 class Events(keras.callbacks.Callback):
-    """Counts applied batches; plays the --event lines; slows batches down a little."""
+    """Counts applied batches; logs each step's loss; plays the --event lines; slows batches
+    down a little. Last in the list: a commit due at a batch's start runs before its STEP."""
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch, self.offset = state.epoch, state.batch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if RANK == 0:
+            b = self.offset + batch
+            x, y = global_batch(self.epoch, b)
+            loss = float(np.mean((np.asarray(model(x, training=False)) - y) ** 2))
+            print("STEP w=%d s=%d loss=%r" % (WORLD, self.epoch * opts.batches + b, loss),
+                  flush=True)
 
     def on_train_batch_end(self, batch, logs=None):
         step = self.epoch * opts.batches + self.offset + batch

@@ -13,8 +13,9 @@ callbacks. Their order in the list does not matter:
     world that resumes mid-epoch, fitting only the remaining batches, keeps counting); 0 at
     the epoch's end.
   * ``CommitStateCallback(state, batches_per_commit=1)``: commits after every
-    ``batches_per_commit`` batches. The commit runs when the other callbacks have recorded that
-    batch: at the start of the next batch or epoch, or at the end of training.
+    ``batches_per_commit`` batches and at each epoch's end (as Horovod's). The commit runs when
+    the other callbacks have recorded that batch or epoch: at the start of the next batch or
+    epoch, or at the end of training.
   Keras 3 cannot skip batches inside an epoch: to resume mid-epoch, fit the epoch's remaining
   batches (``steps_per_epoch - state.batch``, or the remaining data) and go on from there.
 """
@@ -28,7 +29,8 @@ __all__ = ["run", "State", "ObjectState", "KerasState", "HostsUpdatedInterrupt",
 
 
 class CommitStateCallback(keras.callbacks.Callback):
-    """Commit ``state`` every ``batches_per_commit`` batches (see the module contract)."""
+    """Commit ``state`` every ``batches_per_commit`` batches and at each epoch's end (see the
+    module contract)."""
 
     def __init__(self, state: State, batches_per_commit: int = 1) -> None:
         super().__init__()
@@ -54,6 +56,9 @@ class CommitStateCallback(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._commit_if_due()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._since, self._due = 0, True
 
     def on_train_end(self, logs=None):
         self._commit_if_due()
