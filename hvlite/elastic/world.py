@@ -17,7 +17,6 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..basics import rank
 from ..ops import broadcast
 from ..runner.commit_client import CommitClient
 from ..runner.elastic_env import ENV_KEY, ENV_REASON, ENV_STORE, ENV_WORLD
@@ -75,8 +74,3 @@ def agree(values: Sequence[int], name: str) -> List[int]:
     """Return rank 0's ``values`` on every rank (collective: every rank calls it, same length)."""
     out = broadcast(np.asarray(values, dtype=np.int64), 0, name="hvlite.elastic." + name)
     return [int(v) for v in out]
-
-
-def is_root() -> bool:
-    """True on rank 0."""
-    return rank() == 0
