@@ -43,9 +43,9 @@ _MAX_BACKLOG = 65536            # bytes queued for a peer that does not read: it
 
 class Lost(NamedTuple):
     """A lost client: ``who`` ("host h2 (rank 1)" or "rank 1 on h2"), the full ``message``,
-    its ``host``, and ``since``, the server round in which it was lost (its connection closed; for a silent
-    client, the round of the query). Rounds order events; events of one round (one pass over the
-    sockets) may have happened in any order."""
+    its ``host``, and ``since``, the server round in which it was lost (its connection closed;
+    for a silent client, the round of the query). Rounds order events; events of one round (one
+    pass over the sockets) may have happened in any order."""
     who: str
     message: str
     since: int

@@ -177,7 +177,8 @@ class _Watch:
 
     def describe_rank(self, rank: int, code: int) -> str:
         if code > 128:
-            return "rank %d on %s was killed by signal %d" % (rank, self.rank_host(rank), code - 128)
+            return "rank %d on %s was killed by signal %d" % (rank, self.rank_host(rank),
+                                                               code - 128)
         return "rank %d on %s exited with code %d" % (rank, self.rank_host(rank), code)
 
     def step(self) -> Optional[WorldEnd]:

@@ -6,8 +6,9 @@ a Horovod script runs with only its import changed. Basics (``init``, ``rank``, 
 and exceptions are hvlite's own (``HorovodInternalError`` is ``HvliteError``). Collectives
 (``ops``, ``functions``) work eagerly and inside ``tf.function``; ``DistributedGradientTape``
 allreduces gradients; ``elastic`` holds Horovod's elastic states; Keras 3 support is in
-``hvlite.tensorflow.keras``. This package never imports ``hvlite.torch``. Decisions where Horovod's docs are silent are in each module's
-docstring (names inside tf.function: ``hvlite.tensorflow._bridge``).
+``hvlite.tensorflow.keras``. This package never imports ``hvlite.torch``. Decisions where
+Horovod's docs are silent are in each module's docstring (names inside tf.function:
+``hvlite.tensorflow._bridge``).
 """
 from ..basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
                       gloo_enabled, init, is_initialized, local_rank, local_size, mpi_built,
