@@ -152,6 +152,36 @@ def test_sparse_allreduce_async_on_a_process_set():
     hvd.remove_process_set(ps)
 
 
+ASYNC_OPS = {
+    "allreduce": lambda t, n: hvd.allreduce_async(t, name=n),
+    "allreduce_": lambda t, n: hvd.allreduce_async_(t.clone(), name=n),
+    "allgather": lambda t, n: hvd.allgather_async(t, name=n),
+    "broadcast": lambda t, n: hvd.broadcast_async(t, 0, name=n),
+    "alltoall": lambda t, n: hvd.alltoall_async(t, name=n),
+    "reducescatter": lambda t, n: hvd.reducescatter_async(t, name=n),
+    "sparse_allreduce": lambda t, n: hvd.sparse_allreduce_async(t.to_sparse(), name=n),
+}
+
+
+@pytest.mark.parametrize("op", sorted(ASYNC_OPS))
+def test_duplicate_in_flight_name_raises(op):
+    """A name already in flight on this rank raises at submit, as a ValueError and a
+    RuntimeError (Horovod's tests catch either); the first request still completes. Ranks
+    submit in turn, so the request is still in flight (others have not submitted) on every
+    rank but the last."""
+    t = torch.ones(SIZE * 2, 3)
+    for turn in range(SIZE):
+        if RANK == turn:
+            first = ASYNC_OPS[op](t, "dup." + op)
+            if RANK < SIZE - 1:
+                with pytest.raises(hvd.HvliteInvalidArgument, match="dup." + op) as raised:
+                    ASYNC_OPS[op](t, "dup." + op)
+                assert isinstance(raised.value, ValueError)
+                assert isinstance(raised.value, RuntimeError)
+        hvd.barrier()
+    hvd.synchronize(first)
+
+
 def test_bad_input():
     with pytest.raises(TypeError, match="torch.Tensor"):
         hvd.allreduce([1.0, 2.0])
