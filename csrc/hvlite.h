@@ -57,9 +57,11 @@ typedef enum {
  *   allreduce, broadcast: output has the input's shape (may equal input: in place).
  *   reducescatter: output holds this rank's slice of dim 0 (hvl_reducescatter_rows()).
  *   allgather, alltoall: output must be NULL; the engine owns the result (hvl_result_*).
- *   barrier, join: input, output NULL, ndim 0. A rank that submitted join takes part in every
- *   other rank's collectives with zeros (no rows for allgather/alltoall) until every rank has
- *   joined; then join completes everywhere, its value (hvl_result_value) the last rank to join.
+ *   barrier, join: input, output NULL, ndim 0. A rank that submitted join takes part in the
+ *   other ranks' allreduces (with zeros) and barriers until every rank has joined; any other
+ *   collective fails meanwhile (HVL_ERR_INVALID_ARG on the ranks that submitted it, as Horovod
+ *   refuses it). Then join completes everywhere, its value (hvl_result_value) the last rank to
+ *   join.
  *   process set add / remove: run by every rank (process_set 0), in the same order. Add: splits
  *   holds the members' global ranks, ascending; its value is the new set's id. Remove: root_rank
  *   is the id of the set to remove; requests of that set still pending fail.

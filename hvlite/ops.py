@@ -221,10 +221,11 @@ def barrier(process_set=None):
 
 def join(process_set=None):
     """Declare that this rank has no more data (uneven inputs). Until every rank has joined,
-    this rank takes part in the other ranks' collectives with zeros (no rows for allgather and
-    alltoall) and discards the results; Average still divides by the full size. Returns the
-    rank that joined last. A broadcast from a rank that has joined fails on every rank.
-    Every rank must call join() exactly once per round of uneven work."""
+    this rank takes part in the other ranks' allreduces with zeros (Average still divides by the
+    full size) and in their barriers; any other collective (allgather, broadcast, alltoall,
+    reducescatter) raises ``HvliteInvalidArgument`` on the ranks that called it, naming the
+    joined ranks, as Horovod refuses them. Returns the rank that joined last. Every rank must
+    call join() exactly once per round of uneven work."""
     def finish(h):
         value = ffi.new("int64_t *")
         _check(lib.hvl_result_value(h._id, value))

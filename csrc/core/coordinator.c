@@ -178,6 +178,14 @@ static char *mismatch_message(const record_t *rec, const hvl_desc *first, int si
     return msg;
 }
 
+static void rank_list(const hvl_coordinator *c, const record_t *rec, int want, char *out, size_t n);
+
+static int member_count(const hvl_coordinator *c, const record_t *rec)
+{
+    const hvl_pset *ps = hvl__pset(c->engine, rec->set);
+    return ps ? ps->size : rec->count;    /* a removed set: nobody left to wait for */
+}
+
 /* The response for a tensor every member submitted (out->d.name is a copy). */
 static int decide(hvl_coordinator *c, record_t *rec, hvl_response *out)
 {
@@ -196,12 +204,20 @@ static int decide(hvl_coordinator *c, record_t *rec, hvl_response *out)
         out->error = mismatch_message(rec, first, c->size, f);
         return HVL_OK;   /* later fields may not even compare once the op differs */
     }
-    if (first->op == HVL_BROADCAST && !rec->by_rank[first->root_rank].name) {
+    if (rec->count < member_count(c, rec) && !hvl__op_is(first->op, HVL_OPF_JOINED_OK) &&
+        !hvl__op_is(first->op, HVL_OPF_WHOLE_JOB)) {
+        /* As Horovod: once a rank has joined, only allreduce and barrier go on without it; any
+         * other op fails on every rank that submitted it, not filled in (a script may rely on
+         * the error to learn that another rank ran out of data). */
+        char joined[256];
+        rank_list(c, rec, 0, joined, sizeof(joined));
+        size_t n = strlen(first->name) + sizeof(joined) + 160;
         out->status = HVL_ERR_INVALID_ARG;
-        size_t n = strlen(first->name) + 100;
         if ((out->error = malloc(n)))
-            snprintf(out->error, n, "tensor '%s': broadcast from rank %d, which has already called join()",
-                     first->name, first->root_rank);
+            snprintf(out->error, n, "tensor '%s': %s while rank%s %s %s called join() (as in Horovod, "
+                     "only allreduce and barrier run while ranks have joined)", first->name,
+                     hvl__op_name(first->op), strchr(joined, ',') ? "s" : "", joined,
+                     strchr(joined, ',') ? "have" : "has");
     }
     if (first->op == HVL_JOIN) {
         out->last_joined = c->last_joined;

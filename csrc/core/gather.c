@@ -13,8 +13,7 @@
 
 static int64_t rows_of(const hvl_entry *en)
 {
-    if (en->synthetic) return 0;   /* a joined rank sends no rows (a 0-d input is one row) */
-    return en->d.ndim ? en->d.shape[0] : 1;
+    return en->d.ndim ? en->d.shape[0] : 1;     /* a 0-d input is one row */
 }
 
 /* Shape of an allgather result with `rows` rows (a 0-d input counts as one row). */

@@ -201,27 +201,21 @@ static void synthetic_free(hvl_entry *en, hvl_outcome *o)
     entry_free(en);
 }
 
-/* A stand-in entry for a tensor a joined rank never submitted: zero input (no rows for
- * allgather/alltoall), scratch output, no handle. NULL when out of memory. */
-static hvl_entry *synthesize(hvl_engine *e, const hvl_response *r)
+/* A stand-in entry for a tensor a joined rank never submitted: zero input, scratch output, no
+ * handle. Only ops flagged HVL_OPF_JOINED_OK (allreduce, barrier) get here: the coordinator fails
+ * the others. NULL when out of memory. */
+static hvl_entry *synthesize(const hvl_response *r)
 {
-    const hvl_pset *ps = hvl__pset(e, r->d.process_set);
     hvl_entry *en = calloc(1, sizeof(*en));
     if (!en || !(en->d.name = strdup(r->d.name))) { free(en); return NULL; }
     en->synthetic = 1;
     char *name = en->d.name;
     en->d = r->d;
     en->d.name = name;
-    int gathers = hvl__op_is(r->d.op, HVL_OPF_FREE_DIM0);
-    if (gathers && r->d.ndim > 0) en->d.shape[0] = 0;                 /* contributes no rows */
-    int64_t bytes = hvl__desc_bytes(&en->d), rows = en->d.shape[0] ? en->d.shape[0] : 1;
-    int64_t out_bytes = r->d.op == HVL_REDUCESCATTER && r->d.ndim
-        ? bytes / rows * hvl_reducescatter_rows(en->d.shape[0], ps->rank, ps->size) : bytes;
+    int64_t bytes = hvl__desc_bytes(&en->d);
     en->input = calloc((size_t)bytes + 1, 1);
-    en->output = gathers ? NULL : calloc((size_t)out_bytes + 1, 1);
-    en->nsplits = r->d.op == HVL_ALLTOALL ? ps->size : 0;
-    if (en->nsplits) en->splits = calloc((size_t)ps->size, sizeof(int64_t));
-    if (!en->input || (!gathers && !en->output) || (en->nsplits && !en->splits)) {
+    en->output = calloc((size_t)bytes + 1, 1);
+    if (!en->input || !en->output) {
         hvl_outcome none = {0};
         synthetic_free(en, &none);
         return NULL;
@@ -255,7 +249,7 @@ int hvl__queue_claim(hvl_engine *e, const hvl_response_list *agreed, const hvl_r
         }
         /* not ours to report: a joined rank's, or a deadlock among tensors this rank never submitted */
         if (!en && r->status != HVL_OK && (e->joined || r->status == HVL_ERR_DEADLOCK)) continue;
-        if (!en && e->joined && !(en = synthesize(e, r))) return hvl__oom("a joined rank's stand-in");
+        if (!en && e->joined && !(en = synthesize(r))) return hvl__oom("a joined rank's stand-in");
         if (!en)
             return hvl__fail(HVL_ERR_SYSTEM, "agreed tensor '%s' is not pending on rank %d (the ranks are "
                              "out of step: an hvlite bug)", r->d.name, e->rank);

@@ -7,12 +7,12 @@
 #include "request.h"
 
 static const struct { const char *name; unsigned flags; } op_table[HVL_OP_COUNT] = {
-    [HVL_ALLREDUCE] = {"allreduce", HVL_OPF_DATA | HVL_OPF_REDUCES | HVL_OPF_FUSES},
+    [HVL_ALLREDUCE] = {"allreduce", HVL_OPF_DATA | HVL_OPF_REDUCES | HVL_OPF_FUSES | HVL_OPF_JOINED_OK},
     [HVL_ALLGATHER] = {"allgather", HVL_OPF_DATA | HVL_OPF_FREE_DIM0 | HVL_OPF_FUSES},
     [HVL_BROADCAST] = {"broadcast", HVL_OPF_DATA | HVL_OPF_ROOTED},
     [HVL_ALLTOALL] = {"alltoall", HVL_OPF_DATA | HVL_OPF_FREE_DIM0},
     [HVL_REDUCESCATTER] = {"reducescatter", HVL_OPF_DATA | HVL_OPF_REDUCES},
-    [HVL_BARRIER] = {"barrier", 0},
+    [HVL_BARRIER] = {"barrier", HVL_OPF_JOINED_OK},
     [HVL_JOIN] = {"join", HVL_OPF_WHOLE_JOB},
     [HVL_PROCESS_SET_ADD] = {"add_process_set", HVL_OPF_WHOLE_JOB},
     [HVL_PROCESS_SET_REMOVE] = {"remove_process_set", HVL_OPF_WHOLE_JOB},

@@ -15,6 +15,7 @@ enum {
     HVL_OPF_FUSES = 1 << 3,       /* tensors of one cycle may share one collective */
     HVL_OPF_ROOTED = 1 << 4,      /* has a root rank (broadcast) */
     HVL_OPF_WHOLE_JOB = 1 << 5,   /* every rank itself, on set 0; never cached (join, set add/remove) */
+    HVL_OPF_JOINED_OK = 1 << 6,   /* runs while ranks have joined: they stand in (other ops fail) */
 };
 const char *hvl__op_name(int op);
 int hvl__op_is(int op, unsigned flags);      /* 1 if op has every flag of `flags` */

@@ -23,8 +23,9 @@ from .ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_
                   alltoall_async, barrier, broadcast, broadcast_, broadcast_async,
                   broadcast_async_, grouped_allgather, grouped_allgather_async,
                   grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
-                  grouped_allreduce_async_, grouped_reducescatter, join, poll, reducescatter,
-                  reducescatter_async, synchronize)
+                  grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async,
+                  join, poll, reducescatter, reducescatter_async, sparse_allreduce_async,
+                  synchronize)
 from .optimizer import DistributedOptimizer
 from ..timeline import start_timeline, stop_timeline
 from .sync_batch_norm import SyncBatchNorm
@@ -36,14 +37,16 @@ __all__ = [
     "cross_rank", "cross_size", "mpi_threads_supported", "mpi_built", "mpi_enabled",
     "nccl_built", "gloo_built", "gloo_enabled", "cuda_built", "rocm_built", "ddl_built",
     "ccl_built", "HorovodInternalError", "HvliteError", "HvliteInvalidArgument",
-    "HvliteShutdownError", "HvliteTimeoutError", "MismatchError", "HvliteDeadlockError", "ProcessSet", "add_process_set", "remove_process_set",
+    "HvliteShutdownError", "HvliteTimeoutError", "MismatchError", "HvliteDeadlockError",
+    "ProcessSet", "add_process_set", "remove_process_set",
     "global_process_set", "Compression", "allgather_object", "broadcast_object",
     "broadcast_optimizer_state", "broadcast_parameters", "Adasum", "Average", "Max", "Min",
     "Product", "Sum", "allgather", "allgather_async", "allreduce", "allreduce_",
     "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "grouped_allgather",
     "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
-    "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter", "join",
-    "poll", "reducescatter", "reducescatter_async", "synchronize", "DistributedOptimizer",
+    "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter",
+    "grouped_reducescatter_async", "join", "poll", "reducescatter", "reducescatter_async",
+    "sparse_allreduce_async", "synchronize", "DistributedOptimizer",
     "SyncBatchNorm", "start_timeline", "stop_timeline", "elastic", "HostsUpdatedInterrupt",
 ]

@@ -4,8 +4,9 @@ Contract: both functions are collectives (every rank calls them, same order) and
 rank equal to ``root_rank``, in place. ``broadcast_parameters`` takes a ``state_dict()`` (sorted
 by key, as Horovod does) or ``named_parameters()``/a list of tensors. ``broadcast_optimizer_state``
 sends the root's ``state_dict()`` structure (hyper-parameters, step counts) as an object and
-its tensors through the engine, then loads it on the other ranks, so it also works when the
-optimizer state is not created yet on some ranks (they take the root's, empty or not).
+its tensors through the engine, then loads it on the other ranks. An optimizer without state
+first creates it with one step on zero gradients, as Horovod's does (a migrated script then
+trains the same numbers; a stateless optimizer such as plain SGD stays stateless).
 """
 import torch
 
@@ -77,10 +78,40 @@ def _fill(obj, tensors):
     return obj
 
 
-def broadcast_optimizer_state(optimizer, root_rank=0, process_set=None):
+def _initialize_state(optimizer, model):
+    """Horovod's first-use step: an optimizer without state gets zero gradients (sparse for
+    SparseAdam and for a sparse embedding of ``model``) and one step of the wrapped optimizer,
+    so its state exists (and ``p.grad`` is a tensor afterwards, as under Horovod)."""
+    sparse = {id(p) for m in (model.modules() if model is not None else ())
+              if isinstance(m, torch.nn.Embedding) and m.sparse for p in m.parameters()}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam) or id(p) in sparse:
+                    p.grad = p.grad.to_sparse()
+    from .optimizer import _DistributedOptimizer     # its step() would allreduce
+    if isinstance(optimizer, _DistributedOptimizer):
+        super(_DistributedOptimizer, optimizer).step()
+    else:
+        optimizer.step()
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0, model=None, process_set=None):
     """Make every rank's optimizer state (moments, step counts, learning rates, ...) equal to
     root_rank's. Works for any torch optimizer whose ``state_dict`` holds tensors and
-    picklable values (SGD, Adam, AdamW, ...), created or not yet created."""
+    picklable values (SGD, Adam, AdamW, ...). As Horovod does, a rank whose optimizer has no
+    state yet first creates it with one step on zero gradients (``model``: to find sparse
+    embeddings, whose zero gradients are then sparse).
+
+    Args:
+        optimizer: a torch optimizer or a DistributedOptimizer.
+        root_rank: the rank whose state wins.
+        model: optional, as in Horovod.
+        process_set: None (all ranks) or a ProcessSet this rank is in.
+    """
+    if not optimizer.state_dict()["state"]:
+        _initialize_state(optimizer, model)
     tensors = []
     structure = _split(optimizer.state_dict(), tensors) if rank() == root_rank else None
     structure = broadcast_object(structure, root_rank, "broadcast_optimizer_state.structure",

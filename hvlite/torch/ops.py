@@ -9,12 +9,16 @@ in-place ``*_`` forms, which write into and return their argument. ``*_async`` f
 handle for ``poll``/``synchronize``. The submitting is ``hvlite.collectives``; this module
 adds what is torch's: tensors as sources, the output allocator, autograd and compression.
 
-Autograd: ``allreduce``, ``allgather``, ``broadcast``, ``alltoall`` and ``reducescatter`` are
-differentiable. Gradients are those of the sum over ranks of each rank's loss: allreduce's
-backward is an allreduce of the gradient with the same op and factors; allgather's is this
-rank's rows of a Sum-allreduce of the gradient; broadcast's is a Sum-allreduce of the gradient
-on the root and zero elsewhere; alltoall's sends the gradient back along the received splits;
-reducescatter's is an allgather of the gradient (divided by size for Average).
+Autograd: ``allreduce``, ``allgather``, ``broadcast``, ``alltoall``, ``reducescatter`` and their
+grouped forms are differentiable, with Horovod's documented gradients (what a migrated script
+trains with). With ``n`` the process set's size and ``g`` each rank's output gradient:
+allreduce: an allreduce of ``g`` with the same op and factors; allgather: this rank's rows of
+the *averaged* allreduce of ``g``; broadcast: the averaged allreduce of ``g`` on the root, zero
+elsewhere; alltoall: ``g`` sent back along the received splits; reducescatter: the allgather of
+``g`` times the factors, and times ``n`` for Sum. Relative to the gradient of the sum over ranks
+of each rank's loss, these are equal for allreduce and alltoall, ``1/n`` of it for allgather
+and broadcast, and ``n`` times it for reducescatter (so reducescatter then allgather has
+allreduce's gradient). Backward passes are collectives too: every rank runs them, same order.
 
 Errors: ``TypeError`` for a non-tensor, an unsupported dtype or a CUDA tensor (the NCCL backend
 is not built yet: move tensors to the CPU); ``ValueError`` for bad arguments; ``HvliteError``
@@ -30,7 +34,7 @@ from ..basics import rank, size
 from ..buffers import NULL, allocate, memory, pointer
 from ..collectives import Adasum, Average, InPlace, Max, Min, Product, Source, Sum, reduce_op
 from ..dtypes import by_name
-from ..handles import Group, Handle, group_names, submit_group
+from ..handles import Group, Handle, auto_name, burst, submit_group
 from ..process_sets import rank_and_size
 from .compression import Compression
 
@@ -189,17 +193,29 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                         tensors, name, "grouped_allreduce", process_set)
 
 
+class _GroupedAllreduceFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, args, *tensors):
+        name, op, prescale, postscale, process_set = args
+        ctx.args = (op, prescale, postscale, process_set)
+        return tuple(grouped_allreduce_async(list(tensors), None, name, op, prescale, postscale,
+                                             process_set).wait())
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, prescale, postscale, process_set = ctx.args
+        return (None, *grouped_allreduce_async(list(grads), None, None, op, prescale, postscale,
+                                               process_set).wait())
+
+
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=None):
-    """Allreduce a list of tensors submitted together, so they fuse; differentiable (tensors
-    that need gradients go one by one through ``allreduce``)."""
-    names = group_names(name, "grouped_allreduce", len(tensors), process_set)
-    if any(t.requires_grad for t in tensors):
-        return [allreduce(t, average, n, compression, op, prescale_factor, postscale_factor,
-                          process_set) for t, n in zip(tensors, names)]
+    """Allreduce a list of tensors submitted together, so they fuse; differentiable (each
+    gradient as in ``allreduce``, reduced as one group)."""
+    op = reduce_op(average, op)
     pairs = [compression.compress(_check_tensor(t)) for t in tensors]
-    outs = grouped_allreduce_async([c for c, _ in pairs], average, name, op, prescale_factor,
-                                   postscale_factor, process_set).wait()
+    outs = _GroupedAllreduceFn.apply((name, op, prescale_factor, postscale_factor, process_set),
+                                     *[c for c, _ in pairs])
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
 
 
@@ -216,6 +232,67 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
                                     postscale_factor, process_set).wait()
 
 
+# ---- sparse allreduce ----
+
+class _SparseHandle:
+    """Handle of ``sparse_allreduce_async``: call it (as Horovod's is called) or pass it to
+    ``synchronize``/``poll``; the result is a coalesced sparse tensor."""
+
+    __slots__ = ("_indices", "_values", "_shape", "_divisor", "_result")
+
+    def __init__(self, indices, values, shape, divisor):
+        self._indices, self._values, self._shape = indices, values, shape
+        self._divisor, self._result = divisor, None
+
+    def poll(self):
+        return self._indices.poll() and self._values.poll()
+
+    def wait(self):
+        if self._result is None:
+            indices, values = self._indices.wait(), self._values.wait()
+            if self._divisor != 1:
+                values = values / self._divisor
+            # the indices came from other ranks: check them before torch trusts them
+            self._result = torch.sparse_coo_tensor(indices.t(), values, self._shape,
+                                                   check_invariants=True).coalesce()
+        return self._result
+
+    __call__ = wait
+
+
+def sparse_allreduce_async(tensor, name=None, op=Average, process_set=None):
+    """Start the allreduce of a sparse COO tensor: every rank's indices and values are
+    allgathered (named ``<name>.indices`` and ``<name>.values``), then summed, or averaged over
+    the set's size for Average, when the handle is called (or synchronized).
+
+    Args:
+        tensor: a sparse COO CPU tensor, same dense shape on every rank (any number of
+            non-zeros).
+        name: unique among this rank's pending collectives; generated if None.
+        op: Average or Sum.
+        process_set: None (all ranks) or a ProcessSet this rank is in.
+    Returns:
+        A handle; ``handle()`` returns the reduced sparse tensor.
+    Raises:
+        TypeError: not a sparse tensor. ValueError: another op.
+    """
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise TypeError("sparse_allreduce_async expects a sparse COO tensor, got %s"
+                        % (tensor.layout if isinstance(tensor, torch.Tensor)
+                           else type(tensor).__name__))
+    op = reduce_op(None, op)
+    if op not in (Sum, Average):
+        raise ValueError("sparse_allreduce_async supports op=Sum or op=Average")
+    name = name or auto_name("sparse_allreduce", process_set)
+    tensor = tensor.coalesce()
+    with burst():
+        indices = allgather_async(tensor.indices().t().contiguous(), name + ".indices",
+                                  process_set)
+        values = allgather_async(tensor.values(), name + ".values", process_set)
+    divisor = rank_and_size(process_set)[1] if op == Average else 1
+    return _SparseHandle(indices, values, tensor.shape, divisor)
+
+
 # ---- allgather ----
 
 def allgather_async(tensor, name=None, process_set=None):
@@ -224,27 +301,52 @@ def allgather_async(tensor, name=None, process_set=None):
     return collectives.allgather(_source(src), _output(src.dtype), name, process_set)
 
 
+def _rows(tensor):
+    return tensor.shape[0] if tensor.dim() else 1      # a 0-d tensor counts as one row
+
+
 class _AllgatherFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):
-        ctx.rows = tensor.shape[0] if tensor.dim() else 1
-        ctx.scalar = tensor.dim() == 0
-        ctx.process_set = process_set
+        ctx.rows, ctx.scalar, ctx.process_set = [_rows(tensor)], tensor.dim() == 0, process_set
         return allgather_async(tensor, name, process_set).wait()
 
     @staticmethod
     def backward(ctx, grad):
-        summed = allreduce_async(grad, op=Sum, process_set=ctx.process_set).wait()
-        rows = allgather_async(torch.tensor([ctx.rows], dtype=torch.int64),
-                               process_set=ctx.process_set).wait()
-        start = int(rows[:rank_and_size(ctx.process_set)[0]].sum())
-        mine = summed.narrow(0, start, ctx.rows)
+        mine, = _gathered_gradients(ctx, [grad])
         return (mine.reshape(()) if ctx.scalar else mine), None, None
+
+
+class _GroupedAllgatherFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.rows, ctx.process_set = [_rows(t) for t in tensors], process_set
+        ctx.scalars = [t.dim() == 0 for t in tensors]
+        return tuple(grouped_allgather_async(list(tensors), name, process_set).wait())
+
+    @staticmethod
+    def backward(ctx, *grads):
+        mine = _gathered_gradients(ctx, grads)
+        return (None, None, *[m.reshape(()) if s else m for m, s in zip(mine, ctx.scalars)])
+
+
+def _gathered_gradients(ctx, grads):
+    """Horovod's allgather gradient: this rank's rows of the averaged allreduce of each output
+    gradient. The other ranks' row counts are gathered here, as backward needs them."""
+    process_set = ctx.process_set
+    with burst():
+        averaged = [allreduce_async(g, op=Average, process_set=process_set) for g in grads]
+        counts = allgather_async(torch.tensor(ctx.rows, dtype=torch.int64),
+                                 process_set=process_set)
+    averaged = [h.wait() for h in averaged]
+    me, n = rank_and_size(process_set)
+    starts = counts.wait().reshape(n, len(grads))[:me].sum(0).tolist()
+    return [a.narrow(0, start, rows) for a, start, rows in zip(averaged, starts, ctx.rows)]
 
 
 def allgather(tensor, name=None, process_set=None):
     """Concatenate every rank's ``tensor`` along dim 0 (which may differ per rank); a 0-d
-    tensor counts as one row. Differentiable."""
+    tensor counts as one row. Differentiable (see the module docstring)."""
     return _AllgatherFn.apply(_check_tensor(tensor), name, process_set)
 
 
@@ -254,7 +356,9 @@ def grouped_allgather_async(tensors, name=None, process_set=None):
 
 
 def grouped_allgather(tensors, name=None, process_set=None):
-    return grouped_allgather_async(tensors, name, process_set).wait()
+    """Allgather a list of tensors submitted together; differentiable like ``allgather``."""
+    return list(_GroupedAllgatherFn.apply(name, process_set,
+                                          *[_check_tensor(t) for t in tensors]))
 
 
 # ---- broadcast ----
@@ -282,8 +386,9 @@ class _BroadcastFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        summed = allreduce_async(grad, op=Sum, process_set=ctx.process_set).wait()
-        return (summed if rank() == ctx.root else torch.zeros_like(summed)), None, None, None
+        """Horovod's: the averaged allreduce of the gradient on the root, zero elsewhere."""
+        averaged = allreduce_async(grad, op=Average, process_set=ctx.process_set).wait()
+        return (averaged if rank() == ctx.root else torch.zeros_like(averaged)), None, None, None
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None):
@@ -335,36 +440,56 @@ def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_f
                                      prescale_factor, postscale_factor, process_set)
 
 
+def grouped_reducescatter_async(tensors, name=None, op=None, process_set=None,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    return submit_group(lambda t, n: reducescatter_async(t, n, op, process_set, prescale_factor,
+                                                         postscale_factor),
+                        tensors, name, "grouped_reducescatter", process_set)
+
+
 class _ReducescatterFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, tensor, name, op, process_set, prescale, postscale):
-        ctx.args = (op, process_set, prescale * postscale)
-        return reducescatter_async(tensor, name, op, process_set, prescale, postscale).wait()
+    """One tensor (``grouped`` False: named as given) or a group (``<name>.<i>``)."""
 
     @staticmethod
-    def backward(ctx, grad):
-        op, process_set, scale = ctx.args
-        full = allgather_async(grad, process_set=process_set).wait()
-        if op == Average:
-            scale /= rank_and_size(process_set)[1]
-        return (full * scale if scale != 1.0 else full), None, None, None, None, None
+    def forward(ctx, args, *tensors):
+        grouped, name, op, process_set, prescale, postscale = args
+        scale = prescale * postscale
+        ctx.scale = scale * rank_and_size(process_set)[1] if op == Sum else scale
+        ctx.grouped, ctx.process_set = grouped, process_set
+        if not grouped:
+            return reducescatter_async(tensors[0], name, op, process_set, prescale,
+                                       postscale).wait(),
+        return tuple(grouped_reducescatter_async(list(tensors), name, op, process_set, prescale,
+                                                 postscale).wait())
+
+    @staticmethod
+    def backward(ctx, *grads):
+        """Horovod's: the allgather of each gradient, times the factors (and the size for Sum)."""
+        if ctx.scale != 1.0:
+            grads = [g * ctx.scale for g in grads]
+        if not ctx.grouped:
+            return None, allgather_async(grads[0], process_set=ctx.process_set).wait()
+        return (None, *grouped_allgather_async(list(grads), process_set=ctx.process_set).wait())
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=None, process_set=None,
                   prescale_factor=1.0, postscale_factor=1.0):
     """Reduce ``tensor`` over every rank (default Average) and return this rank's rows of dim 0
-    (dim0 // size, plus one if rank < dim0 % size). Differentiable."""
+    (dim0 // size, plus one if rank < dim0 % size). Differentiable (see the module docstring)."""
     compressed, ctx = compression.compress(_check_tensor(tensor))
-    out = _ReducescatterFn.apply(compressed, name, reduce_op(None, op), process_set,
-                                 prescale_factor, postscale_factor)
+    out, = _ReducescatterFn.apply((False, name, reduce_op(None, op), process_set, prescale_factor,
+                                   postscale_factor), compressed)
     return compression.decompress(out, ctx)
 
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=None,
                           process_set=None, prescale_factor=1.0, postscale_factor=1.0):
-    names = group_names(name, "grouped_reducescatter", len(tensors), process_set)
-    return [reducescatter(t, n, compression, op, process_set, prescale_factor, postscale_factor)
-            for t, n in zip(tensors, names)]
+    """Reducescatter a list of tensors submitted together; differentiable like
+    ``reducescatter``."""
+    pairs = [compression.compress(_check_tensor(t)) for t in tensors]
+    outs = _ReducescatterFn.apply((True, name, reduce_op(None, op), process_set, prescale_factor,
+                                   postscale_factor), *[c for c, _ in pairs])
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
 
 
 # ---- barrier, handles ----
@@ -385,6 +510,6 @@ def poll(handle):
 
 def synchronize(handle):
     """Wait for an async collective and return its result (raises its error)."""
-    if not isinstance(handle, (Handle, Group)):
+    if not isinstance(handle, (Handle, Group, _SparseHandle)):
         raise TypeError("synchronize() expects a handle from an *_async call")
     return handle.wait()

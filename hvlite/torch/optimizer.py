@@ -11,19 +11,23 @@ wrapped step. Every rank must build the same model (checked at construction: a c
 
 Gradient names are ``allreduce.<parameter name>`` (from ``named_parameters``, else the
 parameter's position), the same every step, so the engine's response cache agrees on them
-without a coordinator round. Sparse gradients are allgathered (indices and values) and summed,
-or densified with ``sparse_as_dense=True``.
+without a coordinator round. Sparse gradients are allgathered (indices and values) and summed
+(``sparse_allreduce_async``), or densified for the allreduce with ``sparse_as_dense=True``; either
+way ``p.grad`` stays sparse, as optimizers such as ``SparseAdam`` need.
+
+A rank that is not in ``process_set`` does what Horovod's does: it registers no hooks and takes
+no part, and its ``step()`` applies its own local gradients.
 """
 import contextlib
 
 import torch
 
 from ..once import warn_once
-from ..process_sets import rank_and_size
 from ..handles import burst
 from ..objects import allgather_object
+from ..process_sets import rank_and_size
 from .compression import Compression
-from .ops import Average, Sum, allgather_async, allreduce_async_
+from .ops import Average, Sum, allreduce_async_, sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer"]
 
@@ -47,9 +51,12 @@ class _DistributedOptimizer:
         self._sparse_as_dense = sparse_as_dense
         self._process_set = process_set
         self._params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
-        self._names = self._parameter_names(named_parameters)
+        #: param -> name (Horovod's attribute name; some scripts read it)
+        self._parameter_names = self._name_parameters(named_parameters)
         self._groups = self._make_groups(num_groups, groups)
-        self._check_same_model_everywhere()
+        self._included = rank_and_size(process_set)[0] >= 0
+        if self._included:
+            self._check_same_model_everywhere()
         self._handles = {}          # param -> (handle, ctx, sent tensor)
         self._delay = {p: self._passes for p in self._params}
         self._group_ready = {}      # group index -> params ready, waiting for the rest
@@ -57,11 +64,14 @@ class _DistributedOptimizer:
         self._bucket, self._bucket_fill = [], 0   # ungrouped params ready, not yet submitted
         self._synchronized = False
         self._should_synchronize = True
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in self._params]
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient)
+                       for p in self._params] if self._included else []
 
-    def _parameter_names(self, named_parameters):
+    def _name_parameters(self, named_parameters):
         if named_parameters is None:
             return {p: "param.%d" % i for i, p in enumerate(self._params)}
+        if callable(named_parameters):      # model.named_parameters, not called
+            named_parameters = named_parameters()
         named = list(named_parameters)
         names = [n for n, _ in named]
         if len(set(names)) != len(names):
@@ -86,8 +96,9 @@ class _DistributedOptimizer:
         return {p: None for p in self._params}
 
     def _check_same_model_everywhere(self):
-        mine = [(self._names[p], tuple(p.shape), str(p.dtype)) for p in self._params]
-        everyone = allgather_object(mine, name="DistributedOptimizer.check", process_set=self._process_set)
+        mine = [(self._parameter_names[p], tuple(p.shape), str(p.dtype)) for p in self._params]
+        everyone = allgather_object(mine, name="DistributedOptimizer.check",
+                                    process_set=self._process_set)
         for r, theirs in enumerate(everyone):
             if theirs != mine:
                 diff = [(a, b) for a, b in zip(mine, theirs) if a != b][:3]
@@ -100,7 +111,8 @@ class _DistributedOptimizer:
     def _on_gradient(self, p):
         if p in self._handles or self._delay[p] <= 0:
             raise RuntimeError("gradient of '%s' computed more than backward_passes_per_step=%d "
-                               "times before step()/synchronize()" % (self._names[p], self._passes))
+                               "times before step()/synchronize()"
+                               % (self._parameter_names[p], self._passes))
         self._delay[p] -= 1
         if self._delay[p] > 0:
             return
@@ -127,18 +139,16 @@ class _DistributedOptimizer:
         self._bucket, self._bucket_fill = [], 0
 
     def _start(self, p):
-        name = "allreduce." + self._names[p]
+        name = "allreduce." + self._parameter_names[p]
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        if p.grad.is_sparse:
+        grad = p.grad
+        if grad.is_sparse:
             if not self._sparse_as_dense:
-                grad = p.grad.coalesce()
-                return (allgather_async(grad.indices().t().contiguous(), name + ".indices",
-                                        self._process_set),
-                        allgather_async(grad.values(), name + ".values", self._process_set)), \
+                return sparse_allreduce_async(grad, name, self._op, self._process_set), \
                     "sparse", None
-            p.grad = p.grad.to_dense()
-        sent, ctx = self._compression.compress(p.grad)
+            grad = grad.to_dense()
+        sent, ctx = self._compression.compress(grad)
         pre, post = (1.0 / self._predivide, self._predivide) if self._op == Average else (1.0, 1.0)
         handle = allreduce_async_(sent, name=name, op=self._op, prescale_factor=pre,
                                   postscale_factor=post, process_set=self._process_set)
@@ -148,6 +158,9 @@ class _DistributedOptimizer:
 
     def synchronize(self):
         """Wait for every gradient allreduce and write the results into ``p.grad``."""
+        if not self._included:
+            self._synchronized = True
+            return
         self._flush_bucket()
         with burst():
             for p in self._params:
@@ -155,10 +168,12 @@ class _DistributedOptimizer:
                     self._handles[p] = self._start(p)
         for p, (handle, ctx, sent) in self._handles.items():
             if ctx == "sparse":
-                self._finish_sparse(p, handle)
+                p.grad = handle.wait()
                 continue
             handle.wait()
-            if sent is not p.grad:
+            if p.grad.is_sparse:     # sparse_as_dense: back to the layout the optimizer expects
+                p.grad = self._compression.decompress(sent, ctx).to_sparse(p.grad.sparse_dim())
+            elif sent is not p.grad:
                 with torch.no_grad():
                     p.grad.copy_(self._compression.decompress(sent, ctx))
         self._handles.clear()
@@ -166,12 +181,6 @@ class _DistributedOptimizer:
         self._bucket, self._bucket_fill = [], 0
         self._delay = {p: self._passes for p in self._params}
         self._synchronized = True
-
-    def _finish_sparse(self, p, handles):
-        indices, values = (h.wait() for h in handles)
-        summed = torch.sparse_coo_tensor(indices.t(), values, p.grad.shape,
-                                         check_invariants=True).coalesce()   # indices came from other ranks
-        p.grad = summed / rank_and_size(self._process_set)[1] if self._op == Average else summed
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -186,9 +195,11 @@ class _DistributedOptimizer:
     def step(self, closure=None):
         if self._should_synchronize:
             if self._synchronized:
-                warn_once("step after synchronize", "optimizer.step() after optimizer.synchronize() "
-                          "reduces the gradients again; wrap step() in `with optimizer.skip_synchronize():` "
-                          "(warned once per process)")
+                warn_once("step after synchronize",
+                          "optimizer.step() called without optimizer.skip_synchronize() context "
+                          "after optimizer.synchronize(): step() allreduces every gradient a "
+                          "second time (same values, time spent again). Wrap step() in `with "
+                          "optimizer.skip_synchronize():` (hvlite warns once per process)")
             self.synchronize()
         self._synchronized = False
         return super().step(closure)

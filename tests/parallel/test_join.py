@@ -1,7 +1,8 @@
-"""join() for uneven work: rank r has r + 1 steps; ranks that joined take part with zeros
-(allreduce) and no rows (allgather); join returns the last rank to join on every rank; the
-engine and its response cache keep working afterwards; a broadcast from a joined root fails on
-every rank. SPMD: run by hvlrun."""
+"""join() for uneven work: rank r has r + 1 steps; ranks that joined take part in allreduce
+with zeros and in barriers; join returns the last rank to join on every rank; the engine and its
+response cache keep working afterwards; allgather, broadcast, alltoall and reducescatter while a
+rank has joined fail on every rank that called them, naming the joined ranks (as Horovod).
+SPMD: run by hvlrun."""
 import numpy as np
 import pytest
 
@@ -15,21 +16,38 @@ def test_uneven_steps_then_join():
         active = [k for k in range(SIZE) if k >= step]
         total = hvd.allreduce(np.full(3, RANK + 1.0), op=hvd.Sum, name="join.grad")
         assert (total == sum(k + 1.0 for k in active)).all(), (step, total)
-        rows = hvd.allgather(np.full((2, 2), RANK, np.int32), name="join.rows")
-        assert (rows == np.repeat(np.array(active, np.int32), 2)[:, None]).all(), (step, rows)
+        hvd.barrier()
     assert hvd.join() == SIZE - 1
     for _ in range(2):
         assert (hvd.allreduce(np.ones(2), op=hvd.Sum, name="join.grad") == SIZE).all()
+        rows = hvd.allgather(np.full((2, 2), RANK, np.int32), name="join.rows")
+        assert (rows == np.repeat(np.arange(SIZE, dtype=np.int32), 2)[:, None]).all(), rows
 
 
-def test_broadcast_from_joined_root_fails_everywhere():
+OTHER_OPS = {
+    "allgather": lambda n: hvd.allgather(np.ones((2, 2)), name=n),
+    "broadcast": lambda n: hvd.broadcast(np.ones(2), root_rank=SIZE - 1, name=n),
+    "alltoall": lambda n: hvd.alltoall(np.ones((SIZE, 2)), name=n),
+    "reducescatter": lambda n: hvd.reducescatter(np.ones((SIZE, 2)), name=n),
+}
+
+
+@pytest.mark.parametrize("op", sorted(OTHER_OPS))
+def test_other_ops_fail_while_a_rank_has_joined(op):
+    """Rank 0 joins first; every other rank's call fails, naming rank 0, also for a name the
+    response cache holds, and the job goes on."""
+    OTHER_OPS[op]("join." + op)                   # every rank: now in the response cache
     if RANK == 0:
-        last = hvd.join()                 # rank 0 has nothing more to send
-    else:
-        with pytest.raises(hvd.HvliteInvalidArgument, match="rank 0, which has already called join"):
-            hvd.broadcast(np.ones(2), root_rank=0, name="join.bcast")
         last = hvd.join()
-    assert 0 <= last < SIZE
+    else:
+        with pytest.raises(hvd.HvliteInvalidArgument,
+                           match="'join.%s': %s while rank 0 has called join" % (op, op)):
+            OTHER_OPS[op]("join." + op)
+        with pytest.raises(RuntimeError):         # what Horovod's scripts catch
+            OTHER_OPS[op]("join.%s.new" % op)
+        last = hvd.join()
+    assert last == hvd.allgather_object(last)[0] and 0 < last < SIZE
+    OTHER_OPS[op]("join.%s.after" % op)           # every rank again: runs
 
 
 def test_tensor_in_flight_on_the_joining_rank_still_completes():

@@ -1,6 +1,6 @@
 """hvlite.torch collectives x torch dtypes x shapes against a torch reference on every rank;
-async and in-place forms; gradients of the differentiable ops checked numerically (finite
-differences of a global objective, the sum over ranks of each rank's loss). SPMD: run by hvlrun."""
+async and in-place forms; sparse_allreduce_async. (Gradients: test_torch_grads.py.)
+SPMD: run by hvlrun."""
 import numpy as np
 import pytest
 import torch
@@ -115,45 +115,71 @@ def test_grouped_and_objects_and_compression():
     hvd.barrier()
 
 
-# ---- gradients ----
-
-def global_objective(y, w):
-    """J = sum over ranks of each rank's loss (y * w).sum(), on every rank."""
-    local = torch.tensor([(y.detach().double() * w).sum().item()], dtype=torch.float64)
-    return hvd.allreduce(local, op=hvd.Sum).item()
-
-
-def check_gradient(op, shape, seed):
-    torch.manual_seed(seed + RANK)
-    x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
-    y = op(x)
-    w = torch.randn(y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(99 + RANK))
-    (y * w).sum().backward()
-    eps = 1e-6
-    for r in range(SIZE):
-        for i in range(x.numel()):
-            values = []
-            for sign in (1, -1):
-                xp = x.detach().clone()
-                if RANK == r:
-                    xp.view(-1)[i] += sign * eps
-                values.append(global_objective(op(xp), w))
-            numeric = (values[0] - values[1]) / (2 * eps)
-            if RANK == r:
-                assert abs(numeric - x.grad.view(-1)[i].item()) < 1e-5, (op, r, i, numeric, x.grad)
+def sparse_input(seed, rank, shape, sparse_dim):
+    """A seeded sparse COO tensor; rank 1 has no non-zeros (an empty contribution)."""
+    dense = torch.from_numpy(inputs(seed, rank, np.dtype("int64"), shape)).double()
+    dense[dense.abs() < 2] = 0
+    if rank == 1:
+        dense.zero_()
+    return dense.to_sparse(sparse_dim)
 
 
-@pytest.mark.parametrize("name,op,shape", [
-    ("allreduce-sum", lambda t: hvd.allreduce(t, op=hvd.Sum), (2, 2)),
-    ("allreduce-average-scaled", lambda t: hvd.allreduce(t, op=hvd.Average, prescale_factor=0.5,
-                                                          postscale_factor=3.0), (3,)),
-    ("allgather", lambda t: hvd.allgather(t), (2, 2)),
-    ("broadcast", lambda t: hvd.broadcast(t, root_rank=SIZE - 1), (3,)),
-    ("alltoall", lambda t: hvd.alltoall(t), (SIZE, 2)),
-    ("reducescatter", lambda t: hvd.reducescatter(t, op=hvd.Average), (SIZE + 1, 2)),
-])
-def test_gradients_numerically(name, op, shape):
-    check_gradient(op, shape, seed=len(name))
+@pytest.mark.parametrize("sparse_dim", [1, 2])
+def test_sparse_allreduce_async(sparse_dim):
+    shape = (9, 3)
+    xs = [sparse_input(8 + sparse_dim, r, shape, sparse_dim) for r in range(SIZE)]
+    total = sum(x.to_dense() for x in xs)
+    for op, expected in ((hvd.Sum, total), (hvd.Average, total / SIZE)):
+        handle = hvd.sparse_allreduce_async(xs[RANK], name="sparse.%d.%d" % (sparse_dim, op), op=op)
+        got = handle()                                   # Horovod's way: call the handle
+        assert got.is_sparse and got.is_coalesced() and got.sparse_dim() == sparse_dim
+        assert hvd.poll(handle) and hvd.synchronize(handle) is got
+        same(got.to_dense(), expected, "sparse allreduce op %d" % op, tol=1e-12)
+    with pytest.raises(TypeError, match="sparse COO"):
+        hvd.sparse_allreduce_async(total, name="sparse.dense", op=hvd.Sum)
+    with pytest.raises(ValueError, match="Sum or op=Average"):
+        hvd.sparse_allreduce_async(xs[RANK], name="sparse.min", op=hvd.Min)
+
+
+def test_sparse_allreduce_async_on_a_process_set():
+    ps = hvd.add_process_set(list(range(1, SIZE)))
+    if RANK in ps.ranks:
+        xs = {r: sparse_input(12, r, (5, 2), 2) for r in ps.ranks}
+        expected = sum(x.to_dense() for x in xs.values()) / len(ps.ranks)
+        got = hvd.sparse_allreduce_async(xs[RANK], name="sparse.set", op=hvd.Average,
+                                         process_set=ps)()
+        same(got.to_dense(), expected, "sparse allreduce on ranks %s" % ps.ranks, tol=1e-12)
+    hvd.remove_process_set(ps)
+
+
+ASYNC_OPS = {
+    "allreduce": lambda t, n: hvd.allreduce_async(t, name=n),
+    "allreduce_": lambda t, n: hvd.allreduce_async_(t.clone(), name=n),
+    "allgather": lambda t, n: hvd.allgather_async(t, name=n),
+    "broadcast": lambda t, n: hvd.broadcast_async(t, 0, name=n),
+    "alltoall": lambda t, n: hvd.alltoall_async(t, name=n),
+    "reducescatter": lambda t, n: hvd.reducescatter_async(t, name=n),
+    "sparse_allreduce": lambda t, n: hvd.sparse_allreduce_async(t.to_sparse(), name=n),
+}
+
+
+@pytest.mark.parametrize("op", sorted(ASYNC_OPS))
+def test_duplicate_in_flight_name_raises(op):
+    """A name already in flight on this rank raises at submit, as a ValueError and a
+    RuntimeError (Horovod's tests catch either); the first request still completes. Ranks
+    submit in turn, so the request is still in flight (others have not submitted) on every
+    rank but the last."""
+    t = torch.ones(SIZE * 2, 3)
+    for turn in range(SIZE):
+        if RANK == turn:
+            first = ASYNC_OPS[op](t, "dup." + op)
+            if RANK < SIZE - 1:
+                with pytest.raises(hvd.HvliteInvalidArgument, match="dup." + op) as raised:
+                    ASYNC_OPS[op](t, "dup." + op)
+                assert isinstance(raised.value, ValueError)
+                assert isinstance(raised.value, RuntimeError)
+        hvd.barrier()
+    hvd.synchronize(first)
 
 
 def test_bad_input():

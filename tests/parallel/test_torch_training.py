@@ -1,7 +1,8 @@
 """hvlite.torch training semantics, each checked on every rank against one process computing on
 the combined batch: DistributedOptimizer (SGD with momentum, Adam; 1 and 2 backward passes per
 step; fp16 compression; sparse embedding gradients), broadcast_parameters and
-broadcast_optimizer_state (state created or not), SyncBatchNorm forward/backward/running stats,
+broadcast_optimizer_state (state created or not: created by a zero-gradient step, as in
+Horovod), SyncBatchNorm forward/backward/running stats,
 join with uneven batches, and clear errors for a model that differs across ranks.
 SPMD: run by hvlrun."""
 import copy
@@ -122,13 +123,16 @@ def test_broadcast_parameters_and_optimizer_state():
             t = s[key].reshape(1, -1).double()
             everyone = hvd.allgather(t, name="optstate.%d.%s" % (i, key))
             assert all(torch.equal(everyone[0], row) for row in everyone), (i, key)
-    # the other way round: the root has no state yet, the others do -> nobody keeps any
+    # the other way round: the root has no state yet, the others do -> the root creates its
+    # state with a step on zero gradients (as Horovod does) and every rank takes it
     model2, _, _ = model_and_data(seed=7)
     opt2 = torch.optim.SGD(model2.parameters(), lr=0.1, momentum=0.9)
     if RANK != 0:
         train(model2, opt2, x, y, steps=1, passes=1, distributed=False)
     hvd.broadcast_optimizer_state(opt2, root_rank=0)
-    assert len(opt2.state_dict()["state"]) == 0
+    state = opt2.state_dict()["state"]
+    assert len(state) == 4 and all(not s["momentum_buffer"].any() for s in state.values())
+    assert all(p.grad is not None for p in model2.parameters())
     hvd.broadcast_parameters(list(model2.named_parameters()), root_rank=0)
     assert_same_on_every_rank(model2)
 

@@ -1,0 +1,114 @@
+"""DistributedOptimizer where Horovod's scripts depend on the details, each checked on every rank
+against one process computing on the combined batch: named_parameters given as the bound method
+or omitted (and the names it keeps, ``_parameter_names``); process_set= on a set this rank is
+not in (the rank takes no part and steps on its own gradients); SparseAdam on a sparse
+embedding, with and without sparse_as_dense (the gradients stay sparse); the warning for
+step() after synchronize() (Horovod's words, then hvlite's advice).
+SPMD: run by hvlrun at 2 and 3 ranks."""
+import copy
+import warnings
+
+import pytest
+import torch
+
+import hvlite
+import hvlite.torch as hvd
+
+RANK, SIZE = hvd.rank(), hvd.size()
+torch.set_num_threads(1)
+
+
+def model_and_batches(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(),
+                                torch.nn.Linear(4, 2)).double()
+    g = torch.Generator().manual_seed(77)
+    x = torch.randn(3, SIZE * 2, 5, generator=g, dtype=torch.float64)   # 3 steps, 2 rows/rank
+    y = torch.randn(3, SIZE * 2, 2, generator=g, dtype=torch.float64)
+    return model, x, y
+
+
+def steps(model, opt, x, y, ranks):
+    """One step per batch on the rows of ``ranks`` (mean loss over them)."""
+    rows = torch.cat([torch.arange(2 * r, 2 * r + 2) for r in ranks])
+    for b in range(x.shape[0]):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x[b][rows]), y[b][rows]).backward()
+        opt.step()
+
+
+def assert_close(model, reference, what):
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.allclose(p, q, rtol=1e-10, atol=1e-12), (what, name, (p - q).abs().max())
+
+
+@pytest.mark.parametrize("naming", ["method", "omitted", "called"])
+def test_named_parameters_forms(naming):
+    model, x, y = model_and_batches()
+    reference = copy.deepcopy(model)
+    names = {"method": model.named_parameters, "omitted": None,
+             "called": model.named_parameters()}[naming]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.5),
+                                   named_parameters=names)
+    assert sorted(opt._parameter_names.values()) == (
+        sorted(n for n, _ in model.named_parameters()) if naming != "omitted"
+        else sorted("param.%d" % i for i in range(4)))
+    steps(model, opt, x, y, [RANK])
+    steps(reference, torch.optim.SGD(reference.parameters(), lr=0.3, momentum=0.5), x, y,
+          range(SIZE))
+    assert_close(model, reference, naming)
+
+
+def test_process_set_without_this_rank():
+    """Set = the ranks 1..: they average among themselves; rank 0 is not in the set, sends
+    nothing and steps on its own gradients (as Horovod's optimizer does)."""
+    upper = hvd.add_process_set(list(range(1, SIZE)))
+    model, x, y = model_and_batches()
+    reference = copy.deepcopy(model)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.3),
+                                   named_parameters=model.named_parameters(), process_set=upper)
+    before = hvlite.engine_counters()["tensors_submitted"]
+    steps(model, opt, x, y, [RANK])
+    if RANK == 0:
+        assert hvlite.engine_counters()["tensors_submitted"] == before   # took no part
+    steps(reference, torch.optim.SGD(reference.parameters(), lr=0.3), x, y,
+          [0] if RANK == 0 else upper.ranks)
+    assert_close(model, reference, "process set %s" % upper.ranks)
+    hvd.remove_process_set(upper)
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_sparse_adam_on_sparse_embedding(sparse_as_dense):
+    torch.manual_seed(1)
+    emb = torch.nn.Embedding(10, 3, sparse=True).double()
+    reference = copy.deepcopy(emb)
+    ids = torch.tensor([[1, 2, 4, 5], [4, 3, 2, 9], [0, 0, 8, 1]])[:SIZE]   # a row per rank
+    opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(list(emb.parameters()), lr=0.1),
+                                   sparse_as_dense=sparse_as_dense)
+    ref_opt = torch.optim.SparseAdam(list(reference.parameters()), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        (emb(ids[RANK]) ** 2).sum().backward()
+        opt.synchronize()
+        assert emb.weight.grad.is_sparse        # what SparseAdam insists on
+        with opt.skip_synchronize():
+            opt.step()
+        ref_opt.zero_grad()
+        ((reference(ids) ** 2).sum() / SIZE).backward()
+        ref_opt.step()
+    assert torch.allclose(emb.weight, reference.weight, rtol=1e-10, atol=1e-12)
+
+
+def test_step_after_synchronize_warns_in_horovods_words():
+    model, x, y = model_and_batches()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    torch.nn.functional.mse_loss(model(x[0]), y[0]).backward()
+    opt.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    text = str(caught[0].message)
+    assert text.startswith("optimizer.step() called without optimizer.skip_synchronize()")
+    assert "with optimizer.skip_synchronize():" in text
