@@ -23,16 +23,18 @@ from .. import ops as _np
 from ..basics import rank as _rank
 from ..buffers import array_output, array_source
 from ..collectives import reduce_op
+from ..errors import HvliteNotSupportedError
 from ..process_sets import global_process_set, rank_and_size, rank_and_size_by_id
 from ._bridge import library, needs_gradient, np_dtype, op_name, run, submit_all, wait_all
 from .compression import Compression
 
-__all__ = ["Sum", "Average", "Min", "Max", "Product", "allreduce", "grouped_allreduce",
+__all__ = ["Sum", "Average", "Min", "Max", "Product", "Adasum", "allreduce", "grouped_allreduce",
            "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join",
            "size_op", "rank_op", "local_size_op", "local_rank_op"]
 
-Sum, Average, Min, Max, Product = (collectives.Sum, collectives.Average, collectives.Min,
-                                   collectives.Max, collectives.Product)
+Sum, Average, Min, Max, Product, Adasum = (collectives.Sum, collectives.Average,
+                                           collectives.Min, collectives.Max,
+                                           collectives.Product, collectives.Adasum)
 
 
 def _output(array):
@@ -93,6 +95,9 @@ def _allreduce_group(tensors, names, op, pre, post, process_set):
 
 
 def _sparse_allreduce(slices, op, pre, post, name, process_set):
+    if op == Adasum:     # as Horovod: no Adasum of IndexedSlices
+        raise HvliteNotSupportedError("Adasum does not support tf.IndexedSlices; pass "
+                                      "sparse_as_dense=True to reduce them as dense tensors")
     if op not in (Sum, Average):
         raise ValueError("allreduce of tf.IndexedSlices supports op Sum and Average only")
     values, indices = _allgather_group([_tensor(slices.values), _tensor(slices.indices)],
