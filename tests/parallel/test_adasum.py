@@ -119,8 +119,8 @@ def test_process_sets():
             got = hvd.allreduce(xs[RANK], op=hvd.Adasum, process_set=pair)
             assert_close(got, adasum(xs, np.float32), "adasum in set [0, 1]")
         if three is not None and RANK < 3:
-            with pytest.raises(HvliteNotSupportedError,
-                               match=r"'t3'.*power-of-2.*process set %d has 3" % three.process_set_id):
+            pattern = r"'t3'.*power-of-2.*process set %d has 3" % three.process_set_id
+            with pytest.raises(HvliteNotSupportedError, match=pattern):
                 hvd.allreduce(np.ones(3, np.float32), op=hvd.Adasum, name="t3",
                               process_set=three)
             assert hvd.allreduce(np.ones(2), op=hvd.Sum, process_set=three)[0] == 3

@@ -1,8 +1,8 @@
 """Adasum in hvlite.tensorflow, checked on every rank against the NumPy reference: allreduce
 and grouped_allreduce (eagerly and in a tf.function), DistributedGradientTape(op=Adasum) and
 the Keras DistributedOptimizer(op=Adasum), which Adasum-reduce the gradients as Horovod's do;
-and Horovod's refusals: reducescatter, tf.IndexedSlices, integer dtypes, hvd.DistributedOptimizer
-of a Keras optimizer, sets that are not 2^k ranks. SPMD: run by hvlrun at 2 and 3 ranks."""
+and Horovod's refusals: reducescatter, tf.IndexedSlices (with any op but Sum and Average),
+integer dtypes, hvd.DistributedOptimizer of a Keras optimizer, sets that are not 2^k ranks. SPMD: run by hvlrun at 2 and 3 ranks."""
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -83,8 +83,11 @@ def test_refusals_on_every_rank():
     with pytest.raises(HvliteNotSupportedError, match="not int32"):
         hvd.allreduce(tf.ones([3], tf.int32), op=hvd.Adasum)
     slices = tf.IndexedSlices(tf.ones([2, 3]), tf.constant([0, 2]), tf.constant([4, 3]))
-    with pytest.raises(NotImplementedError, match="sparse_as_dense=True"):
-        hvd.allreduce(slices, op=hvd.Adasum)
+    for op in (hvd.Adasum, hvd.Min, hvd.Max, hvd.Product):    # Horovod: NotImplementedError
+        with pytest.raises(NotImplementedError, match="sparse_as_dense=True"):
+            hvd.allreduce(slices, op=op)
+        with pytest.raises(NotImplementedError, match="Sum and Average only"):
+            hvd.grouped_allreduce([tf.ones([2]), slices], op=op)
     with pytest.raises(ValueError, match="Adasum"):
         hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd.Adasum)
     if not POWER_OF_2:
