@@ -33,7 +33,8 @@ typedef enum {
     HVL_ERR_SHUT_DOWN = 8,     /* engine not running, or shut down while the request was pending */
     HVL_ERR_IN_PROGRESS = 9,   /* hvl_wait timed out; the request is still pending */
     HVL_ERR_NOT_INITIALIZED = 10,  /* called before hvl_init (never started in this process) */
-    HVL_ERR_DEADLOCK = 11      /* every rank waits on collectives that can never complete */
+    HVL_ERR_DEADLOCK = 11,     /* every rank waits on collectives that can never complete */
+    HVL_ERR_UNSUPPORTED = 12   /* valid, but hvlite (like Horovod) does not run it (Adasum) */
 } hvl_status;
 
 typedef enum {
@@ -49,7 +50,9 @@ typedef enum {
 } hvl_op;
 
 typedef enum {
-    HVL_SUM = 0, HVL_AVERAGE = 1, HVL_MIN = 2, HVL_MAX = 3, HVL_PRODUCT = 4, HVL_REDUCE_COUNT = 5
+    HVL_SUM = 0, HVL_AVERAGE = 1, HVL_MIN = 2, HVL_MAX = 3, HVL_PRODUCT = 4,
+    HVL_ADASUM = 5,         /* allreduce of float16/32/64 over a power-of-2 set (adaptive sum) */
+    HVL_REDUCE_COUNT = 6
 } hvl_reduce_op;
 
 /* One collective request. hvl_enqueue copies the struct, the name, shape and splits; the

@@ -21,6 +21,9 @@ Contract:
   (or every member with none: ``name=None`` generates one, ``hvlite.handles.auto_name``).
 - Errors: ``ValueError`` for a bad reduce op (``reduce_op``), a 0-d reducescatter input or a
   process set that is not registered, raised before a name is generated or anything is sent;
+  ``HvliteNotSupportedError`` (a ``NotImplementedError``) at submit for Adasum where it does
+  not apply (an op other than allreduce, a dtype other than float16/32/64, a set whose size is
+  not a power of 2), as Horovod refuses them;
   ``HvliteError`` subclasses from the engine (at submit for local mistakes such as a name
   already in flight, at ``wait`` for what the ranks report, e.g. ``MismatchError``).
 - Helpers: ``reduce_op(average, op)`` (Horovod's defaulting of the deprecated ``average`` and
@@ -35,9 +38,8 @@ from .buffers import NULL, Source  # noqa: F401  (Source: re-exported with the c
 from .handles import auto_name, received_splits, result_buffer, submit
 from .process_sets import rank_and_size, set_id_of
 
-Sum, Average, Min, Max, Product = (lib.HVL_SUM, lib.HVL_AVERAGE, lib.HVL_MIN, lib.HVL_MAX,
-                                   lib.HVL_PRODUCT)
-Adasum = -1     # Horovod's name; hvlite has no Adasum reduction, so using it is a ValueError
+Sum, Average, Min, Max, Product, Adasum = (lib.HVL_SUM, lib.HVL_AVERAGE, lib.HVL_MIN,
+                                           lib.HVL_MAX, lib.HVL_PRODUCT, lib.HVL_ADASUM)
 
 
 class InPlace(NamedTuple):
@@ -53,16 +55,16 @@ def reduce_op(average, op):
     """The reduce op of a call: ``op``, else Average unless the deprecated ``average`` is False.
 
     Raises:
-        ValueError: both given, Adasum, or an op the engine does not have.
+        ValueError: both given, or an op the engine does not have. (Where Adasum does not
+            apply, the engine refuses the request: ``HvliteNotSupportedError``.)
     """
     if op is None:
         return Average if average is None or average else Sum
     if average is not None:
         raise ValueError("pass either op= or the deprecated average=, not both")
-    if op == Adasum:
-        raise ValueError("hvlite does not implement Adasum; use Average or Sum")
-    if op not in (Sum, Average, Min, Max, Product):
-        raise ValueError("unsupported reduce op %r (use Sum, Average, Min, Max or Product)" % (op,))
+    if op not in (Sum, Average, Min, Max, Product, Adasum):
+        raise ValueError("unsupported reduce op %r (use Sum, Average, Min, Max, Product or "
+                         "Adasum)" % (op,))
     return op
 
 

@@ -8,7 +8,7 @@ from ._lib import ffi, lib
 
 __all__ = ["HvliteError", "HorovodInternalError", "HvliteInvalidArgument", "MismatchError",
            "HvliteTimeoutError", "HvliteShutdownError", "HvliteNotInitializedError",
-           "HvliteDeadlockError"]
+           "HvliteDeadlockError", "HvliteNotSupportedError"]
 
 
 class HvliteError(RuntimeError):
@@ -38,6 +38,12 @@ class HvliteDeadlockError(HvliteError):
     running."""
 
 
+class HvliteNotSupportedError(HvliteError, NotImplementedError):
+    """A valid request that hvlite, like Horovod, does not run: Adasum outside allreduce, on a
+    dtype other than float16/32/64, or over a set whose size is not a power of 2 (Horovod raises
+    ``NotImplementedError`` or a ``RuntimeError`` there; this is both)."""
+
+
 class HvliteShutdownError(HvliteError):
     """The engine is not running: not initialised, shut down by a rank, or failed."""
 
@@ -53,6 +59,7 @@ _BY_STATUS = {
     lib.HVL_ERR_TIMEOUT: HvliteTimeoutError,
     lib.HVL_ERR_SHUT_DOWN: HvliteShutdownError,
     lib.HVL_ERR_DEADLOCK: HvliteDeadlockError,
+    lib.HVL_ERR_UNSUPPORTED: HvliteNotSupportedError,
 }
 
 

@@ -34,6 +34,17 @@ def test_allreduce_bench_autotune_smoke():
         assert line.rstrip().endswith(" 0"), "wrong results in: " + line
 
 
+def test_adasum_bench_smoke():
+    """bench/adasum.py: Adasum and Sum, one tensor and fused, right results (#wrong 0)."""
+    job = run_job(2, ["python", "bench/adasum.py", "--smoke"], timeout=180)
+    out = job.stdout + job.stderr
+    assert job.returncode == 0, out
+    rows = [line for line in job.stdout.splitlines() if "KiB" in line and "x " in line]
+    assert len(rows) == 2, out
+    for line in rows:
+        assert line.rstrip().endswith(" 0"), "wrong results in: " + line
+
+
 def test_collectives_bench_smoke():
     """bench/collectives.py: every op on shm and on MPI, right results (#wrong 0)."""
     job = run_job(2, ["python", "bench/collectives.py", "--smoke"], timeout=180)

@@ -36,11 +36,14 @@ void hvl__planes_close(hvl_pset *ps, int clean)
     }
 }
 
-hvl_plane hvl__plane_for(const hvl_engine *e, const hvl_pset *ps, int op, int dtype, int64_t bytes)
+hvl_plane hvl__plane_for(const hvl_engine *e, const hvl_pset *ps, int op, int reduce_op, int dtype,
+                         int64_t bytes)
 {
+    int adasum = op == HVL_ALLREDUCE && reduce_op == HVL_ADASUM;
     for (int i = 0; i < NPLANES; i++) {
         void *state = ps->plane_state[i];
         if (registry[i]->open && !state) continue;      /* it does not serve this set */
+        if (adasum && !registry[i]->adasum) continue;
         if (registry[i]->can_run(e, ps, state, op, dtype, bytes)) return (hvl_plane){registry[i], state, i};
     }
     return (hvl_plane){registry[NPLANES - 1], ps->plane_state[NPLANES - 1], NPLANES - 1};

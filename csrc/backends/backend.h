@@ -60,6 +60,12 @@ typedef struct {
                          const int64_t *counts, int dtype, int reduce_op);
     /* Optional (NULL: the engine calls .allreduce on HVLITE_ALLREDUCE_PIECE pieces). */
     int (*allreduce_stream)(hvl_engine *e, hvl_pset *ps, void *state, hvl_stream *s);
+    /* Optional: Adasum in place over buf, ntensors tensors of counts[i] elements back to back
+     * (each tensor gets its own dot products); every member ends with the same values. The set
+     * has a power-of-2 size and dtype is float16/32/64 (queue.c checks). A plane without it is
+     * never offered an Adasum batch. */
+    int (*adasum)(hvl_engine *e, hvl_pset *ps, void *state, void *buf, int dtype,
+                  const int64_t *counts, int ntensors);
 } hvl_backend;
 
 /* The plane chosen for one batch: its backend, its state for the batch's set, its registry slot. */
@@ -73,13 +79,18 @@ typedef struct hvl_plane {
  * on failure the planes opened so far are closed again. close: every plane's close. */
 int hvl__planes_open(hvl_engine *e, hvl_pset *ps);
 void hvl__planes_close(hvl_pset *ps, int clean);
-/* The first plane, in priority order, that runs this batch (MPI takes every batch). */
-hvl_plane hvl__plane_for(const hvl_engine *e, const hvl_pset *ps, int op, int dtype, int64_t bytes);
+/* The first plane, in priority order, that runs this batch (MPI takes every batch); an
+ * Adasum allreduce goes to the first plane that has .adasum. */
+hvl_plane hvl__plane_for(const hvl_engine *e, const hvl_pset *ps, int op, int reduce_op, int dtype,
+                         int64_t bytes);
 /* Counts one collective of `bytes` run by p (any thread reads them: hvl_get_backend_counters). */
 void hvl__plane_count(hvl_engine *e, const hvl_plane *p, int64_t bytes);
 
 extern const hvl_backend hvl__backend_mpi;
 extern const hvl_backend hvl__backend_shm;    /* every member on this host */
 extern const hvl_backend hvl__backend_hier;   /* allreduce across hosts: shm, MPI, shm */
+/* The MPI plane's Adasum (adasum_mpi.c): recursive halving then doubling, point to point. */
+int hvl__adasum_mpi(hvl_engine *e, hvl_pset *ps, void *state, void *buf, int dtype,
+                    const int64_t *counts, int ntensors);
 
 #endif /* HVLITE_BACKEND_H */

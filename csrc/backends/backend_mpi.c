@@ -127,4 +127,5 @@ const hvl_backend hvl__backend_mpi = {
     .broadcast = broadcast,
     .alltoallv = alltoallv,
     .reducescatter = reducescatter,
+    .adasum = hvl__adasum_mpi,
 };

@@ -2,7 +2,8 @@
  * registry picks, and finishes their entries (hvl__entry_finish). A fused allreduce goes piece
  * by piece (HVLITE_ALLREDUCE_PIECE): copy the piece in (applying the prescale), reduce it in
  * place, copy it out (average, postscale) while it is still in cache; a lone tensor is reduced
- * in its own output, also in pieces (measurements: bench/README.md). Allgather and alltoall live
+ * in its own output, also in pieces (measurements: bench/README.md); an Adasum batch goes
+ * whole to a plane that has Adasum (run_adasum). Allgather and alltoall live
  * in gather.c. Ops without data (barrier, join, process-set changes) run here too, at their
  * place in the agreed order. bg thread only. */
 #include <stdio.h>
@@ -90,10 +91,41 @@ static int run_allreduce_stream(hvl_engine *e, const hvl_plane *p, hvl_batch *b)
     return p->be->allreduce_stream(e, b->ps, p->state, &bs.s);
 }
 
+/* Adasum needs whole tensors (each has its own dot products), so it goes in one piece: the
+ * batch is copied into the fusion buffer (a lone tensor into its output) with the prescale,
+ * reduced there by the plane, and copied out with the postscale. */
+static int run_adasum(hvl_engine *e, const hvl_plane *p, hvl_batch *b)
+{
+    int64_t total = b->bytes / hvl_dtype_size(b->dtype);
+    int64_t *counts = malloc(sizeof(int64_t) * (size_t)b->count);
+    if (!counts) return hvl__oom("Adasum tensor counts");
+    for (int i = 0; i < b->count; i++) counts[i] = entry_elems(b->entries[i]);
+    hvl_entry *en = b->entries[0];
+    char *buf = en->output;
+    cursor_t in = {0, 0}, out;
+    int rc = HVL_OK;
+    if (b->count == 1) {
+        hvl__scale(buf, en->input, total, b->dtype, b->prescale);
+    } else {
+        HVL_CHECK_GOTO(hvl__grow(&e->fusion_buf, &e->fusion_cap, b->bytes), rc, done);
+        buf = e->fusion_buf;
+        while (in.i < b->count && entry_elems(b->entries[in.i]) == 0) in.i++;
+        out = in;
+        move_piece(b, &in, buf, total, 1);
+    }
+    HVL_CHECK_GOTO(p->be->adasum(e, b->ps, p->state, buf, b->dtype, counts, b->count), rc, done);
+    if (b->count == 1) finish_values(b, buf, buf, total);
+    else move_piece(b, &out, buf, total, 0);
+done:
+    free(counts);
+    return rc;
+}
+
 /* Allreduce a batch piece by piece (HVLITE_ALLREDUCE_PIECE): each piece is copied in, reduced
  * and copied out while it is still in cache. A lone tensor is reduced in its own output. */
 static int run_allreduce(hvl_engine *e, const hvl_plane *p, hvl_batch *b)
 {
+    if (b->reduce_op == HVL_ADASUM) return run_adasum(e, p, b);
     if (p->be->allreduce_stream) return run_allreduce_stream(e, p, b);
     int esize = hvl_dtype_size(b->dtype), tl = hvl__tl_active();   /* timeline: piece spans */
     double t_in = 0, t_reduce = 0, t_out = 0;
@@ -212,7 +244,8 @@ static int execute_one(hvl_engine *e, hvl_batch *b)
     hvl_outcome *o = calloc((size_t)b->count, sizeof(hvl_outcome));
     if (!o) return hvl__oom("a batch's outcomes");
     int data = hvl__op_is(b->op, HVL_OPF_DATA);
-    hvl_plane p = data ? hvl__plane_for(e, b->ps, b->op, b->dtype, b->bytes) : (hvl_plane){0};
+    hvl_plane p = data ? hvl__plane_for(e, b->ps, b->op, b->reduce_op, b->dtype, b->bytes)
+                       : (hvl_plane){0};
     b->backend = data ? p.be->name : "none";
     double t0 = hvl__now();
     int rc = hvl__peers_explain(e, run_batch(e, &p, b, o));   /* a timeout names the silent ranks */

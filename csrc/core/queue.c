@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cycle.h"
+#include "kernels.h"
 #include "timeline.h"
 
 /* Checks that need the process set: it exists, this rank is a member, the root is one, and
@@ -48,6 +49,21 @@ static int check_set_change(hvl_engine *e, const hvl_request *q)
     return HVL_OK;
 }
 
+/* Adasum runs where Horovod runs it: allreduce of float16/32/64 over a power-of-2 set. */
+static int check_adasum(const hvl_request *q, const char *name, int set_size)
+{
+    if (q->op != HVL_ALLREDUCE)
+        return hvl__fail(HVL_ERR_UNSUPPORTED, "tensor '%s': %s does not support Adasum (only "
+                         "allreduce does)", name, hvl__op_name(q->op));
+    if (!hvl__adasum_dtype_ok(q->dtype))
+        return hvl__fail(HVL_ERR_UNSUPPORTED, "tensor '%s': Adasum reduces float16, float32 and "
+                         "float64 tensors, not %s", name, hvl__dtype_name(q->dtype));
+    if (set_size & (set_size - 1))
+        return hvl__fail(HVL_ERR_UNSUPPORTED, "tensor '%s': Adasum needs a power-of-2 number of "
+                         "ranks; process set %d has %d", name, q->process_set, set_size);
+    return HVL_OK;
+}
+
 static int check_request(hvl_engine *e, const hvl_request *q, int *set_size)
 {
     const char *name = q->name ? q->name : "(null)";
@@ -66,6 +82,7 @@ static int check_request(hvl_engine *e, const hvl_request *q, int *set_size)
     int reducing = hvl__op_is(q->op, HVL_OPF_REDUCES);
     if (reducing && (q->reduce_op < 0 || q->reduce_op >= HVL_REDUCE_COUNT))
         return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': unknown reduce op %d", name, q->reduce_op);
+    if (reducing && q->reduce_op == HVL_ADASUM) HVL_CHECK(check_adasum(q, name, *set_size));
     if (reducing && q->dtype == HVL_BOOL && (q->reduce_op == HVL_AVERAGE || q->prescale != 1.0 || q->postscale != 1.0))
         return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': bool tensors support Sum, Min, Max and Product without scaling", name);
     if ((q->op == HVL_ALLTOALL || q->op == HVL_REDUCESCATTER) && q->ndim == 0)

@@ -20,6 +20,15 @@ void hvl__scale(void *dst, const void *src, int64_t count, int dtype, double fac
 /* out[i] = a[i] op b[i] for n elements; out may be a or b, else no overlap. Average sums.
  * Integers wrap; bool Sum/Max = any, Min/Product = all. Cannot fail. */
 void hvl__reduce_pair(void *out, const void *a, const void *b, int64_t n, int dtype, int reduce_op);
+/* Adasum (adasum_kernels.c), float16/32/64 only. dots: out[0..2] += a.b, a.a, b.b over n
+ * elements (in double). coefficients: from whole-tensor dots, ca = 1 - a.b / (2 a.a) and
+ * cb = 1 - a.b / (2 b.b), 1 for a zero vector. combine: out[i] = ca a[i] + cb b[i] (out may
+ * be a or b). dtype_ok: 1 for the dtypes Adasum takes. Cannot fail. */
+void hvl__adasum_dots(const void *a, const void *b, int64_t n, int dtype, double out[3]);
+void hvl__adasum_coefficients(const double dots[3], double *ca, double *cb);
+void hvl__adasum_combine(void *out, const void *a, const void *b, int64_t n, int dtype,
+                         double ca, double cb);
+int hvl__adasum_dtype_ok(int dtype);
 const char *hvl__dtype_name(int dtype);
 const char *hvl__reduce_name(int reduce_op);
 

@@ -42,9 +42,12 @@ int hvl__reduce_setup(void)
     HVL_CHECK(hvl__mpi_check(MPI_Type_commit(&half_type), "MPI_Type_commit"));
     HVL_CHECK(hvl__mpi_check(MPI_Type_contiguous(2, MPI_BYTE, &bhalf_type), "MPI_Type_contiguous"));
     HVL_CHECK(hvl__mpi_check(MPI_Type_commit(&bhalf_type), "MPI_Type_commit"));
-    MPI_User_function *fns[HVL_REDUCE_COUNT] = {half_sum, half_sum, half_min, half_max, half_prod};
+    /* Adasum is no elementwise op (adasum.c); it has no MPI op. */
+    MPI_User_function *fns[HVL_REDUCE_COUNT] = {half_sum, half_sum, half_min, half_max, half_prod,
+                                                NULL};
     for (int i = 0; i < HVL_REDUCE_COUNT; i++)
-        HVL_CHECK(hvl__mpi_check(MPI_Op_create(fns[i], 1, &half_ops[i]), "MPI_Op_create"));
+        if (fns[i])
+            HVL_CHECK(hvl__mpi_check(MPI_Op_create(fns[i], 1, &half_ops[i]), "MPI_Op_create"));
     return HVL_OK;
 }
 
@@ -126,6 +129,7 @@ const char *hvl__dtype_name(int dtype)
 
 const char *hvl__reduce_name(int reduce_op)
 {
-    static const char *names[HVL_REDUCE_COUNT] = {"Sum", "Average", "Min", "Max", "Product"};
+    static const char *names[HVL_REDUCE_COUNT] = {"Sum", "Average", "Min", "Max", "Product",
+                                                  "Adasum"};
     return reduce_op >= 0 && reduce_op < HVL_REDUCE_COUNT ? names[reduce_op] : "unknown reduce op";
 }

@@ -109,8 +109,8 @@ const char *hvl__status_name(int rc)
 {
     static const char *names[] = {"ok", "invalid argument", "mismatch", "timeout", "MPI error",
                                   "NCCL error", "system error", "out of memory", "shut down",
-                                  "in progress", "not initialized", "deadlock"};
-    return rc >= 0 && rc <= HVL_ERR_DEADLOCK ? names[rc] : "unknown status";
+                                  "in progress", "not initialized", "deadlock", "unsupported"};
+    return rc >= 0 && rc <= HVL_ERR_UNSUPPORTED ? names[rc] : "unknown status";
 }
 
 double hvl__now(void)

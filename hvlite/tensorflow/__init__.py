@@ -24,9 +24,9 @@ from . import elastic
 from ..elastic import HostsUpdatedInterrupt
 from .functions import allgather_object, broadcast_, broadcast_object, broadcast_variables
 from .gradient_tape import DistributedGradientTape
-from .ops import (Average, Max, Min, Product, Sum, allgather, allreduce, alltoall, barrier,
-                  broadcast, grouped_allreduce, join, local_rank_op, local_size_op, rank_op,
-                  reducescatter, size_op)
+from .ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall,
+                  barrier, broadcast, grouped_allreduce, join, local_rank_op, local_size_op,
+                  rank_op, reducescatter, size_op)
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
            "cross_rank", "cross_size", "mpi_threads_supported", "mpi_built", "mpi_enabled",
@@ -34,7 +34,7 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "ccl_built", "HorovodInternalError", "HvliteError", "HvliteInvalidArgument",
            "HvliteShutdownError", "HvliteTimeoutError", "MismatchError", "HvliteDeadlockError", "ProcessSet", "add_process_set", "remove_process_set",
            "global_process_set", "Compression", "Sum", "Average", "Min", "Max", "Product",
-           "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall",
+           "Adasum", "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall",
            "reducescatter", "barrier", "join", "size_op", "rank_op", "local_size_op",
            "local_rank_op", "broadcast_variables", "broadcast_", "broadcast_object",
            "allgather_object", "DistributedGradientTape", "DistributedOptimizer", "start_timeline",
@@ -48,6 +48,13 @@ def DistributedOptimizer(optimizer, *args, **kwargs):
 
     Raises:
         TypeError: ``optimizer`` is not a Keras optimizer.
+        ValueError: ``op=Adasum``, which Horovod's ``hvd.DistributedOptimizer`` refuses for
+            Keras optimizers (``hvlite.tensorflow.keras.DistributedOptimizer`` takes it and
+            Adasum-reduces the gradients, as Horovod's Keras one does).
     """
+    if kwargs.get("op") == Adasum:
+        raise ValueError("op == Adasum is not supported with Keras optimizers by "
+                         "hvd.DistributedOptimizer; use hvlite.tensorflow.keras."
+                         "DistributedOptimizer (Adasum of the gradients)")
     from .keras import DistributedOptimizer as keras_distributed_optimizer
     return keras_distributed_optimizer(optimizer, *args, **kwargs)

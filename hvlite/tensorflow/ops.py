@@ -23,16 +23,18 @@ from .. import ops as _np
 from ..basics import rank as _rank
 from ..buffers import array_output, array_source
 from ..collectives import reduce_op
+from ..errors import HvliteNotSupportedError
 from ..process_sets import global_process_set, rank_and_size, rank_and_size_by_id
 from ._bridge import library, needs_gradient, np_dtype, op_name, run, submit_all, wait_all
 from .compression import Compression
 
-__all__ = ["Sum", "Average", "Min", "Max", "Product", "allreduce", "grouped_allreduce",
+__all__ = ["Sum", "Average", "Min", "Max", "Product", "Adasum", "allreduce", "grouped_allreduce",
            "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join",
            "size_op", "rank_op", "local_size_op", "local_rank_op"]
 
-Sum, Average, Min, Max, Product = (collectives.Sum, collectives.Average, collectives.Min,
-                                   collectives.Max, collectives.Product)
+Sum, Average, Min, Max, Product, Adasum = (collectives.Sum, collectives.Average,
+                                           collectives.Min, collectives.Max,
+                                           collectives.Product, collectives.Adasum)
 
 
 def _output(array):
@@ -92,9 +94,15 @@ def _allreduce_group(tensors, names, op, pre, post, process_set):
     return list(forward(*tensors))
 
 
+def _check_sparse_op(op):
+    if op not in (Sum, Average):     # NotImplementedError, as Horovod raises
+        raise HvliteNotSupportedError("allreduce of tf.IndexedSlices supports op Sum and Average "
+                                      "only; pass sparse_as_dense=True to reduce them as dense "
+                                      "tensors")
+
+
 def _sparse_allreduce(slices, op, pre, post, name, process_set):
-    if op not in (Sum, Average):
-        raise ValueError("allreduce of tf.IndexedSlices supports op Sum and Average only")
+    _check_sparse_op(op)
     values, indices = _allgather_group([_tensor(slices.values), _tensor(slices.indices)],
                                        _group_names("allreduce.sparse", name, 2, process_set), process_set)
     scale = pre * post / (rank_and_size(process_set)[1] if op == Average else 1)
@@ -124,6 +132,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
         A tensor of the same shape and dtype (tf.IndexedSlices for IndexedSlices input).
     Raises:
         TypeError: unsupported dtype. ValueError: bad op/arguments.
+        HvliteNotSupportedError (a NotImplementedError, as Horovod's): tf.IndexedSlices with an
+            op other than Sum and Average; Adasum where it does not apply.
         MismatchError (eagerly; tf.errors.OpError in a graph): ranks disagree.
     """
     op = reduce_op(average, op)
@@ -149,6 +159,8 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
     op = reduce_op(average, op)
     tensors = list(tensors)
     dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    if len(dense) < len(tensors):
+        _check_sparse_op(op)     # before anything is named or sent
     results = [None] * len(tensors)
     names = _group_names("grouped_allreduce", name, len(tensors), process_set)
     if dense:

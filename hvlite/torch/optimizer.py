@@ -26,8 +26,9 @@ from ..once import warn_once
 from ..handles import burst
 from ..objects import allgather_object
 from ..process_sets import rank_and_size
+from .adasum_optimizer import adasum_optimizer
 from .compression import Compression
-from .ops import Average, Sum, allreduce_async_, sparse_allreduce_async
+from .ops import Adasum, Average, Sum, allreduce_async_, sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer"]
 
@@ -223,7 +224,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         compression: Compression.none or Compression.fp16 (gradients sent as float16).
         backward_passes_per_step: gradients accumulate locally over this many backward passes
             before they are allreduced.
-        op: Average (default) or Sum.
+        op: Average (default), Sum, or Adasum (Horovod's delta optimizer: each rank steps, the
+            parameter changes are Adasum-reduced; see ``hvlite.torch.adasum_optimizer``).
         gradient_predivide_factor: divide gradients by this before the sum and multiply after
             (Average only), to keep float16 sums in range.
         num_groups / groups: submit gradients in groups (all of a group once it is complete).
@@ -241,6 +243,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     Raises:
         ValueError: bad arguments, or parameters that differ across ranks (on every rank).
     """
+    if op == Adasum:
+        if gradient_predivide_factor != 1.0:
+            raise ValueError("gradient_predivide_factor needs op=Average")
+        return adasum_optimizer(optimizer, named_parameters, compression,
+                                backward_passes_per_step, process_set)
     base = type(optimizer)
     cls = type(base.__name__, (_DistributedOptimizer, base), {})
     wrapped = cls.__new__(cls)

@@ -185,8 +185,8 @@ def test_duplicate_in_flight_name_raises(op):
 def test_bad_input():
     with pytest.raises(TypeError, match="torch.Tensor"):
         hvd.allreduce([1.0, 2.0])
-    with pytest.raises(ValueError, match="Adasum"):
-        hvd.allreduce(torch.ones(2), op=hvd.Adasum)
+    with pytest.raises(ValueError, match="unsupported reduce op"):
+        hvd.allreduce(torch.ones(2), op=99)
     with pytest.raises(TypeError, match="complex"):
         hvd.allreduce(torch.zeros(2, dtype=torch.complex64))
     shape = (3,) if RANK == 0 else (4,)

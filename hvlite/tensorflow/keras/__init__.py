@@ -21,7 +21,7 @@ from ...timeline import start_timeline, stop_timeline
 from .. import functions as _functions
 from .. import ops as _ops
 from ..compression import Compression
-from ..ops import Average, Max, Min, Product, Sum
+from ..ops import Adasum, Average, Max, Min, Product, Sum
 from . import callbacks, elastic
 from ...elastic import HostsUpdatedInterrupt
 from .callbacks import _model_variables
@@ -30,7 +30,7 @@ from .optimizer import DistributedOptimizer, is_distributed, wrap_in_place
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
            "cross_rank", "cross_size", "mpi_threads_supported", "mpi_built", "mpi_enabled",
            "nccl_built", "HorovodInternalError", "HvliteError", "MismatchError", "HvliteDeadlockError", "ProcessSet", "add_process_set", "remove_process_set",
-           "global_process_set", "Compression", "Sum", "Average", "Min", "Max", "Product",
+           "global_process_set", "Compression", "Sum", "Average", "Min", "Max", "Product", "Adasum",
            "DistributedOptimizer", "broadcast_global_variables", "allreduce", "allgather",
            "broadcast", "reducescatter", "load_model", "callbacks", "start_timeline",
            "stop_timeline", "elastic", "HostsUpdatedInterrupt"]
