@@ -268,9 +268,13 @@ class Runner:
                     want = "add_process_set: process set %d already has these %d ranks" % (
                         self.sets[expect[2]].process_set_id, len(ranks))
                 else:
-                    want = "add_process_set: the ranks passed different member lists"
-                if want not in str(e):
-                    raise Failure("add_process_set refused with %r, expected %r" % (str(e), want)) from None
+                    want = "add_process_set: the ranks passed different member lists: %s (this rank, %d, " \
+                           "passed %d member%s: %s); every rank must add the same sets in the same order" % (
+                               "; ".join("%s %s" % (plural(g), "another" if i else "one list")
+                                         for i, g in enumerate(expect[2])),
+                               self.rank, len(ranks), "" if len(ranks) == 1 else "s", ",".join(map(str, ranks)))
+                if str(e) != want:
+                    raise Failure("add_process_set refused with\n  got  %r\n  want %r" % (str(e), want)) from None
                 self.counts["error invalid (%s)" % expect[1]] += 1
                 continue
             raise Failure("add_process_set(%r) succeeded, expected %s" % (ranks, expect[1]))

@@ -140,7 +140,8 @@ class Planner:
             if lists[0] != lists[1]:
                 by_rank = {r: lists[rng.randrange(2)] for r in range(self.size)}
                 by_rank[0], by_rank[self.size - 1] = lists[0], lists[1]
-                seq.adds.append((by_rank, ("invalid", "different member lists")))
+                groups = [tuple(r for r in range(self.size) if by_rank[r] == lst) for lst in lists]
+                seq.adds.append((by_rank, ("invalid", "different member lists", groups)))
 
     def _step(self, rng, seq, s, slots):
         kinds = ["group"] * 9 + ["mismatch"] * 5 + ["reuse"] * 2 + ["join"] * 2
