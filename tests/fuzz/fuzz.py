@@ -288,9 +288,11 @@ class Runner:
             for act in acts:
                 if act[0] in ("submit", "block") and act[1].expect[0] != "invalid":
                     slot_calls.setdefault(act[1].slot, {})[r] = act[1]
-        started = {}
+        started, gave_up = {}, False
         for act in step.actions[self.rank]:
             self.call = act[1] if act[0] in ("submit", "block") else None
+            if gave_up and act[0] != "wait":
+                continue                   # after a deadlock: only collect what was started
             if act[0] == "submit":
                 s = self.submit(act[1])
                 if s is not None:
@@ -304,7 +306,7 @@ class Runner:
                     raise Failure("the plan runs on after a deadlock")
                 s = self.submit(act[1])
                 if not self.finish(act[1], s, slot_calls[act[1].slot]) and act[1].expect[0] == "deadlock":
-                    break                  # this rank gives up the rest of a deadlocked step
+                    gave_up = True         # this rank gives up the rest of a deadlocked step
             elif act[0] == "pause":
                 time.sleep(act[1])
             elif act[0] == "join":

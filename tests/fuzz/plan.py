@@ -24,8 +24,9 @@ last) -> the sync (an allgather every rank checks) -> the added sets removed. St
              fails on every busy rank; join returns a busy rank (the last to join)
   desync     ranks wait on different collectives (ops), on the same two in another order (order),
              or some skip one and go on to the sync (skip): HvliteDeadlockError on every waiting
-             rank naming what each side waits on; in a set, its non-members may see the sync fail
-             with the same error (when they waited long enough) and then sync again
+             rank naming what each side waits on, while a collective that all submitted before
+             completes; in a set, its non-members may see the sync fail with the same error (when
+             they waited long enough) and then sync again
 Ranks sometimes pause a few milliseconds between actions, so the interleavings vary.
 Every call carries ``expect``: ("ok",), ("mismatch", field, groups), ("invalid", reason),
 ("joined root", rank), ("deadlock", sides, optional_ranks). Rank groups and deadlock sides are computed here exactly as
@@ -481,6 +482,11 @@ class Planner:
                 actions[r] = [("block", replace(b[r], expect=expect))]
                 if kind == "order":
                     actions[r].append(("block", replace(a[r], expect=("unreached",))))
+        if rng.random() < 0.5:   # a collective every member of its set submits first completes all the same
+            q = rng.randrange(len(seq.sets))
+            common = self._collective(rng, seq.sets[q], q, "c%d" % s, next(slots))
+            for r, call in common.items():
+                actions[r] = [("submit", call)] + actions[r] + [("wait", call.slot)]
         return Step("desync", actions, "%s on set %d: %s vs %s" % (kind, p, plural(side_a), plural(side_b)))
 
     def _sync_step(self, seq, desync):
