@@ -58,14 +58,17 @@ class Watchdog(threading.Thread):
     def __init__(self, limit, seed):
         super().__init__(daemon=True)
         self.limit, self.seed, self.where, self.last = limit, seed, "start", time.monotonic()
-        self.index = None
+        self.index, self.done = None, threading.Event()
 
     def beat(self, where, index=None):
         self.where, self.index, self.last = where, index, time.monotonic()
 
+    def stop(self):
+        self.done.set()
+        self.join()
+
     def run(self):
-        while True:
-            time.sleep(1.0)
+        while not self.done.wait(1.0):
             if time.monotonic() - self.last > self.limit:
                 replay = "" if self.index is None else "\n  replay: --seed %d --first %d --sequences 1" % (self.seed, self.index)
                 print("FUZZ HANG rank %d seed %d: no progress for %.0f s at %s%s"
@@ -395,6 +398,7 @@ def main(argv=None):
                    "outcomes (all ranks)": outcomes}
         print("FUZZ SUMMARY " + json.dumps(summary, sort_keys=True), flush=True)
     hvlite.shutdown()
+    watchdog.stop()
 
 
 if __name__ == "__main__":
