@@ -1,7 +1,8 @@
 # hvlite's single entry point. Every target sets up what it needs first (a venv in .venv with
 # the MPICH wheel, mpi4py, torch CPU, and hvlite built in place), so on a fresh clone:
 #   make run     # set up, then the main job: hvlrun -np 2 on examples/pytorch_digits.py
-#   make test    # set up, then every test (unit, SPMD under hvlrun -np 2 and 3, failures, CLI)
+#   make test    # set up, then every test (unit, SPMD under hvlrun -np 2 and 3, failures, CLI,
+#                # multi-host on simulated hosts, a real Slurm)
 #   make bench   # set up, then the allreduce benchmark table
 # Sanitizers and fuzzing (README "Tests"): `make test-asan` / `make test-tsan` run the parallel,
 # failure and fuzz suites against an ASan+UBSan / TSan build of the engine made in
@@ -17,7 +18,7 @@ STAMP  := $(VENV)/.deps-installed
 HVLITE_MPICC ?= $(CURDIR)/$(VENV)/bin/mpicc
 export HVLITE_MPICC
 
-.PHONY: setup build run run-tf test test-asan test-tsan fuzz fuzz-long bench bench-torch bench-tf clean
+.PHONY: setup build system-deps run run-tf test test-asan test-tsan fuzz fuzz-long bench bench-torch bench-tf clean
 
 setup: $(STAMP) build
 
@@ -26,7 +27,7 @@ $(STAMP): Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "setuptools>=64" wheel cffi numpy ml_dtypes pytest mpich mpi4py "torch==2.13.0" \
-		"tensorflow-cpu==2.21.0" scikit-learn
+		"tensorflow-cpu==2.21.0" scikit-learn pyyaml
 	touch $(STAMP)
 
 build: $(STAMP)
@@ -38,7 +39,21 @@ run: setup
 run-tf: setup
 	$(HVLRUN) -np 2 $(PY) examples/tensorflow_keras_digits.py
 
-test: setup
+# What the multi-host tests (tests/hosts) run besides Python: a local Slurm and OpenSSH's sshd.
+# Installed with apt-get only when root (as CI is) and missing; elsewhere those tests skip and
+# say why. On a machine whose package installs start services, this starts them too.
+SYSTEM_PACKAGES := slurmctld slurmd slurm-client munge openssh-server openssh-client
+system-deps:
+	@missing=; for tool in slurmctld slurmd sbatch munged /usr/sbin/sshd ssh-keygen; do \
+	  command -v $$tool >/dev/null || missing=yes; done; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q $(SYSTEM_PACKAGES) >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $(SYSTEM_PACKAGES) >/dev/null 2>&1; } || \
+	  echo "warning: could not install $(SYSTEM_PACKAGES); the Slurm and ssh tests will skip"; \
+	fi
+
+test: setup system-deps
 	$(PY) -m pytest -q tests
 
 # The sanitizer runs build their own engine in a copy of the tree; they need only the venv.

@@ -5,9 +5,15 @@ memcpy of the same bytes), measured in one run.
     hvlrun -np 2 python bench/allreduce.py                   # full table, 4 KiB .. 256 MiB
     hvlrun -np 2 python bench/allreduce.py --smoke           # tiny sizes, a few iterations
     hvlrun -np 2 python bench/allreduce.py --autotune        # + the 160-tensor case tuned
+    hvlrun -np 2 python bench/allreduce.py --json out.json   # + the tables as JSON (bench/ab.py)
 
 Every case is float32, op Sum, in place, median of --iters calls after warm-up (slowest rank per
-call; cases of more than 64 MiB take half as many). Phases, in order: hvlite as configured
+call; cases of more than 64 MiB take half as many). "hvl out" is the out-of-place form
+(``y = hvlite.allreduce(x)``: a new result each call, which from 1 MiB is an engine buffer
+reused from call to call), timed call by call in alternation with the in-place "hvlite" (so a
+burst of load hits both), and "out/in" its ratio; a second table does the same through
+``hvlite.torch`` (``allreduce`` vs ``allreduce_``; not with --no-torch). Phases, in order:
+hvlite as configured
 (on one host: the shm data plane), mpi4py, the memcpy floor, hvlite restarted with
 HVLITE_SHM_DISABLE=1 (its MPI data plane); these phases run --repeat times in turn (this VM's
 memory bandwidth drifts by up to 2x over minutes, so interleaving keeps the ratios honest) and
@@ -21,13 +27,15 @@ from the expected value in a separate checked call, in both hvlite phases.
 import argparse
 import os
 import statistics
+import time
 
 import numpy as np
 from mpi4py import MPI
 
 import hvlite as hvd
 from harness import (add_repeat_args, human, init_gloo, median_over_repeats, memcpy_floor, ms,
-                     print_table, ratio, restart_engine, timed)
+                     ratio, restart_engine, timed)
+from tables import add_json_arg, print_table, write_json
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -46,6 +54,47 @@ def one_tensor_hvlite(nbytes, comm, iters):
     name = "bench.%d" % nbytes
     t_hvl = timed(lambda: hvd.allreduce_(buf, op=hvd.Sum, name=name), comm, iters)
     return t_hvl, check_wrong(lambda b: hvd.allreduce_(b, op=hvd.Sum, name=name), n, comm.size)
+
+
+def numpy_ones(n):
+    return np.ones(n, np.float32)
+
+
+def timed_pair(in_place, out_of_place, comm, iters, warmup=3):
+    """Median times of the two forms of one case timed alternately, call by call (slowest rank
+    per call): a burst of load on this shared machine then hits both forms alike."""
+    for _ in range(warmup):
+        in_place()
+        out_of_place()
+    samples = ([], [])
+    for _ in range(iters):
+        for fn, times in zip((in_place, out_of_place), samples):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            fn()
+            times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    return statistics.median(samples[0]), statistics.median(samples[1])
+
+
+def wrong(array, size):
+    return int(np.count_nonzero(np.asarray(array) != size))
+
+
+def one_tensor_forms(nbytes, comm, iters, api=hvd, ones=numpy_ones):
+    """In-place and out-of-place allreduce of nbytes through ``api`` (hvlite, or hvlite.torch
+    with torch's ``ones``): ((t_in, wrong), (t_out, wrong)). Out of place is ``y =
+    allreduce(x)``: a new result every call, the previous one alive until it is replaced."""
+    buf, held = ones(nbytes // 4), [None]
+    name_in, name_out = ("bench.%s.%d.%s" % (form, nbytes, api.__name__) for form in ("in", "out"))
+
+    def out_of_place():
+        held[0] = api.allreduce(buf, op=api.Sum, name=name_out)
+    t_in, t_out = timed_pair(lambda: api.allreduce_(buf, op=api.Sum, name=name_in),
+                             out_of_place, comm, iters)
+    buf[...] = 1
+    out = api.allreduce(buf, op=api.Sum, name=name_out)
+    api.allreduce_(buf, op=api.Sum, name=name_in)
+    return (t_in, wrong(buf, comm.size)), (t_out, wrong(out, comm.size))
 
 
 def one_tensor_mpi(nbytes, comm, iters):
@@ -71,6 +120,27 @@ def many_tensors_hvlite(count, nbytes, comm, iters):
         b[...] = 1
     hvl()
     return t_hvl, sum(int(np.count_nonzero(b != comm.size)) for b in bufs)
+
+
+def many_tensors_forms(count, nbytes, comm, iters):
+    """The many-tensor step in place and out of place, timed alternately (as one_tensor_forms)."""
+    bufs, held = [np.ones(nbytes // 4, np.float32) for _ in range(count)], [None]
+
+    def in_place():
+        hs = [hvd.allreduce_async_(b, op=hvd.Sum, name="many.%d" % i) for i, b in enumerate(bufs)]
+        for h in hs:
+            hvd.synchronize(h)
+
+    def out_of_place():
+        hs = [hvd.allreduce_async(b, op=hvd.Sum, name="many.out.%d" % i) for i, b in enumerate(bufs)]
+        held[0] = [hvd.synchronize(h) for h in hs]
+    t_in, t_out = timed_pair(in_place, out_of_place, comm, iters)
+    for b in bufs:
+        b[...] = 1
+    out_of_place()
+    in_place()
+    return ((t_in, sum(wrong(b, comm.size) for b in bufs)),
+            (t_out, sum(wrong(o, comm.size) for o in held[0])))
 
 
 def many_tensors_mpi(count, nbytes, comm, iters):
@@ -146,19 +216,21 @@ def autotune_case(count, nbytes, comm, iters, rounds, tune_env):
 
 def autotune_table(args, comm, many, iters):
     """--autotune: print the many-tensor case with start settings vs autotune's choice. Autotune
-    runs with the AUTOTUNE settings of the environment (tight ones under --smoke)."""
+    runs with the AUTOTUNE settings of the environment (tight ones under --smoke). Returns the
+    printed table (rank 0), else None."""
     tune_env = {"HVLITE_AUTOTUNE_WARMUP_SAMPLES": "1", "HVLITE_AUTOTUNE_STEPS_PER_SAMPLE": "2",
                 "HVLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "4"} if args.smoke else {}
     tune_env.update((n, v) for n, v in os.environ.items() if "AUTOTUNE" in n)
     rounds = 2 if args.smoke else args.rounds
     chosen, steps, rows = autotune_case(many[0], many[1], comm, iters, rounds, tune_env)
     if comm.rank == 0:
-        print_table("autotune, %d ranks: settled after %d samples (%d steps); start settings vs "
-                    "autotune's choice as settings, engine restarted for each in turn, median of "
-                    "%d rounds x %d (times in ms)"
-                    % (comm.size, chosen["autotune_samples"], steps, rounds, iters),
-                    ["case", "fusion", "cycle ms", "cache", "hvlite", "mpi4py", "hvl/mpi",
-                     "vs start", "#wrong"], rows)
+        return print_table(
+            "autotune, %d ranks: settled after %d samples (%d steps); start settings vs "
+            "autotune's choice as settings, engine restarted for each in turn, median of "
+            "%d rounds x %d (times in ms)"
+            % (comm.size, chosen["autotune_samples"], steps, rounds, iters),
+            ["case", "fusion", "cycle ms", "cache", "hvlite", "mpi4py", "hvl/mpi",
+             "vs start", "#wrong"], rows)
 
 
 def iters_for(nbytes, iters):
@@ -176,13 +248,51 @@ def hvlite_column(cases, comm, iters):
     return out
 
 
-def row(label, nbytes, shm, hmpi, t_mpi, t_gloo, t_mem, size):
-    (t_shm, wrong_shm), (t_hmpi, wrong_hmpi) = shm, hmpi
+def forms_column(cases, comm, iters):
+    """Every case in place and out of place, the engine as it is now: [((t, wrong), (t, wrong))]."""
+    return [many_tensors_forms(many[0], many[1], comm, iters_for(nbytes, iters)) if many
+            else one_tensor_forms(nbytes, comm, iters_for(nbytes, iters))
+            for label, nbytes, many in cases]
+
+
+def torch_columns(sizes, comm, iters, torch_api):
+    """hvlite.torch in place and out of place per size: {"in": [(t, wrong)], "out": [...]}."""
+    api, ones = torch_api
+    forms = [one_tensor_forms(n, comm, iters_for(n, iters), api, ones) for n in sizes]
+    return {"in": [f[0] for f in forms], "out": [f[1] for f in forms]}
+
+
+def load_torch():
+    """(hvlite.torch, a float32 ``ones``), or None if torch is not installed."""
+    try:
+        import torch
+        import hvlite.torch as api
+    except ImportError:
+        return None
+    return api, lambda n: torch.ones(n, dtype=torch.float32)
+
+
+def row(label, nbytes, shm, out, hmpi, t_mpi, t_gloo, t_mem, size):
+    (t_shm, wrong_shm), (t_out, wrong_out), (t_hmpi, wrong_hmpi) = shm, out, hmpi
     algbw = nbytes / t_shm / 1e9
     busbw = algbw * 2 * (size - 1) / size
-    return [label, ms(t_shm), ms(t_hmpi), ms(t_mpi), ms(t_gloo), ms(t_mem), ratio(t_shm, t_hmpi),
-            ratio(t_shm, t_mpi), ratio(t_shm, t_gloo), ratio(t_shm, t_mem), "%.2f" % algbw,
-            "%.2f" % busbw, wrong_shm + wrong_hmpi]
+    return [label, ms(t_shm), ms(t_out), ms(t_hmpi), ms(t_mpi), ms(t_gloo), ms(t_mem),
+            ratio(t_out, t_shm), ratio(t_shm, t_hmpi), ratio(t_shm, t_mpi), ratio(t_shm, t_gloo),
+            ratio(t_shm, t_mem), "%.2f" % algbw, "%.2f" % busbw, wrong_shm + wrong_out + wrong_hmpi]
+
+
+def torch_table(sizes, cells, comm):
+    rows = [[human(n), ms(i[0]), ms(o[0]), ratio(o[0], i[0]), i[1] + o[1]]
+            for n, i, o in zip(sizes, cells["in"], cells["out"])]
+    return print_table("hvlite.torch allreduce float32 Sum, %d ranks: in place (allreduce_) vs out "
+                       "of place (allreduce, a new tensor per call); same engine phase as "
+                       "\"hvlite\" (times in ms)" % comm.size,
+                       ["case", "in place", "out of place", "out/in", "#wrong"], rows)
+
+
+def torch_cells(runs):
+    """Median over repeats of the torch columns (each a list of (t, wrong) per size)."""
+    return {form: median_over_repeats([r[form] for r in runs]) for form in ("in", "out")}
 
 
 def main():
@@ -194,6 +304,7 @@ def main():
     p.add_argument("--autotune", action="store_true",
                    help="also: the many-tensor case with start settings vs autotune's choice")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds for --autotune")
+    add_json_arg(p)
     args = p.parse_args()
     comm = MPI.COMM_WORLD
     hvd.init()
@@ -205,10 +316,16 @@ def main():
     cases = [(human(n), n, None) for n in sizes]
     cases.append(("%d x %s" % (many[0], human(many[1])), many[0] * many[1], many))
     start = {n: v for n, v in os.environ.items() if n.startswith(("HVLITE_", "HOROVOD_"))}
-    runs = {"hvl": [], "hmpi": [], "mpi": [], "mem": []}
+    runs = {"hvl": [], "out": [], "torch": [], "hmpi": [], "mpi": [], "mem": []}
+    th = None if args.no_torch else load_torch()
     for _ in range(repeat):
-        # hvlite as configured (shm on one host), mpi4py, memcpy; hvlite on its MPI data plane
-        runs["hvl"].append(hvlite_column(cases, comm, iters))
+        # hvlite as configured (shm on one host), in place and out of place (NumPy, torch),
+        # mpi4py, memcpy; hvlite on its MPI data plane
+        forms = forms_column(cases, comm, iters)
+        runs["hvl"].append([f[0] for f in forms])
+        runs["out"].append([f[1] for f in forms])
+        if th:
+            runs["torch"].append(torch_columns(sizes, comm, iters, th))
         counters = hvd.engine_counters()
         runs["mpi"].append([many_tensors_mpi(c[2][0], c[2][1], comm, iters) if c[2]
                             else one_tensor_mpi(c[1], comm, iters_for(c[1], iters)) for c in cases])
@@ -222,21 +339,29 @@ def main():
     if dist:
         gloo = [many_tensors_gloo(c[2][0], c[2][1], comm, dist, iters) if c[2]
                 else one_tensor_gloo(c[1], comm, dist, iters_for(c[1], iters)) for c in cases]
-    shm, hmpi, t_mpi, t_mem = (median_over_repeats(runs[k]) for k in ("hvl", "hmpi", "mpi", "mem"))
-    rows = [row(c[0], c[1], a, b, m, g, f, comm.size)
-            for c, a, b, m, g, f in zip(cases, shm, hmpi, t_mpi, gloo, t_mem)]
+    shm, out, hmpi, t_mpi, t_mem = (median_over_repeats(runs[k])
+                                    for k in ("hvl", "out", "hmpi", "mpi", "mem"))
+    rows = [row(c[0], c[1], a, o, b, m, g, f, comm.size)
+            for c, a, o, b, m, g, f in zip(cases, shm, out, hmpi, t_mpi, gloo, t_mem)]
+    tables = []
     if comm.rank == 0:
-        print_table("allreduce float32 Sum, %d ranks, %s; hvlite on its %s data plane, hvl-mpi: "
-                    "restarted with HVLITE_SHM_DISABLE=1; median of %d repeats x %d calls "
-                    "(times in ms)" % (comm.size, hvd.mpi_vendor().strip(), backend, repeat, iters),
-                    ["case", "hvlite", "hvl-mpi", "mpi4py", "gloo", "memcpy", "hvl/hvl-mpi",
-                     "hvl/mpi4py", "hvl/gloo", "hvl/memcpy", "algbw GB/s", "busbw GB/s", "#wrong"],
-                    rows)
+        tables.append(print_table(
+            "allreduce float32 Sum, %d ranks, %s; hvlite on its %s data plane, hvl-mpi: "
+            "restarted with HVLITE_SHM_DISABLE=1; median of %d repeats x %d calls "
+            "(times in ms)" % (comm.size, hvd.mpi_vendor().strip(), backend, repeat, iters),
+            ["case", "hvlite", "hvl out", "hvl-mpi", "mpi4py", "gloo", "memcpy", "out/in",
+             "hvl/hvl-mpi", "hvl/mpi4py", "hvl/gloo", "hvl/memcpy", "algbw GB/s",
+             "busbw GB/s", "#wrong"],
+            rows))
+        if th:
+            tables.append(torch_table(sizes, torch_cells(runs["torch"]), comm))
         print("engine counters of the last hvlite phase:", counters)
     if dist:
         dist.destroy_process_group()
     if args.autotune:
-        autotune_table(args, comm, many, iters)
+        tables.append(autotune_table(args, comm, many, iters))
+    if args.json and comm.rank == 0:
+        write_json(args.json, tables)
     hvd.shutdown()
 
 

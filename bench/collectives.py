@@ -5,6 +5,7 @@ shm backend takes (csrc/backends/backend_shm.c); bench/README.md records the cro
 
     hvlrun -np 2 python bench/collectives.py [--iters N] [--repeat R] [--smoke]
                                              [--ops allgather,broadcast] [--sizes-kib 4,64]
+                                             [--json PATH]
 
 Sizes are the bytes each rank sends (allgather: its rows; broadcast: the buffer; reducescatter:
 the whole input, float32 Sum; alltoall: its whole input, split evenly). Each time is the median
@@ -19,8 +20,9 @@ import numpy as np
 from mpi4py import MPI
 
 import hvlite as hvd
-from harness import (add_repeat_args, human, median_over_repeats, memcpy_floor, ms, print_table,
-                     ratio, restart_engine, timed)
+from harness import (add_repeat_args, human, median_over_repeats, memcpy_floor, ms, ratio,
+                     restart_engine, timed)
+from tables import add_json_arg, print_table, write_json
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -93,6 +95,7 @@ def main():
     p.add_argument("--ops", default="allgather,broadcast,reducescatter,alltoall")
     p.add_argument("--sizes-kib", default="4,64,256,1024,4096,16384,65536",
                    help="bytes per rank, in KiB, comma-separated")
+    add_json_arg(p)
     args = p.parse_args()
     comm = MPI.COMM_WORLD
     hvd.init()
@@ -119,12 +122,15 @@ def main():
                          ratio(t_shm, t_hmpi), ratio(t_shm, ref[op, n]), ratio(t_shm, floor[n]),
                          w_shm + w_hmpi])
     if comm.rank == 0:
-        print_table("collectives float32, %d ranks, %s; hvlite as configured (shm data plane "
-                    "where it takes the size: %s), hvl-mpi: restarted with HVLITE_SHM_DISABLE=1; "
-                    "median of %d repeats x %d calls (times in ms)"
-                    % (comm.size, hvd.mpi_vendor().strip(), "yes" if shm_ran else "no", repeat, iters),
-                    ["op", "bytes/rank", "hvlite", "hvl-mpi", "mpi4py", "memcpy", "hvl/hvl-mpi",
-                     "hvl/mpi4py", "hvl/memcpy", "#wrong"], rows)
+        table = print_table(
+            "collectives float32, %d ranks, %s; hvlite as configured (shm data plane where it "
+            "takes the size: %s), hvl-mpi: restarted with HVLITE_SHM_DISABLE=1; median of %d "
+            "repeats x %d calls (times in ms)"
+            % (comm.size, hvd.mpi_vendor().strip(), "yes" if shm_ran else "no", repeat, iters),
+            ["op", "bytes/rank", "hvlite", "hvl-mpi", "mpi4py", "memcpy", "hvl/hvl-mpi",
+             "hvl/mpi4py", "hvl/memcpy", "#wrong"], rows, key_columns=2)
+        if args.json:
+            write_json(args.json, [table])
     hvd.shutdown()
 
 

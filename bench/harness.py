@@ -1,4 +1,4 @@
-"""Shared benchmark harness (nccl-tests shape): timing, reference data planes and the table.
+"""Shared benchmark harness (nccl-tests shape): timing, reference data planes, cell formats.
 
 Contract: benchmarks run under ``hvlrun -np N`` with mpi4py and (optionally) torch installed.
 ``timed(fn, comm, iters, warmup)`` aligns ranks with a barrier before every call, times each
@@ -6,6 +6,7 @@ call, takes the slowest rank per call and returns the median in seconds. ``add_r
 ``median_over_repeats`` and ``restart_engine`` serve benchmarks that run their phases several
 times in turn (hvlite as configured, references, hvlite restarted with other settings). Nothing
 here asserts a time: benchmarks print tables; tests never depend on speed.
+The table printer and the JSON output are in tables.py.
 """
 import os
 import socket
@@ -99,13 +100,3 @@ def ratio(a, b):
 
 def ms(t):
     return "%.3f" % (t * 1e3) if t else "-"
-
-
-def print_table(title, header, rows):
-    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-    line = "  ".join("%*s" % (w, h) for w, h in zip(widths, header))
-    print("\n" + title)
-    print(line)
-    print("-" * len(line))
-    for r in rows:
-        print("  ".join("%*s" % (w, c) for w, c in zip(widths, r)))

@@ -150,7 +150,8 @@ def overhead_worker(args):
     from mpi4py import MPI
     import hvlite
     import hvlite.tensorflow as hvd
-    from harness import human, ms, print_table, timed
+    from harness import human, ms, timed
+    from tables import print_table
     hvd.init()
     comm = MPI.COMM_WORLD
     iters = 10 if args.smoke else 200
@@ -218,7 +219,7 @@ def run_mwms(args):
 
 
 def driver(args):
-    from harness import print_table
+    from tables import print_table
     single = result_of(run(worker_cmd(args, "single")).stdout, "single process")
     job = hvlrun(args, "hvlite")
     hvl = result_of(job.stdout + job.stderr, "hvlite")

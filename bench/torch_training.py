@@ -1,11 +1,12 @@
 """Data-parallel training throughput: hvlite DistributedOptimizer vs torch DistributedDataParallel
 (gloo) vs one process, for the same models and step (examples/pytorch_synthetic_benchmark.py).
 
-    python bench/torch_training.py [--ranks 2] [--iters 30] [--models resnet mlp]
+    python bench/torch_training.py [--ranks 2] [--iters 30] [--models resnet mlp] [--json PATH]
 
 Run it without hvlrun: it launches `hvlrun -np N` (hvlite), `torchrun --nproc_per_node N` (DDP)
 and one process in turn, each timing the median step over --iters steps after warm-up, and prints
-one table (samples/s, ratios, scaling efficiency = N-rank rate / (N x one-process rate)).
+one table (samples/s, ratios, scaling efficiency = N-rank rate / (N x one-process rate));
+``--json PATH`` also writes it as JSON (harness.write_json; bench/ab.py reads it).
 One thread per process. Nothing is asserted.
 """
 import argparse
@@ -62,6 +63,7 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--models", nargs="+", default=["resnet", "mlp"])
+    p.add_argument("--json", metavar="PATH", help="also write the table to PATH as JSON")
     p.add_argument("--worker", choices=["ddp", "single"], help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -81,10 +83,13 @@ def main():
                      "%.0f%%" % (100 * hvl["samples_per_s"] / (args.ranks * one["samples_per_s"])),
                      "%.0f%%" % (100 * ddp["samples_per_s"] / (args.ranks * one["samples_per_s"]))])
     sys.path.insert(0, HERE)
-    from harness import print_table
-    print_table("training throughput, %d ranks, batch %d per rank, median of %d steps (samples/s)"
-                % (args.ranks, args.batch_size, args.iters),
-                ["model", "hvlite", "DDP gloo", "1 process", "hvlite/DDP", "hvlite eff.", "DDP eff."], rows)
+    from tables import print_table, write_json
+    table = print_table(
+        "training throughput, %d ranks, batch %d per rank, median of %d steps (samples/s)"
+        % (args.ranks, args.batch_size, args.iters),
+        ["model", "hvlite", "DDP gloo", "1 process", "hvlite/DDP", "hvlite eff.", "DDP eff."], rows)
+    if args.json:
+        write_json(args.json, [table])
 
 
 if __name__ == "__main__":

@@ -159,7 +159,31 @@ int hvl_result_copy(int64_t handle, void *dst, int64_t nbytes);
  * also for 0 bytes), now the caller's, freed with hvl_result_free. The shape stays readable;
  * hvl_result_copy and a second take fail after it. */
 int hvl_result_take(int64_t handle, void **data);
-void hvl_result_free(void *data);
+void hvl_result_free(void *data);      /* the same as hvl_buffer_free */
+
+/* Result buffers (buffers.c): memory for results that outlive their handle, as the binding
+ * allocates for out-of-place allreduce, broadcast and reducescatter outputs and the engine for
+ * allgather/alltoall results. Any thread, also before hvl_init and after hvl_shutdown.
+ * hvl_buffer_alloc: nbytes of uninitialised memory (a reused buffer holds old data), the
+ *   caller's until hvl_buffer_free; never NULL for 0 bytes, NULL if nbytes < 0 or memory is
+ *   short. Always 64-byte aligned; from HVL_BUFFER_CACHE_MIN bytes a mapping of its own, its
+ *   size rounded up to 64 KiB; from HVL_BUFFER_HUGE_MIN bytes 2 MiB-aligned, rounded up to
+ *   2 MiB and advised to use transparent huge pages.
+ * hvl_buffer_free: takes a buffer from hvl_buffer_alloc or hvl_result_take (or NULL), from any
+ *   thread. A buffer of HVL_BUFFER_CACHE_MIN bytes or more goes to a cache, which serves the
+ *   next request of the same rounded size without new page faults. The cache holds at most
+ *   HVL_BUFFER_CACHE_COUNT buffers and HVL_BUFFER_CACHE_BYTES bytes (256 MiB): the oldest are
+ *   unmapped to make room. Smaller buffers go back to malloc. Cannot fail.
+ * hvl_buffer_cache_info: the buffers and bytes cached now. Cannot fail.
+ * hvl_buffer_cache_trim: unmaps every cached buffer. Cannot fail. */
+#define HVL_BUFFER_CACHE_MIN 1048576
+#define HVL_BUFFER_HUGE_MIN 4194304
+#define HVL_BUFFER_CACHE_COUNT 32
+#define HVL_BUFFER_CACHE_BYTES 268435456
+void *hvl_buffer_alloc(int64_t nbytes);
+void hvl_buffer_free(void *data);
+void hvl_buffer_cache_info(int64_t *buffers, int64_t *bytes);
+void hvl_buffer_cache_trim(void);
 /* Join: the last rank that joined; process set add: the new set's id. */
 int hvl_result_value(int64_t handle, int64_t *value);
 /* Size of process set id and this rank's rank in it (-1: not a member).

@@ -3,15 +3,17 @@
 Contract: ``init()`` must be called by every rank before any collective (it is collective: it
 creates MPI communicators); it reuses MPI if mpi4py or the application initialised it, and is
 a no-op when already running with the same settings (ValueError if a second call asks for
-other ``HVLITE_*`` values or process sets). ``shutdown()`` stops the engine on every rank (collectives pending
-anywhere fail with ``HvliteShutdownError``) and is registered to run at exit. Topology queries
-raise ``ValueError`` before ``init()``, as Horovod's do.
+other ``HVLITE_*`` values or process sets). In an srun step of several tasks where MPI sees one
+process per task (``srun --mpi=none``), ``init()`` raises ``HvliteError`` with the fix.
+``shutdown()`` stops the engine on every rank (collectives pending anywhere fail with
+``HvliteShutdownError``) and is registered to run at exit. Topology queries raise ``ValueError``
+before ``init()``, as Horovod's do.
 """
 import atexit
 import os
 
 from ._lib import ffi, lib
-from .errors import _check
+from .errors import HvliteError, _check
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
            "cross_rank", "cross_size", "mpi_threads_supported", "mpi_built", "mpi_enabled",
@@ -72,6 +74,7 @@ def init(comm=None, process_sets=None):
         _check_same_settings(process_sets)
         return
     _check(lib.hvl_init())
+    _refuse_split_slurm_step()
     _setup_global(size())
     _started_with = _settings(process_sets)
     if not _atexit_registered:
@@ -79,6 +82,27 @@ def init(comm=None, process_sets=None):
         _atexit_registered = True
     for process_set in process_sets if isinstance(process_sets, list) else ():
         add_process_set(process_set)
+
+
+# Variables a process manager sets when it wired this process into a job of several ranks.
+_LAUNCHED_BY = ("PMI_RANK", "PMI_FD", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE")
+
+
+def _refuse_split_slurm_step():
+    """Fail loudly in a Slurm step of several tasks that MPI saw as one process each: what
+    ``srun --mpi=none`` (Slurm's default MpiDefault) does with an MPI program, silently turning
+    N tasks into N one-rank jobs. SLURM_STEP_NUM_TASKS is set only inside an srun step."""
+    tasks = os.environ.get("SLURM_STEP_NUM_TASKS", "")
+    if (lib.hvl_size() != 1 or not tasks.isdigit() or int(tasks) <= 1
+            or any(name in os.environ for name in _LAUNCHED_BY)):
+        return
+    lib.hvl_shutdown()
+    raise HvliteError(
+        "hvlite: Slurm started %s tasks in this step (SLURM_STEP_NUM_TASKS=%s) but MPI sees only "
+        "this process (size 1): srun started each task as its own one-rank job, which is what "
+        "`srun --mpi=none` (Slurm's default MpiDefault=none) does. Run `srun --mpi=pmi2 ...` (or "
+        "set MpiDefault=pmi2 in slurm.conf), or start the job with hvlrun or mpiexec inside "
+        "the allocation." % (tasks, tasks))
 
 
 def shutdown():

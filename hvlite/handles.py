@@ -2,14 +2,19 @@
 
 Contract:
 - ``submit(op, name, dtype, shape, in_ptr, out_ptr, keep, finish, ...) -> Handle`` enqueues one
-  request. Pointers come from ``address(numpy_array)`` or ``pointer(int_address)`` (torch's
-  ``data_ptr()``), or are ``NULL``, so the adapters need no cffi of their own. ``keep`` holds whatever must stay alive until completion (the arrays);
-  ``finish(handle)`` builds the caller's result once the engine is done. Raises ``HvliteError``
-  subclasses (e.g. ``HvliteInvalidArgument`` for a duplicate in-flight name).
+  request. Pointers come from ``hvlite.buffers`` (``address(numpy_array)``,
+  ``pointer(int_address)``, engine buffers, ``NULL``). ``keep`` holds whatever must stay alive
+  until completion (the arrays); ``finish(handle)`` builds the caller's result once the engine
+  is done. Raises ``HvliteError`` subclasses (e.g. ``HvliteInvalidArgument`` for a duplicate
+  in-flight name). ``hvlite.collectives`` builds the collectives on it.
 - ``Handle.wait()`` blocks (with the GIL released, and Ctrl-C still works) and returns
   ``finish``'s result, or raises the engine's error for that tensor on every rank it affects.
-- ``result_array(handle, dtype)`` turns an engine-owned result (allgather, alltoall) into a NumPy
-  array without a copy (``result_buffer`` hands the engine's memory over).
+- ``Group`` is the handle of a grouped call (its ``wait`` returns the list of results);
+  ``submit_group(submit_one, items, name, kind, process_set)`` submits ``submit_one(item, name)``
+  for every item inside one ``burst``, so the engine negotiates and fuses them together, with
+  names from ``group_names`` (``<name>.<i>``, or generated ones).
+- ``result_buffer(handle)`` takes an engine-owned result (allgather, alltoall) over without a
+  copy; ``received_splits(handle, size)`` reads an alltoall's received rows per rank.
 - ``auto_name(kind, process_set)`` generates ``"<kind>.noname.<n>"`` with one counter per kind
   and process set; the members of a set call its collectives in the same order, so the counters
   agree (a rank's calls on sets others are not in do not shift the others' names).
@@ -19,6 +24,7 @@ import itertools
 import numpy as np
 
 from ._lib import ffi, lib
+from .buffers import NULL, address, adopt, pointer  # noqa: F401  (address, pointer: re-exported)
 from .errors import _check
 
 _counters = {}
@@ -26,22 +32,6 @@ _counters = {}
 # Handle, so that a dropped handle (or an exception between submit and wait) cannot free a
 # buffer the engine still reads or writes; wait() releases the entry.
 _keep_alive = {}
-
-
-NULL = ffi.NULL
-
-
-def address(array):
-    """A pointer to a C-contiguous NumPy array's data (keeps the array alive while held)."""
-    try:
-        return ffi.from_buffer(array)
-    except (TypeError, ValueError, BufferError):   # dtypes without a buffer format
-        return ffi.cast("void *", array.__array_interface__["data"][0])
-
-
-def pointer(address_int):
-    """A pointer from an integer address (e.g. torch's ``data_ptr()``)."""
-    return ffi.cast("void *", address_int)
 
 
 def reset_auto_names():
@@ -54,6 +44,13 @@ def auto_name(kind, process_set=None):
     key = (kind, getattr(process_set, "process_set_id", None) or 0)
     counter = _counters.setdefault(key, itertools.count())
     return "%s.noname.%d" % (kind, next(counter))
+
+
+def group_names(name, kind, n, process_set=None):
+    """Names of the ``n`` requests of a grouped call: ``<name>.<i>``, or generated ones."""
+    if name:
+        return ["%s.%d" % (name, i) for i in range(n)]
+    return [auto_name(kind, process_set) for _ in range(n)]
 
 
 class Handle:
@@ -98,6 +95,19 @@ class Handle:
         return "<hvlite.Handle %s%s>" % (self.name, " done" if self._done else "")
 
 
+class Group:
+    """Handle of a grouped collective: ``wait`` returns the list of results."""
+
+    def __init__(self, handles):
+        self.handles = handles
+
+    def poll(self):
+        return all(h.poll() for h in self.handles)
+
+    def wait(self):
+        return [h.wait() for h in self.handles]
+
+
 def submit(op, name, dtype, shape, in_ptr, out_ptr, keep, finish, reduce_op=0, root_rank=0,
            prescale=1.0, postscale=1.0, splits=None, process_set=0):
     """Enqueue one request; see the module docstring."""
@@ -126,13 +136,20 @@ class burst:
         return False
 
 
+def submit_group(submit_one, items, name, kind, process_set=None):
+    """Submit ``submit_one(item, name)`` for every item in one burst; returns the ``Group``."""
+    names = group_names(name, kind, len(items), process_set)
+    with burst():
+        return Group([submit_one(item, n) for item, n in zip(items, names)])
+
+
 def result_buffer(handle):
     """Take the engine-owned result of a finished allgather/alltoall without copying it.
 
     Returns:
-        ``(shape, owner, count)``: the result's shape, a cffi pointer to its memory that frees
-        it when garbage-collected (``ffi.buffer(owner, n)`` keeps it alive, and so does every
-        array made from that buffer), and its element count. A copy would cost a fresh
+        ``(shape, owner, count)``: the result's shape, an owner of its memory that frees it
+        when garbage-collected (``hvlite.buffers.memory(owner, n)`` keeps it alive, and so does
+        every array made from that buffer), and its element count. A copy would cost a fresh
         allocation (page faults) plus the copy: at 16 MiB per rank that was most of the call.
     """
     ndim = ffi.new("int *")
@@ -141,15 +158,7 @@ def result_buffer(handle):
     shape = tuple(shape[i] for i in range(ndim[0]))
     data = ffi.new("void **")
     _check(lib.hvl_result_take(handle._id, data))
-    owner = ffi.gc(data[0], lib.hvl_result_free)
-    return shape, owner, int(np.prod(shape, dtype=np.int64))
-
-
-def result_array(handle, dtype):
-    """The result of a finished allgather/alltoall as a NumPy array over the engine's buffer."""
-    shape, owner, count = result_buffer(handle)
-    dtype = np.dtype(dtype)
-    return np.frombuffer(ffi.buffer(owner, count * dtype.itemsize), dtype=dtype).reshape(shape)
+    return shape, adopt(data[0]), int(np.prod(shape, dtype=np.int64))
 
 
 def received_splits(handle, size):

@@ -2,21 +2,24 @@
 
 Contract: every function here is a collective: every rank must call it, in the same order,
 with the same name (or every rank with no name), dtype, and the shape rules of its op. Inputs
-may be non-contiguous (a contiguous copy is sent); outputs are new C-contiguous arrays, except
-the in-place ``*_`` forms, which write into (and return) their argument. ``*_async`` forms
-return a handle for ``poll``/``synchronize``. Errors: ``TypeError`` for a non-array or an
+may be non-contiguous (a contiguous copy is sent); outputs are new C-contiguous, writable arrays
+(from 1 MiB they view engine memory that is reused from call to call: see ``hvlite.buffers``),
+except the in-place ``*_`` forms, which write into (and return) their argument. ``*_async``
+forms return a handle for ``poll``/``synchronize``. Errors: ``TypeError`` for a non-array or an
 unsupported dtype, ``ValueError`` for bad arguments, ``HvliteError`` subclasses for what the
-engine or the other ranks report (``MismatchError`` names the tensor and the ranks).
+engine or the other ranks report (``MismatchError`` names the tensor and the ranks). Everything
+but the NumPy specifics (``_array``, the copy back of in-place calls on non-contiguous arrays)
+is ``hvlite.collectives``.
 """
 import numpy as np
 
+from . import collectives
 from ._lib import ffi, lib
-from .basics import rank, size
-from .dtypes import to_engine
+from .buffers import NULL, array_output, array_source
+from .collectives import Adasum, Average, InPlace, Max, Min, Product, Sum, reduce_op
 from .errors import _check
-from .handles import (NULL, Handle, address, auto_name, burst, received_splits, reset_auto_names,
-                      result_array, submit)
-from .process_sets import _set_id, _set_rank_size
+from .handles import Group, Handle, auto_name, reset_auto_names, submit, submit_group
+from .process_sets import set_id_of
 
 __all__ = ["Sum", "Average", "Min", "Max", "Product", "Adasum", "allreduce", "allreduce_async",
            "allreduce_", "allreduce_async_", "grouped_allreduce", "grouped_allreduce_async",
@@ -25,10 +28,6 @@ __all__ = ["Sum", "Average", "Min", "Max", "Product", "Adasum", "allreduce", "al
            "broadcast_async_", "alltoall", "alltoall_async", "reducescatter",
            "reducescatter_async", "grouped_reducescatter", "barrier", "join", "poll", "synchronize"]
 
-Sum, Average, Min, Max, Product = (lib.HVL_SUM, lib.HVL_AVERAGE, lib.HVL_MIN, lib.HVL_MAX,
-                                   lib.HVL_PRODUCT)
-Adasum = -1     # Horovod's name; hvlite has no Adasum reduction, so using it is a ValueError
-
 
 def _array(tensor):
     if not isinstance(tensor, np.ndarray):
@@ -36,66 +35,31 @@ def _array(tensor):
     return tensor if tensor.flags.c_contiguous else np.array(tensor, order="C")
 
 
-def _writable(tensor):
-    _array(tensor)
+def _in_place(tensor):
+    """(source, output, finish) of an in-place call on ``tensor``: a non-contiguous array is
+    sent as a contiguous copy and the result copied back."""
+    buf = _array(tensor)
     if not tensor.flags.writeable:
         raise ValueError("in-place collective on a read-only array")
-    return tensor
+    source = array_source(buf)
+    finish = None if buf is tensor else (lambda target: _copy_back(target, buf))
+    return source, InPlace(tensor, source.pointer), finish
 
 
-def _reduce_op(average, op):
-    if op is None:
-        return Sum if average is False else Average
-    if average is not None:
-        raise ValueError("pass either op= or the deprecated average=, not both")
-    if op == Adasum:
-        raise ValueError("hvlite does not implement Adasum; use hvlite.Average or hvlite.Sum")
-    if op not in (Sum, Average, Min, Max, Product):
-        raise ValueError("unsupported reduce op %r (use hvlite.Sum, Average, Min, Max, Product)" % (op,))
-    return op
-
-
-class _Group:
-    """Handle of a grouped collective: ``wait`` returns the list of results."""
-
-    def __init__(self, handles):
-        self.handles = handles
-
-    def poll(self):
-        return all(h.poll() for h in self.handles)
-
-    def wait(self):
-        return [h.wait() for h in self.handles]
-
-
-def _group_names(name, kind, n, process_set=None):
-    return ["%s.%d" % (name, i) for i in range(n)] if name else [auto_name(kind, process_set) for _ in range(n)]
-
-
-def _submit_group(submit_one, tensors, name, kind, process_set=None):
-    """Submit ``submit_one(tensor, name)`` for every tensor in one burst (the engine negotiates
-    and fuses them together); returns the group handle. Shared by the framework adapters."""
-    names = _group_names(name, kind, len(tensors), process_set)
-    with burst():
-        return _Group([submit_one(t, n) for t, n in zip(tensors, names)])
+def _copy_back(target, buf):
+    target[...] = buf
+    return target
 
 
 # ---- allreduce ----
-
-def _allreduce(src, out, name, op, prescale, postscale, process_set, finish):
-    return submit(lib.HVL_ALLREDUCE, name or auto_name("allreduce", process_set), to_engine(src.dtype),
-                  src.shape, address(src), address(out), (src, out), finish, reduce_op=op,
-                  prescale=float(prescale), postscale=float(postscale),
-                  process_set=_set_id(process_set))
-
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=None):
     """Start an allreduce of ``tensor``; returns a handle whose result is a new array."""
     src = _array(tensor)
-    out = np.empty_like(src, order="C")
-    return _allreduce(src, out, name, _reduce_op(average, op), prescale_factor,
-                      postscale_factor, process_set, lambda h: out)
+    return collectives.allreduce(array_source(src), array_output(src.dtype), name,
+                                 reduce_op(average, op), prescale_factor, postscale_factor,
+                                 process_set)
 
 
 def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -121,16 +85,10 @@ def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=None):
     """In-place ``allreduce_async``: the result is written into ``tensor``."""
-    target = _writable(tensor)
-    buf = _array(target)
-    finish = (lambda h: target) if buf is target else (lambda h: _copy_back(target, buf))
-    return _allreduce(buf, buf, name, _reduce_op(average, op), prescale_factor,
-                      postscale_factor, process_set, finish)
-
-
-def _copy_back(target, buf):
-    target[...] = buf
-    return target
+    op = reduce_op(average, op)
+    source, output, finish = _in_place(tensor)
+    return collectives.allreduce(source, output, name, op, prescale_factor, postscale_factor,
+                                 process_set, finish)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -143,9 +101,9 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=None):
     """Start allreduces of a list of arrays, submitted together so they fuse."""
-    return _submit_group(lambda t, n: allreduce_async(t, average, n, op, prescale_factor,
-                                                      postscale_factor, process_set),
-                         tensors, name, "grouped_allreduce", process_set)
+    return submit_group(lambda t, n: allreduce_async(t, average, n, op, prescale_factor,
+                                                     postscale_factor, process_set),
+                        tensors, name, "grouped_allreduce", process_set)
 
 
 def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -157,9 +115,9 @@ def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=None):
-    return _submit_group(lambda t, n: allreduce_async_(t, average, n, op, prescale_factor,
-                                                       postscale_factor, process_set),
-                         tensors, name, "grouped_allreduce", process_set)
+    return submit_group(lambda t, n: allreduce_async_(t, average, n, op, prescale_factor,
+                                                      postscale_factor, process_set),
+                        tensors, name, "grouped_allreduce", process_set)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -173,9 +131,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 def allgather_async(tensor, name=None, process_set=None):
     """Start an allgather; the result concatenates every rank's array along dim 0."""
     src = _array(tensor)
-    return submit(lib.HVL_ALLGATHER, name or auto_name("allgather", process_set), to_engine(src.dtype),
-                  src.shape, address(src), NULL, (src,), lambda h: result_array(h, src.dtype),
-                  process_set=_set_id(process_set))
+    return collectives.allgather(array_source(src), array_output(src.dtype), name, process_set)
 
 
 def allgather(tensor, name=None, process_set=None):
@@ -185,8 +141,8 @@ def allgather(tensor, name=None, process_set=None):
 
 
 def grouped_allgather(tensors, name=None, process_set=None):
-    return _submit_group(lambda t, n: allgather_async(t, n, process_set), tensors, name,
-                         "grouped_allgather", process_set).wait()
+    return submit_group(lambda t, n: allgather_async(t, n, process_set), tensors, name,
+                        "grouped_allgather", process_set).wait()
 
 
 # ---- broadcast ----
@@ -194,10 +150,8 @@ def grouped_allgather(tensors, name=None, process_set=None):
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
     """Start a broadcast of root_rank's ``tensor``; the result is a new array."""
     src = _array(tensor)
-    out = np.empty_like(src, order="C")
-    return submit(lib.HVL_BROADCAST, name or auto_name("broadcast", process_set), to_engine(src.dtype),
-                  src.shape, address(src), address(out), (src, out), lambda h: out,
-                  root_rank=int(root_rank), process_set=_set_id(process_set))
+    return collectives.broadcast(array_source(src), array_output(src.dtype), root_rank, name,
+                                 process_set)
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None):
@@ -206,12 +160,8 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
-    target = _writable(tensor)
-    buf = _array(target)
-    finish = (lambda h: target) if buf is target else (lambda h: _copy_back(target, buf))
-    return submit(lib.HVL_BROADCAST, name or auto_name("broadcast", process_set), to_engine(buf.dtype),
-                  buf.shape, address(buf), address(buf), (buf, target), finish,
-                  root_rank=int(root_rank), process_set=_set_id(process_set))
+    source, output, finish = _in_place(tensor)
+    return collectives.broadcast(source, output, root_rank, name, process_set, finish)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=None):
@@ -225,14 +175,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     src = _array(tensor)
     if splits is not None:
         splits = [int(s) for s in np.asarray(splits).reshape(-1)]
-    n = _set_rank_size(process_set)[1]
-
-    def finish(h):
-        out = result_array(h, src.dtype)
-        return out if splits is None else (out, received_splits(h, n))
-    return submit(lib.HVL_ALLTOALL, name or auto_name("alltoall", process_set), to_engine(src.dtype),
-                  src.shape, address(src), NULL, (src,), finish, splits=splits,
-                  process_set=_set_id(process_set))
+    return collectives.alltoall(array_source(src), array_output(src.dtype), splits, name, process_set)
 
 
 def alltoall(tensor, splits=None, name=None, process_set=None):
@@ -247,14 +190,9 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_factor=1.0,
                         postscale_factor=1.0):
     src = _array(tensor)
-    if src.ndim == 0:
-        raise ValueError("reducescatter needs an array with at least one dimension")
-    rows = lib.hvl_reducescatter_rows(src.shape[0], *_set_rank_size(process_set))
-    out = np.empty((rows,) + src.shape[1:], dtype=src.dtype)
-    return submit(lib.HVL_REDUCESCATTER, name or auto_name("reducescatter", process_set),
-                  to_engine(src.dtype), src.shape, address(src), address(out), (src, out),
-                  lambda h: out, reduce_op=_reduce_op(None, op), prescale=float(prescale_factor),
-                  postscale=float(postscale_factor), process_set=_set_id(process_set))
+    return collectives.reducescatter(array_source(src), array_output(src.dtype), name,
+                                     reduce_op(None, op), prescale_factor, postscale_factor,
+                                     process_set)
 
 
 def reducescatter(tensor, name=None, op=None, process_set=None, prescale_factor=1.0,
@@ -267,17 +205,18 @@ def reducescatter(tensor, name=None, op=None, process_set=None, prescale_factor=
 
 def grouped_reducescatter(tensors, name=None, op=None, process_set=None, prescale_factor=1.0,
                           postscale_factor=1.0):
-    return _submit_group(lambda t, n: reducescatter_async(t, n, op, process_set, prescale_factor,
-                                                          postscale_factor),
-                         tensors, name, "grouped_reducescatter", process_set).wait()
+    return submit_group(lambda t, n: reducescatter_async(t, n, op, process_set, prescale_factor,
+                                                         postscale_factor),
+                        tensors, name, "grouped_reducescatter", process_set).wait()
 
 
 # ---- barrier, handles ----
 
 def barrier(process_set=None):
     """Return once every rank has called barrier()."""
-    submit(lib.HVL_BARRIER, auto_name("barrier", process_set), lib.HVL_UINT8, (), NULL, NULL, None, None,
-           process_set=_set_id(process_set)).wait()
+    set_id = set_id_of(process_set)
+    submit(lib.HVL_BARRIER, auto_name("barrier", process_set), lib.HVL_UINT8, (), NULL, NULL,
+           None, None, process_set=set_id).wait()
 
 
 def join(process_set=None):
@@ -291,7 +230,7 @@ def join(process_set=None):
         _check(lib.hvl_result_value(h._id, value))
         return int(value[0])
     last = submit(lib.HVL_JOIN, "join", lib.HVL_UINT8, (), NULL, NULL, None, finish,
-                  process_set=_set_id(process_set)).wait()
+                  process_set=set_id_of(process_set)).wait()
     reset_auto_names()   # a joined rank made none of the others' unnamed calls: realign
     return last
 
@@ -303,6 +242,6 @@ def poll(handle):
 
 def synchronize(handle):
     """Wait for an async collective and return its result (raises its error)."""
-    if not isinstance(handle, (Handle, _Group)):
+    if not isinstance(handle, (Handle, Group)):
         raise TypeError("synchronize() expects a handle from an *_async call")
     return handle.wait()

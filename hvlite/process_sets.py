@@ -15,8 +15,10 @@ Contract:
 - A collective's ``process_set=`` argument (None = global) must be registered, and the calling
   rank must be a member (``HvliteInvalidArgument`` otherwise, naming the tensor and the set);
   ``root_rank`` of a broadcast stays a global rank, which must be a member.
-- ``_set_id(process_set)`` is the engine id; ``_set_rank_size(process_set)`` this rank's
-  (rank, size) within it, for adapters that split or average by the set's size.
+- For the layers above (not exported by ``hvlite``): ``set_id_of(process_set)`` is the engine id
+  (``ValueError`` for a set that is not registered); ``rank_and_size(process_set)`` this rank's
+  (rank, size) within it, for adapters that split or average by the set's size;
+  ``rank_and_size_by_id(set_id)`` the same from an engine id.
 """
 from ._lib import lib
 from .errors import _check
@@ -148,7 +150,8 @@ def remove_process_set(process_set):
     return True
 
 
-def _set_id(process_set):
+def set_id_of(process_set):
+    """The engine id of a registered process set (None: the global set, 0)."""
     if process_set is None or process_set is global_process_set:
         return 0
     set_id = getattr(process_set, "process_set_id", None)
@@ -158,12 +161,13 @@ def _set_id(process_set):
     return set_id
 
 
-def _set_rank_size(process_set):
+def rank_and_size(process_set):
     """(this rank's rank in the set, the set's size); for the global set, (rank(), size())."""
-    return _set_rank_size_by_id(_set_id(process_set))
+    return rank_and_size_by_id(set_id_of(process_set))
 
 
-def _set_rank_size_by_id(set_id):
+def rank_and_size_by_id(set_id):
+    """(this rank's rank in set ``set_id``, the set's size)."""
     size, rank = _ffi_ints()
     _check(lib.hvl_process_set_info(set_id, size, rank))
     return rank[0], size[0]

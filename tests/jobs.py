@@ -5,8 +5,10 @@ Multi-process jobs always run through ``run_job`` with a hard timeout (scaled by
 ``HVLITE_TEST_TIMEOUT_MULTIPLIER`` for slow machines), so a hang fails instead of blocking CI.
 """
 import os
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -36,3 +38,22 @@ def run_job(np_, args, timeout, env=None, hvlrun_args=()):
         err = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
         pytest.fail("job timed out after %.0f s (a hang): %s\n--- stdout\n%s\n--- stderr\n%s"
                     % (timeout * MULTIPLIER, " ".join(cmd), out[-4000:], err[-4000:]))
+
+
+def assert_nothing_left(out, script, wait=5.0):
+    """After a job whose ranks ran ``script`` and printed their shared-memory files
+    (tests/scenarios/job_files.py): none of those files exists, and no process of the job is
+    left (given ``wait`` seconds to go)."""
+    paths = set()
+    for listed in re.findall(r"shm files of rank \d+: ([^\n]*)", out):
+        paths.update(p for p in listed.split() if not p.endswith("(deleted)"))
+    assert any("mpich_shm_" in p for p in paths) or not paths, out
+    deadline = time.monotonic() + wait * MULTIPLIER
+    while True:
+        left = sorted(p for p in paths if os.path.exists(p))
+        running = subprocess.run(["pgrep", "-f", script], capture_output=True, text=True).stdout.split()
+        if not left and not running:
+            return sorted(paths)
+        if time.monotonic() > deadline:
+            raise AssertionError("left behind: files %s, processes %s\n%s" % (left, running, out[-3000:]))
+        time.sleep(0.2)

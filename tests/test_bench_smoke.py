@@ -1,6 +1,13 @@
-"""CI smoke run of the benchmark at tiny sizes: it must run end to end and every result must be
-right (#wrong column 0). Times are printed, never asserted."""
-from jobs import run_job
+"""CI smoke runs of the benchmarks at tiny sizes: each must run end to end and every result must
+be right (#wrong column 0). Times are printed, never asserted."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jobs import MULTIPLIER, ROOT, job_env, run_job
 
 
 def test_allreduce_bench_smoke():
@@ -9,6 +16,7 @@ def test_allreduce_bench_smoke():
     assert job.returncode == 0, out
     rows = [line for line in job.stdout.splitlines() if "KiB" in line and "x" in line]
     assert len(rows) >= 3, out
+    assert "hvlite.torch allreduce float32 Sum, 2 ranks: in place" in job.stdout, out
     for line in rows:
         assert line.rstrip().endswith(" 0"), "wrong results in: " + line
 
@@ -36,3 +44,52 @@ def test_collectives_bench_smoke():
     assert "shm data plane where it takes the size: yes" in job.stdout, out
     for line in rows:
         assert line.rstrip().endswith(" 0"), "wrong results in: " + line
+
+
+def test_step_overhead_bench_smoke(tmp_path):
+    """bench/step_overhead.py: paired steps for both models on both data planes, the tables and
+    the raw per-round times in --json (4 items per round; backward ends within its step)."""
+    out_json = tmp_path / "step_overhead.json"
+    job = run_job(2, ["python", "bench/step_overhead.py", "--smoke", "--json", str(out_json)],
+                  timeout=180)
+    out = job.stdout + job.stderr
+    assert job.returncode == 0, out
+    assert "training-step overhead of gradient communication, 2 ranks" in job.stdout, out
+    assert "(unused" not in job.stdout, out      # the shm plane really ran on one host
+    result = json.loads(out_json.read_text())
+    overhead, parts, planes = result["tables"]
+    assert [tuple(r[:2]) for r in overhead["rows"]] == [
+        ("mlp", "shm"), ("mlp", "mpi"), ("resnet", "shm"), ("resnet", "mpi")], out
+    assert all(isinstance(r[overhead["columns"].index("overhead med")], float)
+               for r in overhead["rows"]), overhead
+    assert [tuple(r[:2]) for r in parts["rows"]] == [tuple(r[:2]) for r in overhead["rows"]], out
+    assert [r[0] for r in planes["rows"]] == ["mlp", "resnet"], out
+    assert result["columns"] == ["dist", "plain", "hvl", "mpi4py", "dist backward",
+                                 "plain backward"]
+    for cell, rounds in result["seconds"].items():
+        assert len(rounds) == 4 and all(len(r) == 6 and min(r) > 0 for r in rounds), cell
+        assert all(r[4] < r[0] and r[5] < r[1] for r in rounds), cell
+
+
+def test_ab_runner_smoke(tmp_path):
+    """bench/ab.py, one round of this checkout against itself on the allreduce smoke run: both
+    sides resolve hvlite here, both tables and the B/A comparison print, results right."""
+    cmd = [sys.executable, "bench/ab.py", "--a", ROOT, "--b", ROOT, "--rounds", "1",
+           "--out", str(tmp_path), "--", "hvlrun", "-np", "2", "python", "bench/allreduce.py",
+           "--smoke", "--no-torch"]
+    try:
+        job = subprocess.run(cmd, cwd=ROOT, env=job_env(), capture_output=True, text=True,
+                             timeout=180 * MULTIPLIER, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail("bench/ab.py timed out (a hang): %s" % e)
+    out = job.stdout + job.stderr
+    assert job.returncode == 0, out
+    assert "A: %s (hvlite: %s" % (ROOT, os.path.join(ROOT, "hvlite", "__init__.py")) in out, out
+    assert "1 rounds, order AB" in out, out
+    assert "A: median of 1 runs" in out and "B: median of 1 runs" in out, out
+    compared = [line.split() for line in job.stdout.splitlines() if " hvlite " in line
+                and "KiB" in line and line.rstrip()[-1].isdigit()]
+    assert len(compared) == 3, out             # 4 KiB, 256 KiB, 16 x 4 KiB: A, B, B/A, range
+    for name in ("a1", "b1"):
+        tables = json.loads((tmp_path / (name + ".json")).read_text())["tables"]
+        assert all(r[-1] == 0 for r in tables[0]["rows"]), tables   # #wrong

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from jobs import MULTIPLIER, ROOT, job_env, run_job
+from jobs import MULTIPLIER, ROOT, assert_nothing_left, job_env, run_job
 
 
 def test_stall_warning_names_tensor_and_missing_rank():
@@ -44,6 +44,7 @@ def test_killed_rank_ends_job_with_its_name():
     assert elapsed < 30 * MULTIPLIER, "job took %.1f s to end after a rank died" % elapsed
     assert "rank 1" in out and "SIGKILL" in out, out
     assert "unreachable" not in out
+    assert "mpich_shm_" in " ".join(assert_nothing_left(out, "tests/scenarios/kill_rank.py"))
 
 
 def test_mpi4py_initialises_first():
@@ -79,6 +80,7 @@ def test_killed_rank_during_shm_allreduce_leaks_no_segment():
     left = [n for n in os.listdir("/dev/shm") if n.startswith("hvlite-") and any("-%s-" % p in n for p in pids)]
     assert left == [], "segments left in /dev/shm: %s" % left
     assert "unreachable" not in out
+    assert_nothing_left(out, "tests/scenarios/shm_kill.py")
 
 
 def test_stopped_rank_during_shm_allreduce_times_out():
@@ -92,3 +94,49 @@ def test_stopped_rank_during_shm_allreduce_times_out():
     assert "rank 0 timeout" in out and "shm allreduce" in out, out
     assert re.search(r"rank 1 \(pid \d+\) on this host did not arrive for 2 s", out), out
     assert "UNEXPECTED" not in out
+    assert_nothing_left(out, "tests/scenarios/stopped_peer.py")
+
+
+def test_signal_to_hvlrun_leaves_nothing_behind():
+    """SIGTERM or SIGINT to hvlrun mid-job: every rank ends, and neither MPI's files nor hvlite's
+    nor any process of the job is left."""
+    import signal
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        cmd = [sys.executable, "-m", "hvlite.runner", "-np", "2", sys.executable,
+               "tests/scenarios/kill_rank.py", "--wait-for-signal"]
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=job_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+        out = ""
+        deadline = time.monotonic() + 60 * MULTIPLIER
+        while out.count("shm files of rank") < 2 and time.monotonic() < deadline:
+            out += proc.stdout.readline()
+        proc.send_signal(signum)
+        try:
+            out += proc.communicate(timeout=30 * MULTIPLIER)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError("hvlrun did not end after %s:\n%s" % (signal.Signals(signum).name, out))
+        assert proc.returncode == 128 + signum, out
+        assert "mpich_shm_" in " ".join(assert_nothing_left(out, "tests/scenarios/kill_rank.py")), out
+
+
+def test_hvlrun_ends_the_job_when_its_output_is_gone():
+    """The reader of hvlrun's output goes away (pipes closed), then hvlrun gets SIGTERM: it must
+    still end every rank and leave nothing behind (its messages fail to print)."""
+    import signal
+    cmd = [sys.executable, "-m", "hvlite.runner", "-np", "2", sys.executable,
+           "tests/scenarios/kill_rank.py", "--wait-for-signal"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=job_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    out = ""
+    deadline = time.monotonic() + 60 * MULTIPLIER
+    while out.count("shm files of rank") < 2 and time.monotonic() < deadline:
+        out += proc.stdout.readline()
+    proc.stdout.close()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30 * MULTIPLIER)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("hvlrun did not end after SIGTERM with its output closed")
+    assert_nothing_left(out, "tests/scenarios/kill_rank.py")

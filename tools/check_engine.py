@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Checks the engine's shape rules (csrc/) and the Python layering rules, so they stay true.
+"""Checks the engine's shape rules (csrc/), so they stay true. (The Python layers' rules are
+checked by tests/unit/test_layers.py.)
 
 Usage: ``python tools/check_engine.py [ROOT]`` (ROOT: a checkout, default this one). Prints each
 broken rule with the file and line, and exits 1 if there is any (0 otherwise). It reads the
@@ -17,10 +18,7 @@ Rules (the reasons are in ../shared/DESIGN.md and the headers named):
    includes a plane's private header.
 5. util/ and kernels/ know nothing of the engine: they include only their own headers and
    hvlite.h (util.h for kernels).
-6. The Python neutral layer (hvlite/*.py, hvlite/runner/) imports neither torch nor tensorflow;
-   hvlite/torch and hvlite/tensorflow never import each other.
 """
-import ast
 import os
 import re
 import sys
@@ -132,47 +130,12 @@ def check_c(root):
     return problems
 
 
-def imports(path):
-    tree = ast.parse(open(path).read(), path)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield node.lineno, alias.name
-        elif isinstance(node, ast.ImportFrom):
-            base = "." * node.level + (node.module or "")
-            yield node.lineno, base
-
-
-def check_python(root):
-    package = os.path.join(root, "hvlite")
-    problems = []
-    for here, dirs, files in os.walk(package):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        rel_dir = os.path.relpath(here, package).replace(os.sep, "/")
-        adapter = rel_dir.split("/")[0] if rel_dir.split("/")[0] in ("torch", "tensorflow") else None
-        for name in sorted(f for f in files if f.endswith(".py")):
-            path = os.path.join(here, name)
-            rel = os.path.relpath(path, root).replace(os.sep, "/")
-            depth = 0 if rel_dir == "." else rel_dir.count("/") + 1
-            for lineno, module in imports(path):
-                top = module.lstrip(".").split(".")[0]
-                dots = len(module) - len(module.lstrip("."))
-                if adapter is None and not dots and top in ("torch", "tensorflow", "keras"):
-                    problems.append("%s:%d: the neutral layer imports %s" % (rel, lineno, top))
-                # a relative import that climbs to the package root and enters the other adapter
-                other = {"torch": "tensorflow", "tensorflow": "torch"}.get(adapter)
-                if other and ((dots == depth + 1 and top == other) or module == "hvlite." + other
-                              or module.startswith("hvlite.%s." % other)):
-                    problems.append("%s:%d: hvlite.%s imports hvlite.%s" % (rel, lineno, adapter, other))
-    return problems
-
-
 def main(argv):
     root = os.path.abspath(argv[1] if len(argv) > 1 else os.path.join(os.path.dirname(__file__), ".."))
-    problems = check_c(root) + check_python(root)
+    problems = check_c(root)
     for p in problems:
         print(p)
-    print("%d problem(s)" % len(problems) if problems else "engine shape and layering: ok")
+    print("%d problem(s)" % len(problems) if problems else "engine shape: ok")
     return 1 if problems else 0
 
 

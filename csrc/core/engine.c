@@ -100,6 +100,7 @@ static void teardown(hvl_engine *e, int clean)
     hvl__psets_destroy(e, clean);
     free(e->fusion_buf);
     free(e->scratch_buf);
+    hvl_buffer_cache_trim();        /* idle result buffers; those still held are freed later */
     e->negotiation = NULL;
     e->fusion_buf = e->scratch_buf = NULL;
     e->fusion_cap = e->scratch_cap = 0;

@@ -1,6 +1,6 @@
 /* gather.c: the collectives whose output size is known only when they run: allgather (dim 0
  * may differ per rank) and alltoall (splits). Sizes are exchanged first, then the data goes
- * into buffers the engine allocates and the handle owns. Allgathers of one cycle are fused:
+ * into result buffers (hvl_buffer_alloc) that the handle owns. Allgathers of one cycle are fused:
  * every rank packs its tensors into one block, one allgatherv moves all blocks, and each
  * tensor's result is cut out of the blocks by a displacement table. Size limits and
  * allocations are agreed by every rank before the data moves (hvl__agree), so a tensor too big
@@ -8,7 +8,6 @@
  * bg thread only. */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include "backend.h"
 #include "cycle.h"
 
@@ -26,22 +25,6 @@ static void gathered_shape(const hvl_entry *en, int64_t rows, hvl_outcome *o)
     for (int i = 1; i < en->d.ndim; i++) o->shape[i] = en->d.shape[i];
 }
 
-/* A result buffer (never NULL for 0 bytes; free() releases it). Results are fresh memory every
- * call and, in a VM, a 4 KiB page fault costs about 2.5 us: a 32 MiB allgather result spent
- * 20 ms faulting. Large ones are aligned to 2 MiB and asked for transparent huge pages, as
- * NumPy does for its arrays: 512 times fewer faults. */
-static void *result_alloc(int64_t bytes)
-{
-    const size_t huge = (size_t)2 << 20;
-    size_t n = (size_t)bytes + 1;
-    if (n < 2 * huge) return malloc(n);
-    n = (n + huge - 1) / huge * huge;
-    void *p = NULL;
-    if (posix_memalign(&p, huge, n) != 0) return NULL;
-    madvise(p, n, MADV_HUGEPAGE);   /* advice only: without THP it is 4 KiB pages, as before */
-    return p;
-}
-
 static int gather_one(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outcome *o)
 {
     hvl_pset *ps = b->ps;
@@ -57,7 +40,7 @@ static int gather_one(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outco
         total += bytes[r];
     }
     int local = hvl__counts_fit_int(bytes, ps->size, en->d.name);
-    if (local == HVL_OK && !(o->result = result_alloc(total)))
+    if (local == HVL_OK && !(o->result = hvl_buffer_alloc(total)))
         local = hvl__fail(HVL_ERR_NO_MEMORY, "allgather '%s': out of memory", en->d.name);
     HVL_CHECK_GOTO(hvl__agree(ps->comm, local, "allgather", &b->failed_everywhere, e->params.peer_timeout_s), rc, out);
     rc = p->be->allgatherv(e, ps, p->state, en->input, o->result, bytes);
@@ -78,7 +61,7 @@ static int unpack(hvl_batch *b, const int64_t *rows, const int64_t *rb,
         int64_t total_rows = 0;
         for (int r = 0; r < ps->size; r++) total_rows += rows[r * k + t];
         o[t].result_bytes = total_rows * rb[t];
-        if (!(o[t].result = result_alloc(o[t].result_bytes))) return hvl__oom("an allgather result");
+        if (!(o[t].result = hvl_buffer_alloc(o[t].result_bytes))) return hvl__oom("an allgather result");
         gathered_shape(b->entries[t], total_rows, &o[t]);
     }
     int64_t block_start = 0;
@@ -149,7 +132,7 @@ int hvl__run_alltoall(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outco
     }
     int local = hvl__counts_fit_int(send_bytes, ps->size, en->d.name);
     if (local == HVL_OK) local = hvl__counts_fit_int(recv_bytes, ps->size, en->d.name);
-    if (local == HVL_OK && !(o->result = result_alloc(total)))
+    if (local == HVL_OK && !(o->result = hvl_buffer_alloc(total)))
         local = hvl__fail(HVL_ERR_NO_MEMORY, "alltoall '%s': out of memory", en->d.name);
     /* only this rank knows its sizes: every member agrees before the data moves */
     HVL_CHECK_GOTO(hvl__agree(ps->comm, local, "alltoall", &b->failed_everywhere, e->params.peer_timeout_s), rc, out);

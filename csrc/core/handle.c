@@ -97,7 +97,7 @@ void hvl__handle_complete(int64_t id, hvl_outcome *o)
     }
     pthread_mutex_unlock(&handle_lock);
     free(o->message);               /* only non-NULL if the handle was gone */
-    free(o->result);
+    hvl_buffer_free(o->result);
     free(o->recv_splits);
 }
 
@@ -228,7 +228,7 @@ int hvl_result_take(int64_t id, void **data)
     return HVL_OK;
 }
 
-void hvl_result_free(void *data) { free(data); }
+void hvl_result_free(void *data) { hvl_buffer_free(data); }
 
 int hvl_result_value(int64_t id, int64_t *value)
 {
@@ -263,7 +263,7 @@ int hvl_release(int64_t id)
     }
     pthread_mutex_unlock(&handle_lock);
     free(o.message);
-    free(o.result);
+    hvl_buffer_free(o.result);
     free(o.recv_splits);
     if (rc != HVL_OK) return hvl__fail(rc, "cannot release handle %lld: %s", (long long)id, rc == HVL_ERR_IN_PROGRESS ? "still pending" : "unknown");
     return HVL_OK;

@@ -196,7 +196,7 @@ static void synthetic_free(hvl_entry *en, hvl_outcome *o)
     free((void *)en->input);
     free(en->output);
     free(o->message);
-    free(o->result);
+    hvl_buffer_free(o->result);
     free(o->recv_splits);
     entry_free(en);
 }

@@ -2,12 +2,26 @@
 
 Contract: this package never imports the engine (``hvlite._core`` or any ``hvlite`` module outside
 ``hvlite.runner``) and uses only relative imports, so it works before the engine is built.
+Importing the package loads nothing else: the programs run with ``python -m`` on every host
+(``rank_exec``, ``remote_shell``, ``host_guard``) load only what they use.
 Modules: ``launch`` (flags, ``main``), ``job`` (running the job, exit code), ``hosts`` (host
 lists), ``mpi_command`` (the mpiexec command per MPI flavour), ``build_info`` (build info, which
-mpiexec), ``control`` (rank-to-launcher messages), ``rank_exec`` (per-rank wrapper, run with
-``python -m``; not imported here).
+mpiexec), ``wire`` (authenticated lines), ``control`` (hvlrun's end of the control channel),
+``control_client`` (the other end), ``remote_shell`` (reaching other hosts), ``host_check``
+(can every host be reached), ``host_guard`` (per remote host: owns the job's processes there),
+``proctree`` (finding and ending process trees), ``rank_exec`` (per-rank wrapper).
 """
 
-from .launch import main, run
-
 __all__ = ["main", "run"]
+
+
+def main(argv=None) -> int:
+    """Run ``hvlrun`` with ``argv`` (``sys.argv[1:]`` when None); see ``launch.main``."""
+    from .launch import main as launch_main
+    return launch_main(argv)
+
+
+def run() -> None:
+    """Console-script entry point: ``sys.exit(main())``."""
+    from .launch import run as launch_run
+    launch_run()

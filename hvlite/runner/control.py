@@ -1,54 +1,111 @@
-"""Control channel between ``hvlrun`` and the per-rank wrappers.
+"""hvlrun's end of the control channel: what the rank wrappers and host guards report.
 
 Contract:
-  * ``hvlrun`` runs one :class:`ControlServer` (TCP, bound to 0.0.0.0, ephemeral port) and passes
-    ``HVLRUN_CONTROL_ADDR=host:port`` to every rank.
-  * Each wrapper opens one connection (:class:`ControlClient`) and sends ASCII lines
-    ``start <rank> <pid> <host>`` when its child started and ``exit <rank> <code>`` when the
-    child ended (code is 128+signum for a signal). Sending is best effort: a wrapper that
-    cannot connect carries on silently.
-  * ``HVLRUN_OUTPUT_DIR`` (:data:`ENV_OUTPUT_DIR`), the other variable hvlrun sets for the
-    wrappers, is named here too so that ``launch`` need not import ``rank_exec``.
-  * The server records messages in arrival order on one background thread; malformed lines are
-    ignored. All its query methods may be called from any thread.
+  * ``hvlrun`` runs one :class:`ControlServer` (TCP, ephemeral port, bound to the address it
+    gives: 127.0.0.1 when every rank is local) and passes ``HVLRUN_CONTROL_ADDR=host:port`` and
+    the job secret to the processes it starts; they connect with ``control_client.ControlClient``.
+  * Every line is authenticated (``wire.py``). Rejected input (no or bad hello, bad MAC, replay,
+    malformed or over-long line, no authentic message within :data:`HELLO_SECONDS` of connecting)
+    is dropped and counted by
+    :meth:`rejected`, never acted on; a connection that has not yet sent one authentic message
+    is closed on its first rejected line.
+  * Client messages: ``start <rank> <pid> <host>`` and ``exit <rank> <code>`` (rank wrappers;
+    code is 128+signum for a signal), ``guard <host> <pid>`` and ``done <code>`` (host guards:
+    the MPI proxy on that host started / ended), ``check <host>`` (hvlrun's host check, answered
+    with ``checked``), ``ping``. Server messages: ``ping`` every heartbeat interval, ``checked``,
+    ``stop <reason>`` once :meth:`stop_all` was called (also to clients that connect later).
+  * Liveness (heartbeat timeout T > 0): a wrapper or guard that has not sent its final message
+    (``exit``/``done``) is lost when its connection closes or nothing authentic came from it for T
+    seconds; :meth:`lost` names the first such host (with its ranks) or rank.
+  * One background thread does all socket work; every query method may be called from any
+    thread. ``ENV_CONTROL_ADDR``/``ENV_OUTPUT_DIR``/``ENV_HEARTBEAT``/``ENV_HOST`` are the variable
+    names hvlrun sets, named here so that ``launch`` need not import the wrapper.
 """
 
 import selectors
 import socket
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
-__all__ = ["ENV_CONTROL_ADDR", "ENV_OUTPUT_DIR", "ControlServer", "ControlClient"]
+from .wire import MAX_LINE, Rejected, Session, heartbeat_interval
+
+__all__ = ["ENV_CONTROL_ADDR", "ENV_OUTPUT_DIR", "ENV_HEARTBEAT", "ENV_HOST", "HELLO_SECONDS",
+           "Lost", "ControlServer"]
 
 ENV_CONTROL_ADDR = "HVLRUN_CONTROL_ADDR"
 ENV_OUTPUT_DIR = "HVLRUN_OUTPUT_DIR"
+ENV_HEARTBEAT = "HVLRUN_HEARTBEAT_TIMEOUT"
+ENV_HOST = "HVLRUN_HOST"        # set by a host guard: the host's name in hvlrun's host list
+HELLO_SECONDS = 10.0
+_MAX_BACKLOG = 65536            # bytes queued for a peer that does not read: it is stuck
+
+
+class Lost(NamedTuple):
+    """A lost client: ``who`` ("host h2 (rank 1)" or "rank 1 on h2"), the full ``message``,
+    and ``since``, the server round in which it was lost (its connection closed; for a silent
+    client, the round of the query). Rounds order events; events of one round (one pass over the
+    sockets) may have happened in any order."""
+    who: str
+    message: str
+    since: int
+
+
+class _Peer:
+    """One connection's state; owned by the server thread, read under the server's lock."""
+
+    def __init__(self, sock: socket.socket, addr: str, secret: str) -> None:
+        self.sock, self.addr = sock, addr
+        self.session = Session(secret, server=True)
+        self.inbuf = b""
+        self.outbuf = self.session.hello()
+        self.kind: Optional[str] = None      # "rank", "guard" or "check" once identified
+        self.rank: Optional[int] = None
+        self.host = ""
+        self.finished = False                # sent exit/done
+        self.closed = False
+        self.stopped = False                 # was sent "stop"
+        self.opened = self.heard = self.pinged = time.monotonic()
+        self.closed_at = 0              # the server round in which the connection closed
+
+    def describe(self) -> str:
+        if self.kind == "guard":
+            return "host %s" % self.host
+        return "rank %d on %s" % (self.rank, self.host)
 
 
 class ControlServer:
-    """Listens for wrapper messages on a background thread.
+    """Listens for wrapper and guard messages on a background thread."""
 
-    Shared fields (``_started``, ``_exits``, ``_open``, ``_rounds``) are guarded by ``_lock``.
-    """
-
-    def __init__(self, bind_host: str = "0.0.0.0") -> None:
+    def __init__(self, secret: str, bind_host: str = "127.0.0.1",
+                 heartbeat_timeout: float = 0.0) -> None:
         """Open the listening socket (does not start the thread).
 
         Args:
+            secret: the job secret every client must prove it knows.
             bind_host: address to bind; the port is chosen by the system.
+            heartbeat_timeout: seconds of silence after which a client is lost; 0 turns the
+                heartbeat and the silence check off (closed connections are still lost).
 
         Raises:
             OSError: if the socket cannot be bound.
         """
+        self._secret = secret
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.bind((bind_host, 0))
         self._listener.listen(128)
         self._listener.setblocking(False)
         self.port = self._listener.getsockname()[1]
+        self._timeout = heartbeat_timeout
+        self._interval = heartbeat_interval(heartbeat_timeout)
         self._lock = threading.Lock()
+        self._peers: List[_Peer] = []
         self._started: Dict[int, Tuple[int, str]] = {}
-        self._exits: List[Tuple[int, int]] = []
-        self._open = 0
+        self._exits: List[Tuple[int, int, int]] = []      # (rank, code, round)
+        self._checked: Set[str] = set()
+        self._rejected = 0
+        self._rejected_from: Set[str] = set()
+        self._stop_reason: Optional[str] = None
         self._rounds = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="hvlrun-control", daemon=True)
@@ -58,59 +115,138 @@ class ControlServer:
         self._thread.start()
         return self
 
+    # --- the server thread -------------------------------------------------------------------
     def _serve(self) -> None:
-        """Accept connections and read lines until :meth:`close`."""
+        """Accept, read and send until :meth:`close`."""
         sel = selectors.DefaultSelector()
         sel.register(self._listener, selectors.EVENT_READ, None)
-        buffers: Dict[socket.socket, bytes] = {}
         while not self._stop.is_set():
+            for key, _ in sel.select(timeout=0.05):
+                with self._lock:
+                    if key.data is None:
+                        self._accept(sel)
+                    else:
+                        self._read(sel, key.data)
             with self._lock:
                 self._rounds += 1
-            for key, _ in sel.select(timeout=0.05):
-                if key.fileobj is self._listener:
-                    try:
-                        conn, _ = self._listener.accept()
-                    except OSError:
-                        continue
-                    conn.setblocking(False)
-                    sel.register(conn, selectors.EVENT_READ, None)
-                    buffers[conn] = b""
-                    with self._lock:
-                        self._open += 1
-                    continue
-                conn = key.fileobj
-                try:
-                    data = conn.recv(4096)
-                except (BlockingIOError, InterruptedError):
-                    continue
-                except OSError:
-                    data = b""
-                *lines, buffers[conn] = (buffers[conn] + data).split(b"\n")
-                for line in lines:
-                    self._handle(line.decode("ascii", "replace"))
-                if not data or len(buffers[conn]) > 4096:  # closed, or not our protocol
-                    sel.unregister(conn)
-                    conn.close()
-                    del buffers[conn]
-                    with self._lock:
-                        self._open -= 1
-        for conn in buffers:
-            conn.close()
+                self._tick(sel)
+        with self._lock:
+            for peer in self._peers:
+                self._drop(sel, peer)
         sel.close()
 
-    def _handle(self, line: str) -> None:
-        """Record one message; ignore anything malformed."""
-        fields = line.split()
+    def _accept(self, sel: selectors.BaseSelector) -> None:
+        try:
+            conn, addr = self._listener.accept()
+        except OSError:
+            return
+        conn.setblocking(False)
+        peer = _Peer(conn, "%s:%d" % addr[:2], self._secret)
+        self._peers.append(peer)
+        sel.register(conn, selectors.EVENT_READ, peer)
+
+    def _drop(self, sel: selectors.BaseSelector, peer: _Peer) -> None:
+        """Close ``peer``'s socket; its record stays (a closed unfinished client is lost)."""
+        if not peer.closed:
+            peer.closed, peer.closed_at = True, self._rounds
+            try:
+                sel.unregister(peer.sock)
+            except (KeyError, ValueError):
+                pass
+            peer.sock.close()
+
+    def _reject(self, sel: selectors.BaseSelector, peer: _Peer, why: str) -> None:
+        """Count a rejected line; close the connection unless it already proved itself."""
+        self._rejected += 1
+        self._rejected_from.add("%s (%s)" % (peer.addr.rsplit(":", 1)[0], why))
+        if peer.kind is None:
+            self._drop(sel, peer)
+            self._peers.remove(peer)
+
+    def _read(self, sel: selectors.BaseSelector, peer: _Peer) -> None:
+        try:
+            data = peer.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(sel, peer)
+            if peer.kind is None:
+                self._peers.remove(peer)
+            return
+        *lines, peer.inbuf = (peer.inbuf + data).split(b"\n")
+        for line in lines:
+            if peer.closed:
+                return
+            try:
+                if peer.session.ready:
+                    self._handle(peer, peer.session.open(line))
+                else:
+                    peer.session.accept_hello(line)
+            except Rejected as e:
+                self._reject(sel, peer, str(e))
+        if len(peer.inbuf) > MAX_LINE and not peer.closed:
+            peer.inbuf = b""
+            self._reject(sel, peer, "over-long line")
+
+    def _handle(self, peer: _Peer, body: str) -> None:
+        """Act on one authentic message (malformed ones count as rejected)."""
+        peer.heard = time.monotonic()
+        fields = body.split(" ")
         try:
             if fields[0] == "start" and len(fields) == 4:
-                with self._lock:
-                    self._started[int(fields[1])] = (int(fields[2]), fields[3])
+                peer.kind, peer.rank, peer.host = "rank", int(fields[1]), fields[3]
+                self._started[peer.rank] = (int(fields[2]), peer.host)
             elif fields[0] == "exit" and len(fields) == 3:
-                with self._lock:
-                    self._exits.append((int(fields[1]), int(fields[2])))
-        except (IndexError, ValueError):
-            pass
+                peer.finished = True
+                self._exits.append((int(fields[1]), int(fields[2]), self._rounds))
+            elif fields[0] == "guard" and len(fields) == 3:
+                peer.kind, peer.host = "guard", fields[1]
+            elif fields[0] == "done" and len(fields) == 2:
+                peer.finished = True
+            elif fields[0] == "check" and len(fields) == 2:
+                peer.kind, peer.host, peer.finished = "check", fields[1], True
+                self._checked.add(fields[1])
+                self._queue(peer, "checked")
+            elif fields != ["ping"]:
+                raise ValueError(body)
+        except ValueError:
+            self._rejected += 1
+            self._rejected_from.add("%s (unknown message %r)" % (peer.addr.rsplit(":", 1)[0], body[:60]))
 
+    def _queue(self, peer: _Peer, body: str) -> None:
+        if peer.session.ready and not peer.closed:
+            peer.outbuf += peer.session.seal(body)
+
+    def _tick(self, sel: selectors.BaseSelector) -> None:
+        """Heartbeats, stop requests, hello timeouts and pending sends, once per loop."""
+        now = time.monotonic()
+        for peer in list(self._peers):
+            if peer.closed:
+                continue
+            if peer.kind is None and not peer.finished and now - peer.opened > HELLO_SECONDS:
+                self._reject(sel, peer, "nothing authentic within %g s" % HELLO_SECONDS)
+                continue
+            if self._stop_reason and not peer.stopped and peer.session.ready:
+                peer.stopped = True
+                self._queue(peer, "stop " + self._stop_reason)
+            if self._timeout > 0 and now - peer.pinged >= self._interval:
+                peer.pinged = now
+                self._queue(peer, "ping")
+            if peer.outbuf:
+                try:
+                    sent = peer.sock.send(peer.outbuf)
+                    peer.outbuf = peer.outbuf[sent:]
+                except (BlockingIOError, InterruptedError):
+                    pass
+                except OSError:
+                    self._drop(sel, peer)
+                    continue
+                if len(peer.outbuf) > _MAX_BACKLOG:
+                    self._drop(sel, peer)
+
+    # --- queries (any thread) ---------------------------------------------------------------
     def started_ranks(self) -> Dict[int, Tuple[int, str]]:
         """Return ``{rank: (pid, host)}`` for every rank that reported ``start``."""
         with self._lock:
@@ -119,62 +255,76 @@ class ControlServer:
     def exits(self) -> List[Tuple[int, int]]:
         """Return the ``(rank, code)`` exit reports in arrival order."""
         with self._lock:
-            return list(self._exits)
+            return [(r, c) for r, c, _ in self._exits]
 
     def first_failure(self) -> Optional[Tuple[int, int]]:
         """Return the earliest ``(rank, code)`` with a non-zero code, or None."""
         return next(((r, c) for r, c in self.exits() if c != 0), None)
 
+    def first_failure_round(self) -> Optional[int]:
+        """Return the server round of the earliest non-zero exit report, or None."""
+        with self._lock:
+            return next((t for _, c, t in self._exits if c != 0), None)
+
+    def checked_hosts(self) -> Set[str]:
+        """Return the hosts whose check message arrived."""
+        with self._lock:
+            return set(self._checked)
+
+    def rejected(self) -> Tuple[int, List[str]]:
+        """Return how many lines were rejected, and from where (address and reason)."""
+        with self._lock:
+            return self._rejected, sorted(self._rejected_from)
+
+    def lost(self) -> Optional[Lost]:
+        """Return the first lost client as a :class:`Lost`, or None. When every unfinished client on its
+        host is closed or has been silent for half the limit, the host is named with its ranks
+        (the host is gone, not one rank); else the rank and its host."""
+        now = time.monotonic()
+        with self._lock:
+            def silent(p: _Peer, limit: float) -> bool:
+                return p.closed or (self._timeout > 0 and now - p.heard > limit)
+            live = [p for p in self._peers if p.kind in ("rank", "guard") and not p.finished]
+            gone = [p for p in live if silent(p, self._timeout)]
+            if not gone:
+                return None
+            peer = next((p for p in gone if p.kind == "guard"), gone[0])
+            whole = all(silent(p, self._timeout / 2) for p in live if p.host == peer.host)
+            ranks = sorted(r for r, (_, host) in self._started.items() if host == peer.host)
+            if (whole or peer.kind == "guard") and ranks:
+                who = "host %s (rank%s %s)" % (peer.host, "s" if len(ranks) > 1 else "",
+                                              ",".join(map(str, ranks)))
+            else:
+                who = peer.describe()
+            if peer.closed:
+                return Lost(who, "%s: its connection to hvlrun closed before it reported an exit "
+                            "(processes killed or host down)" % who, peer.closed_at)
+            return Lost(who, "%s stopped answering: nothing heard for %.1f s (link cut, host "
+                        "down or frozen; limit %g s)" % (who, now - peer.heard, self._timeout),
+                        self._rounds)
+
+    def stop_all(self, reason: str) -> None:
+        """Ask every client, now and later, to end its part of the job (``stop <reason>``)."""
+        with self._lock:
+            if self._stop_reason is None:  # printable ASCII words, as the wire requires
+                words = "".join(c if " " <= c <= "~" else "?" for c in reason).split()
+                self._stop_reason = " ".join(words)[:400] or "stop"
+
     def wait_quiet(self, timeout: float) -> None:
-        """Wait, at most ``timeout`` seconds, until no wrapper connection is open and the
+        """Wait, at most ``timeout`` seconds, until no client connection is open and the
         server has looked for new connections at least once since this call."""
         deadline = time.monotonic() + timeout
         with self._lock:
             first = self._rounds
         while time.monotonic() < deadline and self._thread.is_alive():
             with self._lock:
-                if self._open == 0 and self._rounds >= first + 2:
+                if self._rounds >= first + 2 and all(p.closed for p in self._peers):
                     return
             time.sleep(0.01)
 
     def close(self) -> None:
-        """Stop the thread and close the listening socket. Safe to call twice."""
+        """Stop the thread and close every socket. Safe to call twice."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2)
         self._listener.close()
-
-
-class ControlClient:
-    """One wrapper's best-effort connection to ``hvlrun``; every method swallows errors."""
-
-    def __init__(self, addr: Optional[str], timeout: float = 5.0) -> None:
-        """Connect to ``host:port``; stay disconnected if ``addr`` is empty or unreachable.
-
-        Args:
-            addr: the value of ``HVLRUN_CONTROL_ADDR``, or None.
-            timeout: seconds for connecting and for each send.
-        """
-        self._sock: Optional[socket.socket] = None
-        if not addr:
-            return
-        host, _, port = addr.rpartition(":")
-        try:
-            self._sock = socket.create_connection((host, int(port)), timeout=timeout)
-        except (OSError, ValueError):
-            self._sock = None
-
-    def send(self, line: str) -> None:
-        """Send one message line; on failure, give up on the channel."""
-        if self._sock is None:
-            return
-        try:
-            self._sock.sendall(line.encode("ascii", "replace") + b"\n")
-        except OSError:
-            self.close()
-
-    def close(self) -> None:
-        """Close the connection. Safe to call twice."""
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None

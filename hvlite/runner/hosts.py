@@ -7,16 +7,20 @@ Contract:
     as ``host slots=N``, ``host:N`` or ``host``; ``#`` starts a comment; blank lines are skipped.
   * Every malformed input raises ``ValueError`` whose message quotes the offending text.
   * Nothing here starts a process or touches the network except :func:`this_host_names`, which
-    asks ``socket.gethostname()``. IPv6 literals as host names are not supported.
+    asks ``socket.gethostname()``, :func:`is_local`, which tries to bind a UDP socket to a host
+    given as an IPv4 address, and :func:`interface_ipv4`, which asks the kernel for an
+    interface's address. Host names are never resolved. IPv6 literals are not supported.
 """
 
 import dataclasses
+import fcntl
 import socket
+import struct
 from typing import Iterable, List, Optional, Sequence, Set
 
 __all__ = ["Host", "parse_hosts", "parse_hostfile", "parse_hostfile_text", "total_slots",
            "check_np", "localhost_only", "this_host_names", "is_local", "ranks_per_host",
-           "local_rank_count"]
+           "local_rank_count", "interface_ipv4"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,16 +193,35 @@ def this_host_names() -> Set[str]:
     return names
 
 
+def _is_own_address(name: str) -> bool:
+    """True if ``name`` is an IPv4 address of this machine (binding to it succeeds)."""
+    try:
+        socket.inet_aton(name)
+    except OSError:
+        return False
+    if name.count(".") != 3:
+        return False
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((name, 0))
+        except OSError:
+            return False
+    return True
+
+
 def is_local(name: str, local_names: Optional[Iterable[str]] = None) -> bool:
     """Tell whether host ``name`` is this machine.
 
     Args:
         name: a host name from the host list.
-        local_names: this machine's names; :func:`this_host_names` when omitted.
+        local_names: this machine's names; :func:`this_host_names` when omitted (then an IPv4
+            address of one of this machine's interfaces counts too, as mpiexec sees it).
 
     Returns:
         True if ``name`` (or its short form) is one of this machine's names.
     """
+    if local_names is None and _is_own_address(name):
+        return True
     names = set(this_host_names() if local_names is None else local_names)
     return name in names or name.split(".", 1)[0] in names
 
@@ -238,3 +261,23 @@ def local_rank_count(hosts: Sequence[Host], np: int,
     counts = ranks_per_host(hosts, np)
     local = sum(c for h, c in zip(hosts, counts) if is_local(h.name, names))
     return max(1, local or max(counts, default=1))
+
+
+_SIOCGIFADDR = 0x8915
+
+
+def interface_ipv4(name: str) -> str:
+    """Return the IPv4 address of network interface ``name`` on this machine (Linux).
+
+    Raises:
+        ValueError: if there is no such interface or it has no IPv4 address; the message names it.
+    """
+    if not name or len(name) > 15:
+        raise ValueError("bad network interface name %r" % name)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()))
+        except OSError as e:
+            raise ValueError("network interface %r has no IPv4 address here: %s"
+                             % (name, e.strerror)) from None
+    return socket.inet_ntoa(packed[20:24])

@@ -8,26 +8,46 @@ Contract:
   * Knob flags become ``HVLITE_*`` variables for every rank through the one table :data:`KNOBS`.
     ``OMP_NUM_THREADS`` is set to cores / ranks on this host unless already set.
   * Running and supervising the job, and choosing the exit code, is ``job.py``'s part.
+  * Other hosts (any host of ``-H``/``--hostfile`` that gets a rank and is not this machine)
+    are reached through a remote shell: ``--ssh-command`` if given, else ``srun`` inside a Slurm
+    allocation, else ``ssh`` (``--ssh-port``, ``--ssh-identity-file``); ``--remote-shell`` picks
+    one explicitly. Before the job starts, every such host must pass ``host_check.py``'s check
+    (else exit :data:`~job.HOST_LOST_CODE`, naming the host). ``--network-interface`` pins MPI's
+    traffic and the control channel to an interface.
+  * The control channel (``control.py``) gets a fresh secret per job, which reaches the ranks only
+    through the environment (never a command line, never ``--dry-run``/``--verbose`` output).
+    It is bound to 127.0.0.1 when every rank is local, to the interface's address with
+    ``--network-interface``, else to every address (clients still authenticate).
   * Exit code 2 means a usage error, 127 that no ``mpiexec`` could be run.
 """
 
 import argparse
 import os
 import shlex
+import shutil
 import socket
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import hosts as hostlib
 from .build_info import check_build_report, find_mpiexec, load_build_info
-from .control import ENV_CONTROL_ADDR, ENV_OUTPUT_DIR, ControlServer
-from .job import START_TIMEOUT_CODE, run_job
-from .mpi_command import build_command, format_command, launcher_env, query_flavour
+from .control import ENV_CONTROL_ADDR, ENV_HEARTBEAT, ENV_OUTPUT_DIR, ControlServer
+from .host_check import check_hosts
+from .job import HOST_LOST_CODE, START_TIMEOUT_CODE, run_job
+from .mpi_command import (build_command, format_command, interface_options, launcher_env,
+                          query_flavour, remote_options)
+from .remote_shell import srun_template, ssh_template
+from .wire import ENV_SECRET, new_secret
 
-__all__ = ["KNOBS", "START_TIMEOUT_CODE", "build_parser", "knob_env", "main", "run"]
+__all__ = ["KNOBS", "START_TIMEOUT_CODE", "HOST_LOST_CODE", "DEFAULT_HEARTBEAT_TIMEOUT",
+           "build_parser", "knob_env", "main", "run"]
 
 # Variables Open MPI must forward explicitly (hydra forwards the whole environment).
 _OPENMPI_PASSTHROUGH = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "OMP_NUM_THREADS")
+# Seconds of silence after which hvlrun ends the job (a cut link, a dead or frozen host), and
+# after which the processes on a host that cannot hear hvlrun end themselves. Long enough for
+# a loaded machine's scheduling hiccups and TCP's first retransmissions, short next to a job.
+DEFAULT_HEARTBEAT_TIMEOUT = 30.0
 
 
 def _number(text: str) -> str:
@@ -120,6 +140,20 @@ def build_parser() -> argparse.ArgumentParser:
             knobs.add_argument(option, action="store_true", help="%s [%s]" % (help_text, variable))
         else:
             knobs.add_argument(option, type=kind, help="%s [%s]" % (help_text, variable))
+    remote = parser.add_argument_group("other hosts")
+    remote.add_argument("-p", "--ssh-port", type=int, help="ssh port on the other hosts")
+    remote.add_argument("-i", "--ssh-identity-file", metavar="FILE", help="ssh private key")
+    remote.add_argument("--ssh-command", metavar="CMD",
+                        help="run `CMD HOST COMMAND` instead of `ssh HOST COMMAND` (a site "
+                             "wrapper; {host} in CMD puts the host there instead)")
+    remote.add_argument("--remote-shell", choices=("auto", "ssh", "srun"), default="auto",
+                        help="how to reach other hosts when --ssh-command is not given "
+                             "(auto: srun inside a Slurm allocation, else ssh)")
+    remote.add_argument("--network-interface", "--network-interfaces", metavar="NICS",
+                        help="interface(s) for MPI and the control channel, e.g. eth0 or eth0,ib0")
+    remote.add_argument("--heartbeat-timeout", type=float, metavar="SECONDS",
+                        help="end the job when a host or rank is silent this long; 0: never "
+                             "(default: $%s or %g)" % (ENV_HEARTBEAT, DEFAULT_HEARTBEAT_TIMEOUT))
     parser.add_argument("--mpi-args", default="", help="extra mpiexec arguments, one string")
     parser.add_argument("--mpi-flavour", choices=("auto", "mpich", "openmpi"), default="auto",
                         help="command syntax to use (default: ask mpiexec --version)")
@@ -177,12 +211,104 @@ def _rank_env(args: argparse.Namespace, hosts: Sequence[hostlib.Host]) -> Dict[s
     return rank_env
 
 
-def _start_server(hosts: Sequence[hostlib.Host]) -> Tuple[ControlServer, str]:
-    """Start the control server; return it and the ``host:port`` the ranks should use."""
-    server = ControlServer().start()
-    local_only = all(hostlib.is_local(h.name) for h in hosts)
-    host = "127.0.0.1" if local_only else socket.gethostname()
-    return server, "%s:%d" % (host, server.port)
+def _remote_hosts(hosts: Sequence[hostlib.Host], np: int) -> List[str]:
+    """Return the names of the hosts that get a rank and are not this machine."""
+    counts = hostlib.ranks_per_host(hosts, np)
+    return [h.name for h, c in zip(hosts, counts) if c and not hostlib.is_local(h.name)]
+
+
+def _rsh_template(args: argparse.Namespace) -> str:
+    """Return the remote shell the flags and the environment ask for."""
+    if args.ssh_command:
+        return args.ssh_command
+    in_slurm = bool(os.environ.get("SLURM_JOB_ID")) and shutil.which("srun") is not None
+    if args.remote_shell == "srun" or (args.remote_shell == "auto" and in_slurm):
+        return srun_template()
+    return ssh_template(args.ssh_port, args.ssh_identity_file)
+
+
+def _interfaces(args: argparse.Namespace) -> List[str]:
+    """Return the ``--network-interface`` names (ValueError on an empty entry)."""
+    if not args.network_interface:
+        return []
+    names = [n.strip() for n in args.network_interface.split(",")]
+    if not all(names):
+        raise ValueError("empty name in --network-interface %r" % args.network_interface)
+    return names
+
+
+def _control_address(remote: Sequence[str], interfaces: Sequence[str]) -> Tuple[str, str]:
+    """Return ``(bind, advertise)`` for the control server (ValueError on a bad interface)."""
+    if not remote:
+        return "127.0.0.1", "127.0.0.1"
+    if interfaces:
+        address = hostlib.interface_ipv4(interfaces[0])
+        return address, address
+    return "0.0.0.0", socket.gethostname()
+
+
+def _settings(args: argparse.Namespace, hosts: Sequence[hostlib.Host], flavour: str
+              ) -> Tuple[List[str], Dict[str, str], Dict[str, str]]:
+    """Return the launch options, the rank variables and the launcher's variables."""
+    rank_env = _rank_env(args, hosts)
+    options, launcher_vars = [], launcher_env(flavour, os.geteuid())
+    if _remote_hosts(hosts, args.np):
+        more, env = remote_options(flavour, sys.executable, _rsh_template(args))
+        options += more
+        launcher_vars.update(env)
+    more, env = interface_options(flavour, _interfaces(args))
+    options += more
+    rank_env.update({k: v for k, v in env.items() if k not in os.environ})
+    return options, rank_env, launcher_vars
+
+
+def _start_control(args: argparse.Namespace, hosts: Sequence[hostlib.Host], secret: str
+                   ) -> Tuple[Optional[ControlServer], str, int]:
+    """Start the control server and check the remote hosts.
+
+    Returns:
+        ``(server, address, code)``: the server and the address the ranks use, or
+        ``(None, "", code)`` with the exit code after printing why.
+    """
+    remote = _remote_hosts(hosts, args.np)
+    try:
+        bind, advertise = _control_address(remote, _interfaces(args))
+        server = ControlServer(secret, bind, args.heartbeat_timeout).start()
+    except (OSError, ValueError) as e:
+        sys.stderr.write("hvlrun: cannot open the control channel: %s\n" % e)
+        return None, "", 1
+    addr = "%s:%d" % (advertise, server.port)
+    if not remote:
+        return server, addr, 0
+    errors = check_hosts(remote, _rsh_template(args), addr, secret, args.heartbeat_timeout,
+                         sys.executable, os.environ.get("PYTHONPATH"), server.checked_hosts,
+                         args.start_timeout or None)
+    if not errors:
+        return server, addr, 0
+    for message in errors:
+        sys.stderr.write("hvlrun: %s\n" % message)
+    sys.stderr.write("hvlrun: not starting the job: %d of %d host%s cannot be reached\n"
+                     % (len(errors), len(remote), "" if len(remote) == 1 else "s"))
+    server.close()
+    return None, "", HOST_LOST_CODE
+
+
+def _check_usage(args: argparse.Namespace, command: Sequence[str]) -> List[hostlib.Host]:
+    """Validate what needs more than argparse; return the host list (ValueError if bad)."""
+    if not command:
+        raise ValueError("no command given")
+    hosts = _resolve_hosts(args)
+    shlex.split(args.mpi_args)
+    if args.ssh_command is not None:
+        shlex.split(args.ssh_command)
+    _interfaces(args)
+    if args.start_timeout is None:
+        args.start_timeout = float(os.environ.get("HVLRUN_START_TIMEOUT", "30"))
+    if args.heartbeat_timeout is None:
+        args.heartbeat_timeout = float(os.environ.get(ENV_HEARTBEAT, DEFAULT_HEARTBEAT_TIMEOUT))
+    if not args.heartbeat_timeout >= 0:
+        raise ValueError("--heartbeat-timeout must be >= 0")
+    return hosts
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -193,7 +319,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     Returns:
         The exit code: 0, the first failing rank's code, mpiexec's code, 2 for usage errors,
-        127 when mpiexec cannot be run, :data:`START_TIMEOUT_CODE` after a start timeout.
+        127 when mpiexec cannot be run, :data:`START_TIMEOUT_CODE` after a start timeout,
+        :data:`HOST_LOST_CODE` when a host cannot be reached or stops answering.
     """
     parser = build_parser()
     try:
@@ -213,12 +340,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.module:
         command = [sys.executable, "-m"] + args.module
     try:
-        if not command:
-            raise ValueError("no command given")
-        hosts = _resolve_hosts(args)
-        shlex.split(args.mpi_args)
-        if args.start_timeout is None:
-            args.start_timeout = float(os.environ.get("HVLRUN_START_TIMEOUT", "30"))
+        hosts = _check_usage(args, command)
     except ValueError as e:
         parser.print_usage(sys.stderr)
         sys.stderr.write("hvlrun: error: %s\n" % e)
@@ -228,16 +350,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 127
     mpiexec = mpiexec or "mpiexec"
     flavour = args.mpi_flavour if args.mpi_flavour != "auto" else query_flavour(mpiexec)
-
-    rank_env = _rank_env(args, hosts)
-    server = None
+    options, rank_env, launcher_vars = _settings(args, hosts, flavour)
+    server, secret = None, new_secret()
     if not args.dry_run:
-        server, rank_env[ENV_CONTROL_ADDR] = _start_server(hosts)
+        server, rank_env[ENV_CONTROL_ADDR], code = _start_control(args, hosts, secret)
+        if server is None:
+            return code
+        rank_env[ENV_HEARTBEAT] = "%g" % args.heartbeat_timeout
     passthrough = [n for n in os.environ
                    if n in _OPENMPI_PASSTHROUGH or n.startswith(("HVLITE_", "HVLRUN_"))]
     cmd = build_command(flavour, mpiexec, args.np, hosts, rank_env, args.mpi_args, command,
-                        export_names=passthrough)
-    added = dict(rank_env, **launcher_env(flavour, os.geteuid()))
+                        export_names=passthrough + [ENV_SECRET], launch_options=options)
+    added = dict(rank_env, **launcher_vars)
     if args.dry_run or args.verbose:
         stream = sys.stdout if args.dry_run else sys.stderr
         stream.write(format_command(cmd, added))
@@ -245,7 +369,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if server is None:
         return 0
     try:
-        return run_job(cmd, dict(os.environ, **added), server, args.np, args.start_timeout)
+        # The secret travels in the environment only: hydra forwards it to every rank.
+        env = dict(os.environ, **added, **{ENV_SECRET: secret})
+        return run_job(cmd, env, server, args.np, args.start_timeout)
     finally:
         server.close()
 

@@ -9,6 +9,10 @@ Contract:
   * hydra gets ``-genv NAME VALUE`` per variable (it also passes the whole environment by
     default); Open MPI gets ``-x NAME`` per variable, so those variables must also be set in the
     environment ``mpirun`` itself runs with (:func:`launcher_env` adds what ``mpirun`` needs).
+  * Remote hosts: with MPICH, hydra starts each remote proxy through ``remote_shell.py`` (which
+    runs the host guard there); with Open MPI, ``plm_rsh_agent`` is the remote shell itself (no
+    guard: each rank's wrapper still stops on its own when hvlrun is lost). See
+    :func:`remote_options`. :func:`interface_options` pins MPI's traffic to named interfaces.
   * Hosts always go on the command line in the flavour's own syntax (``-hosts a:2,b:4`` or
     ``-H a:2,b:4``), because hostfile syntaxes differ between flavours; an all-localhost list
     adds no host option at all.
@@ -17,12 +21,13 @@ Contract:
 import shlex
 import subprocess
 import sys
-from typing import List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .hosts import Host
+from .remote_shell import ENV_RSH, launcher_options
 
 __all__ = ["RANK_EXEC_MODULE", "flavour_from_version", "query_flavour", "build_command",
-           "launcher_env", "format_command"]
+           "launcher_env", "format_command", "remote_options", "interface_options"]
 
 RANK_EXEC_MODULE = "hvlite.runner.rank_exec"
 
@@ -70,9 +75,45 @@ def _host_list(hosts: Optional[Sequence[Host]]) -> Optional[str]:
     return ",".join("%s:%d" % (h.name, h.slots) for h in hosts)
 
 
+def remote_options(flavour: str, python: str, rsh_template: str) -> Tuple[List[str], Dict[str, str]]:
+    """Return the launcher options and launcher environment that reach remote hosts.
+
+    Args:
+        flavour: the MPI flavour.
+        python: the interpreter hydra runs ``remote_shell`` with (hvlrun's own).
+        rsh_template: the remote shell (``remote_shell.transport_argv``); Open MPI gets it as
+            its ``plm_rsh_agent`` unless it holds ``{host}`` (srun: Open MPI's own Slurm
+            support starts its daemons then).
+
+    Returns:
+        ``(options, env)``. Cannot fail.
+    """
+    if flavour == "openmpi":
+        if "{host}" in rsh_template:  # e.g. srun: Open MPI launches through Slurm by itself
+            return [], {}
+        return ["--mca", "plm_rsh_agent", rsh_template], {}
+    options, env = launcher_options(python)
+    env[ENV_RSH] = rsh_template
+    return options, env
+
+
+def interface_options(flavour: str, interfaces: Sequence[str]) -> Tuple[List[str], Dict[str, str]]:
+    """Return the launcher options and rank variables that keep MPI's (and NCCL's) traffic on
+    ``interfaces`` (hydra's ``-iface`` takes the first; OFI's TCP provider and NCCL take the
+    first and the list). Cannot fail."""
+    if not interfaces:
+        return [], {}
+    env = {"NCCL_SOCKET_IFNAME": ",".join(interfaces), "FI_TCP_IFACE": interfaces[0]}
+    if flavour == "openmpi":
+        names = ",".join(interfaces)
+        return ["--mca", "btl_tcp_if_include", names, "--mca", "oob_tcp_if_include", names], env
+    return ["-iface", interfaces[0]], env
+
+
 def build_command(flavour: str, mpiexec: str, np: int, hosts: Optional[Sequence[Host]],
                   rank_env: Mapping[str, str], mpi_args: str, command: Sequence[str],
-                  python: Optional[str] = None, export_names: Sequence[str] = ()) -> List[str]:
+                  python: Optional[str] = None, export_names: Sequence[str] = (),
+                  launch_options: Sequence[str] = ()) -> List[str]:
     """Build the launch command. Pure: starts nothing.
 
     Args:
@@ -86,6 +127,8 @@ def build_command(flavour: str, mpiexec: str, np: int, hosts: Optional[Sequence[
         python: the interpreter that runs the per-rank wrapper; ``sys.executable`` if None.
         export_names: more variables for Open MPI to forward from ``mpirun``'s environment
             (``-x NAME``); ignored for hydra, which forwards the whole environment.
+        launch_options: launcher options placed before ``mpi_args`` (from
+            :func:`remote_options` and :func:`interface_options`).
 
     Returns:
         The argv list.
@@ -110,7 +153,7 @@ def build_command(flavour: str, mpiexec: str, np: int, hosts: Optional[Sequence[
         for name, value in rank_env.items():
             argv += ["-genv", name, str(value)]
     wrapper = [python or sys.executable, "-m", RANK_EXEC_MODULE, "--"]
-    return argv + extra + wrapper + list(command)
+    return argv + list(launch_options) + extra + wrapper + list(command)
 
 
 def launcher_env(flavour: str, euid: int) -> dict:

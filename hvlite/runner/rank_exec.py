@@ -16,7 +16,14 @@ Contract:
   * A child that fails is named in one stderr line (``hvlrun: rank 1 (pid 12 on host) exited
     with code 3`` or ``... was killed by signal 9 (SIGKILL)``); the wrapper exits with the
     child's code, 128+signum for a signal, 127 if the command cannot be started.
-  * ``start``/``exit`` are reported over the control channel (see ``control.py``).
+  * With ``HVLRUN_CONTROL_ADDR`` set, ``start``/``exit`` are reported over the authenticated
+    control channel (``control.py``), whose secret (``HVLRUN_SECRET``) the child does not
+    inherit. A wrapper that cannot reach hvlrun says so and exits 1 before starting the child.
+    When hvlrun asks it to stop, or is gone (connection closed, or silent for
+    ``HVLRUN_HEARTBEAT_TIMEOUT`` seconds: a cut link), the wrapper says why on stderr and ends
+    the child: SIGTERM, then SIGKILL after :data:`STOP_GRACE_SECONDS`.
+  * The host the wrapper reports is ``HVLRUN_HOST`` (the name in hvlrun's host list, set by the
+    host guard) or else ``socket.gethostname()``.
   * Test-only hook: ``HVLRUN_TEST_DELAY_START_RANK=R:S`` makes rank R sleep S seconds before
     starting its child (used to test ``--start-timeout``).
 """
@@ -32,16 +39,19 @@ import threading
 import time
 from typing import BinaryIO, Callable, List, Mapping, Optional, Sequence
 
-from .control import ENV_CONTROL_ADDR, ENV_OUTPUT_DIR, ControlClient
+from .control import ENV_CONTROL_ADDR, ENV_HEARTBEAT, ENV_HOST, ENV_OUTPUT_DIR
+from .control_client import ControlClient, ControlError
+from .wire import ENV_SECRET
 
-__all__ = ["RANK_VARIABLES", "ENV_OUTPUT_DIR", "ENV_TEST_DELAY", "rank_from_env", "run_rank",
-           "describe_exit", "main"]
+__all__ = ["RANK_VARIABLES", "ENV_OUTPUT_DIR", "ENV_TEST_DELAY", "STOP_GRACE_SECONDS",
+           "rank_from_env", "run_rank", "describe_exit", "main"]
 
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 ENV_TEST_DELAY = "HVLRUN_TEST_DELAY_START_RANK"
 _PR_SET_PDEATHSIG = 1
 _MAX_LINE = 65536
 _JOIN_SECONDS = 5.0
+STOP_GRACE_SECONDS = 3.0
 
 
 def rank_from_env(environ: Mapping[str, str]) -> int:
@@ -163,12 +173,82 @@ def _forward_signals(proc: subprocess.Popen, received: List[int]) -> None:
         signal.signal(signum, forward)
 
 
-def _fail_before_start(channel: ControlClient, rank: int, code: int, message: str) -> int:
+class _Stopper:
+    """Ends the child when hvlrun asks or is gone; may fire before the child exists."""
+
+    def __init__(self, rank: int, host: str) -> None:
+        self._lock = threading.Lock()
+        self._proc: Optional[subprocess.Popen] = None
+        self._who = "rank %d on %s" % (rank, host)
+        self.reason: Optional[str] = None
+
+    def attach(self, proc: subprocess.Popen) -> None:
+        """Watch ``proc``; end it at once if a stop came before it started."""
+        with self._lock:
+            self._proc = proc
+            stopping = self.reason is not None
+        if stopping:
+            self._end()
+
+    def stop(self, reason: str) -> None:
+        """Say why on stderr, once, and end the child (now or when it starts)."""
+        with self._lock:
+            if self.reason is not None:
+                return
+            self.reason = reason
+        sys.stderr.write("hvlrun: %s: %s; stopping the rank\n" % (self._who, reason))
+        sys.stderr.flush()
+        self._end()
+
+    def _end(self) -> None:
+        with self._lock:
+            proc = self._proc
+        if proc is not None:
+            threading.Thread(target=_terminate, args=(proc,), daemon=True).start()
+
+
+def _terminate(proc: subprocess.Popen) -> None:
+    """SIGTERM ``proc``, SIGKILL it after the grace period. Cannot fail."""
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            proc.send_signal(signum)
+            proc.wait(timeout=STOP_GRACE_SECONDS)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+        except OSError:
+            return
+
+
+def _open_channel(rank: int, host: str, stopper: _Stopper) -> Optional[ControlClient]:
+    """Connect to hvlrun when ``HVLRUN_CONTROL_ADDR`` is set; None when it is not.
+
+    Raises:
+        ControlError: hvlrun cannot be reached, or the secret is missing or wrong.
+    """
+    addr = os.environ.get(ENV_CONTROL_ADDR)
+    if not addr:
+        return None
+    try:
+        timeout = float(os.environ.get(ENV_HEARTBEAT, "0") or 0)
+        client = ControlClient(addr, os.environ.get(ENV_SECRET, ""), timeout,
+                               on_lost=lambda why: stopper.stop("lost contact with hvlrun at "
+                                                                "%s: %s" % (addr, why)),
+                               on_stop=lambda why: stopper.stop("hvlrun ended the job (%s)"
+                                                                % why))
+    except ValueError as e:
+        raise ControlError("cannot use hvlrun's control channel at %s: %s" % (addr, e)) from None
+    return client.connect()
+
+
+def _fail_before_start(channel: Optional[ControlClient], rank: int, code: int,
+                       message: str) -> int:
     """Report a rank that could not start its command; return ``code``."""
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
-    channel.send("exit %d %d" % (rank, code))
-    channel.close()
+    if channel is not None:
+        channel.send("exit %d %d" % (rank, code))
+        channel.close()
     return code
 
 
@@ -195,20 +275,25 @@ def run_rank(command: Sequence[str]) -> int:
         could not be started, 1 if the output files could not be opened.
     """
     rank = rank_from_env(os.environ)
-    host = socket.gethostname()
+    host = os.environ.get(ENV_HOST) or socket.gethostname()
     _death_signal_setter(signal.SIGTERM, os.getppid())()  # launcher gone: stop the child
     _test_delay(rank)
-    channel = ControlClient(os.environ.get(ENV_CONTROL_ADDR))
+    stopper = _Stopper(rank, host)
+    try:
+        channel = _open_channel(rank, host, stopper)
+    except ControlError as e:
+        return _fail_before_start(None, rank, 1, "hvlrun: rank %d on %s: %s" % (rank, host, e))
     try:
         copies = _open_copies(rank)
     except OSError as e:
         return _fail_before_start(channel, rank, 1, "hvlrun: rank %d on %s cannot write its "
                                   "output files: %s" % (rank, host, e))
+    child_env = {k: v for k, v in os.environ.items() if k != ENV_SECRET}
     try:
         # close_fds=False: the child needs descriptors the launcher passed on (hydra's PMI_FD);
         # the wrapper's own files and sockets are not inheritable (PEP 446).
         proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                close_fds=False,
+                                close_fds=False, env=child_env,
                                 preexec_fn=_death_signal_setter(signal.SIGKILL, os.getpid()))
     except OSError as e:
         for copy in copies:
@@ -216,19 +301,24 @@ def run_rank(command: Sequence[str]) -> int:
                 copy.close()
         return _fail_before_start(channel, rank, 127, "hvlrun: rank %d on %s cannot run %r: %s"
                                   % (rank, host, command[0], e))
-    channel.send("start %d %d %s" % (rank, proc.pid, host))
+    if channel is not None:
+        channel.send("start %d %d %s" % (rank, proc.pid, host))
     received: List[int] = []
     _forward_signals(proc, received)
+    stopper.attach(proc)
     pumps = _start_pumps(proc, rank, copies)
     returncode = proc.wait()
     code = 128 - returncode if returncode < 0 else returncode
-    channel.send("exit %d %d" % (rank, code))
-    channel.close()
+    if channel is not None:
+        channel.send("exit %d %d" % (rank, code))
+        channel.close()
     for pump in pumps:  # a grandchild holding the pipes open must not keep us here
         pump.join(timeout=_JOIN_SECONDS)
     message = describe_exit(rank, proc.pid, host, returncode)
     if message and received:
         message += "; the launcher stopped it with %s" % signal.Signals(received[0]).name
+    if message and stopper.reason:
+        message += "; %s" % stopper.reason
     if message:
         sys.stderr.write(message + "\n")
         sys.stderr.flush()

@@ -8,9 +8,9 @@ Contract:
   which is the same order on every rank). Errors raised by ``np_fn`` surface eagerly as the
   hvlite exception itself, and inside a graph as a ``tf.errors.OpError`` carrying its message.
 - Copies: eager CPU tensors are read through ``np.asarray`` (no copy); results that are
-  64-byte aligned (``hvlite.tensorflow._engine`` allocates them so) come back to TensorFlow
-  through DLPack (no copy); bfloat16, which DLPack cannot describe, and unaligned results are
-  copied once by ``tf.convert_to_tensor``. Inside a graph, ``tf.numpy_function`` hands NumPy
+  64-byte aligned (engine memory, ``hvlite.buffers``, which the ops allocate their results in)
+  come back to TensorFlow through DLPack (no copy); bfloat16, which DLPack cannot describe, and
+  unaligned results are copied once by ``tf.convert_to_tensor``. Inside a graph, ``tf.numpy_function`` hands NumPy
   arrays in and out (measured cheaper here than ``tf.py_function``, whose body runs eager ops).
 - ``op_name(kind, name)`` gives the engine name of one call: the user's name, else in eager mode
   ``hvlite.handles.auto_name(kind)`` (the same on every rank that calls in the same order), and
@@ -28,9 +28,9 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework.func_graph import FuncGraph
 
-from ..dtypes import SUPPORTED, to_engine
+from ..buffers import is_aligned
+from ..dtypes import by_name
 from ..handles import auto_name
-from ._engine import is_aligned
 
 _from_dlpack = tf.experimental.dlpack.from_dlpack
 try:
@@ -56,13 +56,8 @@ def np_dtype(dtype):
     except (KeyError, TypeError):
         pass
     dtype = tf.as_dtype(dtype)
-    try:
-        result = np.dtype(dtype.as_numpy_dtype)
-        to_engine(result)
-    except TypeError:
-        raise TypeError("hvlite does not support dtype %s (supported: %s)"
-                        % (dtype.name, ", ".join(SUPPORTED))) from None
-    _NP_DTYPES[dtype] = result
+    by_name(dtype.name)     # TypeError for a dtype the engine does not support
+    result = _NP_DTYPES[dtype] = np.dtype(dtype.as_numpy_dtype)
     return result
 
 

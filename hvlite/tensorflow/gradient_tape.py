@@ -17,10 +17,11 @@ Contract:
 """
 import tensorflow as tf
 
+from ..collectives import reduce_op
 from ..process_sets import global_process_set
 from ._bridge import library, op_name
 from .compression import Compression
-from .ops import Average, _allreduce_group, _reduce_op, _sparse_allreduce, _tensor
+from .ops import Average, _allreduce_group, _sparse_allreduce, _tensor
 
 __all__ = ["DistributedGradientTape"]
 
@@ -65,7 +66,7 @@ def allreduce_gradients(grads, prefix, compression=Compression.none, sparse_as_d
         ValueError: gradient_predivide_factor with an op other than Average.
         Engine errors as ``hvlite.tensorflow.allreduce``.
     """
-    op = _reduce_op(None, op)
+    op = reduce_op(None, op)
     pre, post = _scale_factors(op, gradient_predivide_factor)
     base = prefix if tf.executing_eagerly() else op_name(prefix)
     grads = list(grads)
@@ -133,7 +134,7 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
     """
     if groups is not None:
         raise ValueError("DistributedGradientTape(groups=...) is not supported; use num_groups")
-    _scale_factors(_reduce_op(None, op), gradient_predivide_factor)
+    _scale_factors(reduce_op(None, op), gradient_predivide_factor)
     cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__),
                {"__doc__": gradtape.__class__.__doc__})
     tape = cls.__new__(cls)

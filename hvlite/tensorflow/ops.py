@@ -18,10 +18,12 @@ The ``device_*`` arguments are accepted for compatibility; data goes through hos
 """
 import tensorflow as tf
 
+from .. import collectives
 from .. import ops as _np
 from ..basics import rank as _rank
-from ..process_sets import _set_rank_size, _set_rank_size_by_id, global_process_set
-from . import _engine
+from ..buffers import array_output, array_source
+from ..collectives import reduce_op
+from ..process_sets import global_process_set, rank_and_size, rank_and_size_by_id
 from ._bridge import library, needs_gradient, np_dtype, op_name, run, submit_all, wait_all
 from .compression import Compression
 
@@ -29,17 +31,13 @@ __all__ = ["Sum", "Average", "Min", "Max", "Product", "allreduce", "grouped_allr
            "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join",
            "size_op", "rank_op", "local_size_op", "local_rank_op"]
 
-Sum, Average, Min, Max, Product = _np.Sum, _np.Average, _np.Min, _np.Max, _np.Product
+Sum, Average, Min, Max, Product = (collectives.Sum, collectives.Average, collectives.Min,
+                                   collectives.Max, collectives.Product)
 
 
-def _reduce_op(average, op, default=Average):
-    if op is None:
-        return default if average is None else (Average if average else Sum)
-    if average is not None:
-        raise ValueError("pass either op= or the deprecated average=, not both")
-    if op not in (Sum, Average, Min, Max, Product):
-        raise ValueError("unsupported reduce op %r (use hvd.Sum, Average, Min, Max, Product)" % (op,))
-    return op
+def _output(array):
+    """Results TensorFlow can adopt through DLPack: engine memory, 64-byte aligned."""
+    return array_output(array.dtype, aligned=True)
 
 
 def _tensor(value):
@@ -68,7 +66,8 @@ def _collective(np_async, tensors, names, out_dtypes):
 # ---- allreduce ----
 
 def _allreduce_raw(tensors, names, op, pre, post, process_set):
-    outs = _collective(lambda a, n: _engine.allreduce_async(a, n, op, pre, post, process_set),
+    outs = _collective(lambda a, n: collectives.allreduce(array_source(a), _output(a), n, op, pre,
+                                                          post, process_set),
                        tensors, names, [t.dtype for t in tensors])
     for out, t in zip(outs, tensors):
         out.set_shape(t.shape)
@@ -98,7 +97,7 @@ def _sparse_allreduce(slices, op, pre, post, name, process_set):
         raise ValueError("allreduce of tf.IndexedSlices supports op Sum and Average only")
     values, indices = _allgather_group([_tensor(slices.values), _tensor(slices.indices)],
                                        _group_names("allreduce.sparse", name, 2, process_set), process_set)
-    scale = pre * post / (_set_rank_size(process_set)[1] if op == Average else 1)
+    scale = pre * post / (rank_and_size(process_set)[1] if op == Average else 1)
     if scale != 1.0:
         values = values * tf.cast(scale, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
@@ -127,7 +126,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
         TypeError: unsupported dtype. ValueError: bad op/arguments.
         MismatchError (eagerly; tf.errors.OpError in a graph): ranks disagree.
     """
-    op = _reduce_op(average, op)
+    op = reduce_op(average, op)
     if isinstance(tensor, tf.IndexedSlices):
         return _sparse_allreduce(tensor, op, prescale_factor, postscale_factor, name, process_set)
     tensor = _tensor(tensor)
@@ -147,7 +146,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
     Every rank must call it with the same list (length, dtypes, shapes), in the same order.
     Args and Raises as ``allreduce``. Returns the list of results.
     """
-    op = _reduce_op(average, op)
+    op = reduce_op(average, op)
     tensors = list(tensors)
     dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     results = [None] * len(tensors)
@@ -168,11 +167,12 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
 # ---- allgather ----
 
 def _allgather_raw(tensors, names, process_set):
-    outs = _collective(lambda a, n: _np.allgather_async(a, name=n, process_set=process_set),
+    outs = _collective(lambda a, n: collectives.allgather(array_source(a), _output(a), n,
+                                                          process_set),
                        tensors, names, [t.dtype for t in tensors])
     for out, t in zip(outs, tensors):
         if t.shape.rank == 0:
-            out.set_shape([_set_rank_size(process_set)[1]])
+            out.set_shape([rank_and_size(process_set)[1]])
         elif t.shape.rank is not None:
             out.set_shape([None] + t.shape.as_list()[1:])
     return outs
@@ -192,7 +192,7 @@ def _allgather_group(tensors, names, process_set):
             rows = tf.reshape(tf.cast(tf.size(x) if x.shape.rank == 0 else tf.shape(x)[0],
                                       tf.int64), [1])
             all_rows = _allgather_raw([rows], [op_name("allgather.grad.rows", None, process_set)], process_set)[0]
-            offset = tf.reduce_sum(all_rows[:_set_rank_size(process_set)[0]])
+            offset = tf.reduce_sum(all_rows[:rank_and_size(process_set)[0]])
             return tf.reshape(summed[offset:offset + rows[0]], tf.shape(x))
         return y, grad
     return [forward(tensors[0])]
@@ -219,7 +219,8 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
 # ---- broadcast ----
 
 def _broadcast_raw(tensors, names, root_rank, process_set):
-    outs = _collective(lambda a, n: _engine.broadcast_async(a, root_rank, n, process_set),
+    outs = _collective(lambda a, n: collectives.broadcast(array_source(a), _output(a), root_rank,
+                                                          n, process_set),
                        tensors, names, [t.dtype for t in tensors])
     for out, t in zip(outs, tensors):
         out.set_shape(t.shape)
@@ -268,7 +269,7 @@ def _alltoall_raw(tensor, splits, name, process_set):
         return [out, received.astype("int32")]
     out, received = run(np_fn, [tensor, splits], [tensor.dtype, tf.int32])
     out.set_shape([None] + tensor.shape.as_list()[1:])
-    received.set_shape([_set_rank_size(process_set)[1]])
+    received.set_shape([rank_and_size(process_set)[1]])
     return out, received
 
 
@@ -294,7 +295,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     if tensor.shape.rank == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension")
     if splits is None:
-        n = _set_rank_size(process_set)[1]
+        n = rank_and_size(process_set)[1]
         dim0 = tf.shape(tensor, out_type=tf.int64)[0]
         tf.debugging.assert_equal(dim0 % n, tf.constant(0, tf.int64), message=(
             "alltoall without splits needs dim 0 divisible by the number of ranks (%d)" % n))
@@ -336,7 +337,7 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
     Raises:
         ValueError: a 0-d tensor. Others as ``allreduce``.
     """
-    op = _reduce_op(None, op)
+    op = reduce_op(None, op)
     tensor = _tensor(tensor)
     if tensor.shape.rank == 0:
         raise ValueError("reducescatter needs a tensor with at least one dimension")
@@ -344,12 +345,12 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
     name = op_name("reducescatter", name, process_set)
 
     def raw(x):
-        out = _collective(lambda a, n: _engine.reducescatter_async(
-            a, n, op, prescale_factor, postscale_factor, process_set), [x], [name], [x.dtype])[0]
+        out = _collective(lambda a, n: collectives.reducescatter(
+            array_source(a), _output(a), n, op, prescale_factor, postscale_factor, process_set),
+            [x], [name], [x.dtype])[0]
         dims = x.shape.as_list()
         if dims[0] is not None:
-            set_rank, set_size = _set_rank_size(process_set)
-            dims[0] = dims[0] // set_size + (1 if set_rank < dims[0] % set_size else 0)
+            dims[0] = collectives.reducescatter_rows(dims[0], process_set)
         out.set_shape(dims)
         return out
 
@@ -361,7 +362,7 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
         def grad(dy):
             full = _allgather_raw([tf.convert_to_tensor(dy)], [op_name("reducescatter.grad", None, process_set)],
                                   process_set)[0]
-            scale = prescale_factor * postscale_factor / (_set_rank_size(process_set)[1] if op == Average else 1)
+            scale = prescale_factor * postscale_factor / (rank_and_size(process_set)[1] if op == Average else 1)
             return full * tf.cast(scale, full.dtype) if scale != 1.0 else full
         return raw(x), grad
     return compression.decompress(forward(compressed), ctx)
@@ -391,12 +392,12 @@ def join():
 
 def size_op(process_set_id=0):
     """The number of ranks in process set `process_set_id` (0: the job), as an int32 tensor."""
-    return tf.constant(_set_rank_size_by_id(process_set_id)[1], tf.int32)
+    return tf.constant(rank_and_size_by_id(process_set_id)[1], tf.int32)
 
 
 def rank_op(process_set_id=0):
     """This rank within process set `process_set_id` (0: the job), as an int32 tensor."""
-    return tf.constant(_set_rank_size_by_id(process_set_id)[0], tf.int32)
+    return tf.constant(rank_and_size_by_id(process_set_id)[0], tf.int32)
 
 
 def local_size_op():

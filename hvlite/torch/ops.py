@@ -3,8 +3,11 @@
 Contract: every function is a collective: every rank calls it, in the same order, with the same
 name (or every rank with none), dtype, and the shape rules of its op (see ``hvlite.ops``).
 Tensors are passed to the engine by address (``data_ptr``); a non-contiguous input is sent as a
-contiguous copy. Results are new tensors, except the in-place ``*_`` forms, which write into
-and return their argument. ``*_async`` forms return a handle for ``poll``/``synchronize``.
+contiguous copy. Results are new tensors (from 1 MiB, tensors over engine memory that the
+engine reuses from call to call, already faulted in: see ``hvlite.buffers``), except the
+in-place ``*_`` forms, which write into and return their argument. ``*_async`` forms return a
+handle for ``poll``/``synchronize``. The submitting is ``hvlite.collectives``; this module
+adds what is torch's: tensors as sources, the output allocator, autograd and compression.
 
 Autograd: ``allreduce``, ``allgather``, ``broadcast``, ``alltoall`` and ``reducescatter`` are
 differentiable. Gradients are those of the sum over ranks of each rank's loss: allreduce's
@@ -17,32 +20,29 @@ Errors: ``TypeError`` for a non-tensor, an unsupported dtype or a CUDA tensor (t
 is not built yet: move tensors to the CPU); ``ValueError`` for bad arguments; ``HvliteError``
 subclasses for what the engine and the other ranks report.
 """
+import math
+
 import torch
 
+from .. import buffers, collectives
 from .. import ops as _np_ops
-from .._lib import ffi, lib
 from ..basics import rank, size
-from ..handles import NULL, Handle, auto_name, pointer, result_buffer, submit
-from ..process_sets import _set_id, _set_rank_size
+from ..buffers import NULL, allocate, memory, pointer
+from ..collectives import Adasum, Average, InPlace, Max, Min, Product, Source, Sum, reduce_op
+from ..dtypes import by_name
+from ..handles import Group, Handle, group_names, submit_group
+from ..process_sets import rank_and_size
 from .compression import Compression
 
-Sum, Average, Min, Max, Product = (_np_ops.Sum, _np_ops.Average, _np_ops.Min, _np_ops.Max,
-                                   _np_ops.Product)
-Adasum = _np_ops.Adasum   # named for compatibility; using it raises ValueError
-
-_DTYPES = {
-    torch.uint8: lib.HVL_UINT8, torch.int8: lib.HVL_INT8, torch.int16: lib.HVL_INT16,
-    torch.int32: lib.HVL_INT32, torch.int64: lib.HVL_INT64, torch.float16: lib.HVL_FLOAT16,
-    torch.bfloat16: lib.HVL_BFLOAT16, torch.float32: lib.HVL_FLOAT32,
-    torch.float64: lib.HVL_FLOAT64, torch.bool: lib.HVL_BOOL,
-}
+_CODES = {}                 # torch.dtype -> engine code, filled on first use
 
 
 def _engine_dtype(tensor):
     try:
-        return _DTYPES[tensor.dtype]
+        return _CODES[tensor.dtype]
     except KeyError:
-        raise TypeError("hvlite does not support dtype %s" % tensor.dtype) from None
+        code = _CODES[tensor.dtype] = by_name(str(tensor.dtype).replace("torch.", ""))
+        return code
 
 
 def _check_tensor(tensor):
@@ -56,66 +56,87 @@ def _check_tensor(tensor):
     return tensor
 
 
-def _contiguous(tensor):
-    return _check_tensor(tensor).contiguous()
-
-
 def _ptr(tensor):
     return pointer(tensor.data_ptr()) if tensor.numel() else NULL
 
 
-def _reduce_op(average, op):
-    return _np_ops._reduce_op(average, op)
+def _source(tensor):
+    """The engine's view of a contiguous, detached CPU tensor."""
+    return Source(_ptr(tensor), _engine_dtype(tensor), tuple(tensor.shape), tensor)
 
 
-def _result_tensor(handle, dtype):
-    """The engine-owned result of a finished allgather/alltoall as a tensor over that memory
-    (no copy; freed with the tensor)."""
-    shape, owner, count = result_buffer(handle)
-    if count == 0:
-        return torch.empty(shape, dtype=dtype)
-    nbytes = count * torch.empty((), dtype=dtype).element_size()
-    return torch.frombuffer(ffi.buffer(owner, nbytes), dtype=dtype).reshape(shape)
+class _TensorOutput:
+    """Output allocator of torch results of one dtype (see hvlite.collectives): from
+    ``buffers.ENGINE_MEMORY_MIN`` bytes a fresh result is a tensor over engine memory, which
+    the engine reuses from call to call already faulted in; below, ``torch.empty`` is cheaper
+    (2 us against 4 us) and measured no page faults (see hvlite.buffers)."""
+
+    __slots__ = ("dtype", "itemsize")
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+        self.itemsize = dtype.itemsize
+
+    def new(self, shape):
+        nbytes = math.prod(shape) * self.itemsize
+        if nbytes < buffers.ENGINE_MEMORY_MIN:
+            out = torch.empty(shape, dtype=self.dtype)
+            return out, _ptr(out)
+        owner = allocate(nbytes)
+        return self.over(owner, shape), owner
+
+    def over(self, owner, shape):
+        nbytes = math.prod(shape) * self.itemsize
+        if nbytes == 0:
+            return torch.empty(shape, dtype=self.dtype)
+        return torch.frombuffer(memory(owner, nbytes), dtype=self.dtype).reshape(shape)
 
 
-# ---- allreduce ----
-
-def _allreduce_submit(src, out, name, op, prescale, postscale, process_set, finish):
-    return submit(lib.HVL_ALLREDUCE, name or auto_name("allreduce", process_set), _engine_dtype(src),
-                  tuple(src.shape), _ptr(src), _ptr(out), (src, out), finish, reduce_op=op,
-                  prescale=float(prescale), postscale=float(postscale),
-                  process_set=_set_id(process_set))
+_outputs = {}
 
 
-def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                    postscale_factor=1.0, process_set=None):
-    """Start an allreduce; the handle's result is a new tensor."""
-    src = _contiguous(tensor).detach()
-    out = torch.empty_like(src, memory_format=torch.contiguous_format)
-    return _allreduce_submit(src, out, name, _reduce_op(average, op), prescale_factor,
-                             postscale_factor, process_set, lambda h: out)
+def _output(dtype):
+    output = _outputs.get(dtype)
+    if output is None:
+        output = _outputs[dtype] = _TensorOutput(dtype)
+    return output
 
 
-def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                     postscale_factor=1.0, process_set=None):
-    """Start an in-place allreduce of ``tensor`` (its values are replaced on completion)."""
+def _in_place(tensor):
+    """(source, output, finish) of an in-place call: a non-contiguous tensor is sent as a
+    contiguous copy and the result copied back; the tensor's version is bumped so autograd
+    refuses to reuse its old value in a backward pass."""
     target = _check_tensor(tensor)
     buf = target.detach() if target.is_contiguous() else target.detach().contiguous()
-    return _allreduce_submit(buf, buf, name, _reduce_op(average, op), prescale_factor,
-                             postscale_factor, process_set, _inplace_finish(target, buf))
+    source = _source(buf)
 
-
-def _inplace_finish(target, buf):
-    """The result step of an in-place op: copy back if a contiguous copy was sent, and bump
-    the tensor's version so autograd refuses to reuse its old value in a backward pass."""
-    def finish(h):
+    def finish(result):
         if buf.data_ptr() != target.data_ptr():
             with torch.no_grad():
                 target.copy_(buf)
         else:
             torch.autograd.graph.increment_version(target)
         return target
-    return finish
+    return source, InPlace(target, source.pointer), finish
+
+
+# ---- allreduce ----
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=None):
+    """Start an allreduce; the handle's result is a new tensor."""
+    src = _check_tensor(tensor).contiguous().detach()
+    return collectives.allreduce(_source(src), _output(src.dtype), name, reduce_op(average, op),
+                                 prescale_factor, postscale_factor, process_set)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=None):
+    """Start an in-place allreduce of ``tensor`` (its values are replaced on completion)."""
+    op = reduce_op(average, op)
+    source, output, finish = _in_place(tensor)
+    return collectives.allreduce(source, output, name, op, prescale_factor, postscale_factor,
+                                 process_set, finish)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -155,7 +176,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     Raises:
         MismatchError: ranks disagree on shape, dtype, op or factors (every rank raises).
     """
-    op = _reduce_op(average, op)
+    op = reduce_op(average, op)
     compressed, ctx = compression.compress(_check_tensor(tensor))
     out = _AllreduceFn.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
     return compression.decompress(out, ctx)
@@ -163,16 +184,16 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=None):
-    return _np_ops._submit_group(lambda t, n: allreduce_async(t, average, n, op, prescale_factor,
-                                                              postscale_factor, process_set),
-                                 tensors, name, "grouped_allreduce", process_set)
+    return submit_group(lambda t, n: allreduce_async(t, average, n, op, prescale_factor,
+                                                     postscale_factor, process_set),
+                        tensors, name, "grouped_allreduce", process_set)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=None):
     """Allreduce a list of tensors submitted together, so they fuse; differentiable (tensors
     that need gradients go one by one through ``allreduce``)."""
-    names = _np_ops._group_names(name, "grouped_allreduce", len(tensors), process_set)
+    names = group_names(name, "grouped_allreduce", len(tensors), process_set)
     if any(t.requires_grad for t in tensors):
         return [allreduce(t, average, n, compression, op, prescale_factor, postscale_factor,
                           process_set) for t, n in zip(tensors, names)]
@@ -184,9 +205,9 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=None):
-    return _np_ops._submit_group(lambda t, n: allreduce_async_(t, average, n, op, prescale_factor,
-                                                               postscale_factor, process_set),
-                                 tensors, name, "grouped_allreduce", process_set)
+    return submit_group(lambda t, n: allreduce_async_(t, average, n, op, prescale_factor,
+                                                      postscale_factor, process_set),
+                        tensors, name, "grouped_allreduce", process_set)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -199,11 +220,8 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 def allgather_async(tensor, name=None, process_set=None):
     """Start an allgather; the result concatenates every rank's tensor along dim 0."""
-    src = _contiguous(tensor).detach()
-    return submit(lib.HVL_ALLGATHER, name or auto_name("allgather", process_set), _engine_dtype(src),
-                  tuple(src.shape), _ptr(src), NULL, (src,),
-                  lambda h: _result_tensor(h, src.dtype),
-                  process_set=_set_id(process_set))
+    src = _check_tensor(tensor).contiguous().detach()
+    return collectives.allgather(_source(src), _output(src.dtype), name, process_set)
 
 
 class _AllgatherFn(torch.autograd.Function):
@@ -219,7 +237,7 @@ class _AllgatherFn(torch.autograd.Function):
         summed = allreduce_async(grad, op=Sum, process_set=ctx.process_set).wait()
         rows = allgather_async(torch.tensor([ctx.rows], dtype=torch.int64),
                                process_set=ctx.process_set).wait()
-        start = int(rows[:_set_rank_size(ctx.process_set)[0]].sum())
+        start = int(rows[:rank_and_size(ctx.process_set)[0]].sum())
         mine = summed.narrow(0, start, ctx.rows)
         return (mine.reshape(()) if ctx.scalar else mine), None, None
 
@@ -231,8 +249,8 @@ def allgather(tensor, name=None, process_set=None):
 
 
 def grouped_allgather_async(tensors, name=None, process_set=None):
-    return _np_ops._submit_group(lambda t, n: allgather_async(t, n, process_set), tensors, name,
-                                 "grouped_allgather", process_set)
+    return submit_group(lambda t, n: allgather_async(t, n, process_set), tensors, name,
+                        "grouped_allgather", process_set)
 
 
 def grouped_allgather(tensors, name=None, process_set=None):
@@ -242,20 +260,13 @@ def grouped_allgather(tensors, name=None, process_set=None):
 # ---- broadcast ----
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
-    src = _contiguous(tensor).detach()
-    out = torch.empty_like(src, memory_format=torch.contiguous_format)
-    return submit(lib.HVL_BROADCAST, name or auto_name("broadcast", process_set), _engine_dtype(src),
-                  tuple(src.shape), _ptr(src), _ptr(out), (src, out), lambda h: out,
-                  root_rank=int(root_rank), process_set=_set_id(process_set))
+    src = _check_tensor(tensor).contiguous().detach()
+    return collectives.broadcast(_source(src), _output(src.dtype), root_rank, name, process_set)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
-    target = _check_tensor(tensor)
-    buf = target.detach() if target.is_contiguous() else target.detach().contiguous()
-    finish = _inplace_finish(target, buf)
-    return submit(lib.HVL_BROADCAST, name or auto_name("broadcast", process_set), _engine_dtype(buf),
-                  tuple(buf.shape), _ptr(buf), _ptr(buf), (buf, target), finish,
-                  root_rank=int(root_rank), process_set=_set_id(process_set))
+    source, output, finish = _in_place(tensor)
+    return collectives.broadcast(source, output, root_rank, name, process_set, finish)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=None):
@@ -283,25 +294,17 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
 # ---- alltoall ----
 
 def alltoall_async(tensor, splits=None, name=None, process_set=None):
-    src = _contiguous(tensor).detach()
+    src = _check_tensor(tensor).contiguous().detach()
     split_list = None if splits is None else [int(s) for s in torch.as_tensor(splits).reshape(-1)]
-    n = _set_rank_size(process_set)[1]
-
-    def finish(h):
-        out = _result_tensor(h, src.dtype)
-        if split_list is None:
-            return out
-        from ..handles import received_splits
-        return out, torch.from_numpy(received_splits(h, n))
-    return submit(lib.HVL_ALLTOALL, name or auto_name("alltoall", process_set), _engine_dtype(src),
-                  tuple(src.shape), _ptr(src), NULL, (src,), finish, splits=split_list,
-                  process_set=_set_id(process_set))
+    finish = None if splits is None else (lambda r: (r[0], torch.from_numpy(r[1])))
+    return collectives.alltoall(_source(src), _output(src.dtype), split_list, name, process_set,
+                                finish)
 
 
 class _AlltoallFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        n = _set_rank_size(process_set)[1]
+        n = rank_and_size(process_set)[1]
         if splits is None:
             splits = [tensor.shape[0] // n] * n
         out, received = alltoall_async(tensor, splits, name, process_set).wait()
@@ -327,15 +330,9 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 
 def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_factor=1.0,
                         postscale_factor=1.0):
-    src = _contiguous(tensor).detach()
-    if src.dim() == 0:
-        raise ValueError("reducescatter needs a tensor with at least one dimension")
-    rows = lib.hvl_reducescatter_rows(src.shape[0], *_set_rank_size(process_set))
-    out = torch.empty((rows,) + tuple(src.shape[1:]), dtype=src.dtype)
-    return submit(lib.HVL_REDUCESCATTER, name or auto_name("reducescatter", process_set), _engine_dtype(src),
-                  tuple(src.shape), _ptr(src), _ptr(out), (src, out), lambda h: out,
-                  reduce_op=_reduce_op(None, op), prescale=float(prescale_factor),
-                  postscale=float(postscale_factor), process_set=_set_id(process_set))
+    src = _check_tensor(tensor).contiguous().detach()
+    return collectives.reducescatter(_source(src), _output(src.dtype), name, reduce_op(None, op),
+                                     prescale_factor, postscale_factor, process_set)
 
 
 class _ReducescatterFn(torch.autograd.Function):
@@ -349,7 +346,7 @@ class _ReducescatterFn(torch.autograd.Function):
         op, process_set, scale = ctx.args
         full = allgather_async(grad, process_set=process_set).wait()
         if op == Average:
-            scale /= _set_rank_size(process_set)[1]
+            scale /= rank_and_size(process_set)[1]
         return (full * scale if scale != 1.0 else full), None, None, None, None, None
 
 
@@ -358,14 +355,14 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=None, proc
     """Reduce ``tensor`` over every rank (default Average) and return this rank's rows of dim 0
     (dim0 // size, plus one if rank < dim0 % size). Differentiable."""
     compressed, ctx = compression.compress(_check_tensor(tensor))
-    out = _ReducescatterFn.apply(compressed, name, _reduce_op(None, op), process_set,
+    out = _ReducescatterFn.apply(compressed, name, reduce_op(None, op), process_set,
                                  prescale_factor, postscale_factor)
     return compression.decompress(out, ctx)
 
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=None,
                           process_set=None, prescale_factor=1.0, postscale_factor=1.0):
-    names = _np_ops._group_names(name, "grouped_reducescatter", len(tensors), process_set)
+    names = group_names(name, "grouped_reducescatter", len(tensors), process_set)
     return [reducescatter(t, n, compression, op, process_set, prescale_factor, postscale_factor)
             for t, n in zip(tensors, names)]
 
@@ -388,6 +385,6 @@ def poll(handle):
 
 def synchronize(handle):
     """Wait for an async collective and return its result (raises its error)."""
-    if not isinstance(handle, (Handle, _np_ops._Group)):
+    if not isinstance(handle, (Handle, Group)):
         raise TypeError("synchronize() expects a handle from an *_async call")
     return handle.wait()

@@ -18,8 +18,8 @@ import contextlib
 
 import torch
 
-from .._once import warn_once
-from ..process_sets import _set_rank_size
+from ..once import warn_once
+from ..process_sets import rank_and_size
 from ..handles import burst
 from ..objects import allgather_object
 from .compression import Compression
@@ -171,7 +171,7 @@ class _DistributedOptimizer:
         indices, values = (h.wait() for h in handles)
         summed = torch.sparse_coo_tensor(indices.t(), values, p.grad.shape,
                                          check_invariants=True).coalesce()   # indices came from other ranks
-        p.grad = summed / _set_rank_size(self._process_set)[1] if self._op == Average else summed
+        p.grad = summed / rank_and_size(self._process_set)[1] if self._op == Average else summed
 
     @contextlib.contextmanager
     def skip_synchronize(self):

@@ -11,8 +11,9 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvlite  # noqa: E402
+import hvlite.buffers  # noqa: E402
 import hvlite.tensorflow as hvd  # noqa: E402
-from reference import DTYPES, FLOATS, SHAPES, assert_equal, inputs, reduce  # noqa: E402
+from reference import BFLOAT16, DTYPES, FLOATS, SHAPES, assert_equal, inputs, reduce  # noqa: E402
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -153,6 +154,30 @@ def test_alltoall_reducescatter(dtype, mode):
     for opname, got in zip(ops, scattered):
         full = reduce(np.stack(rs), opname, dtype, SIZE)
         assert_equal(got.numpy(), full[start:start + rows], "%s reducescatter %s %s" % (mode, opname, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_large_results_are_adopted_engine_buffers(dtype):
+    """Eager out-of-place allreduce, broadcast and reducescatter of results over 4 MiB: right
+    values, and (but for bfloat16, which DLPack cannot carry and TensorFlow copies) the tensor
+    is the engine's huge-page buffer itself, adopted through DLPack without a copy."""
+    rows = SIZE * (hvlite.buffers.HUGE_MIN // dtype.itemsize // 4) + 1
+    xs = all_inputs(12, dtype, (rows, 4))
+    mine = tf.constant(xs[RANK])
+    counts = [rows // SIZE + (1 if r < rows % SIZE else 0) for r in range(SIZE)]
+    first = sum(counts[:RANK])
+    results = {"allreduce": (hvd.allreduce(mine, op=hvd.Sum), 0),
+               "reducescatter": (hvd.reducescatter(mine, op=hvd.Sum), first)}
+    for what, (got, offset) in results.items():
+        values = np.asarray(got)
+        if dtype != BFLOAT16:
+            assert values.ctypes.data % (2 << 20) == 0, "%s %s was copied" % (what, dtype)
+        for start in range(0, len(values), 1 << 16):     # the reference a block at a time
+            block = slice(offset + start, offset + min(start + (1 << 16), len(values)))
+            expected = reduce(np.stack([x[block] for x in xs]), "Sum", dtype, SIZE)
+            assert_equal(values[start:start + (1 << 16)], expected, "%s %s" % (what, dtype))
+    got = np.asarray(hvd.broadcast(mine, SIZE - 1))
+    assert_equal(got, xs[SIZE - 1], "broadcast %s" % dtype)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -15,11 +15,13 @@ import time
 import numpy as np
 
 import hvlite as hvd
+import job_files
 
 where = sys.argv[1]
 hvd.init()
 rank = hvd.rank()
 pids = hvd.allgather_object(os.getpid())
+job_files.report(rank)
 big = np.ones(16 << 20, np.float32)            # 64 MiB: many progress steps per allreduce
 if rank == 1:
     def stop():

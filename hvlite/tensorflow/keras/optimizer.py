@@ -19,11 +19,12 @@ Contract:
 import keras
 import tensorflow as tf
 
+from ...collectives import reduce_op
 from ...process_sets import global_process_set
 from ..compression import Compression
 from .._bridge import library
 from ..gradient_tape import _scale_factors, allreduce_gradients
-from ..ops import Average, _reduce_op
+from ..ops import Average
 
 __all__ = ["DistributedOptimizer", "is_distributed", "wrap_in_place"]
 
@@ -120,7 +121,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          "optimizer's gradient_accumulation_steps instead")
     if groups is not None:
         raise ValueError("DistributedOptimizer(groups=...) is not supported; use num_groups")
-    op = _reduce_op(None, op)
+    op = reduce_op(None, op)
     _scale_factors(op, gradient_predivide_factor)
     options = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                    gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,

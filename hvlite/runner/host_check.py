@@ -1,0 +1,74 @@
+"""hvlrun's check, before a job starts, that every remote host can be reached and can reach back.
+
+Contract:
+  * :func:`check_hosts` runs, at the same time on every given host, the host guard in check
+    mode through the remote shell (``remote_shell.py``), with the job secret on its standard
+    input. A host passes when that command exits 0 within ``timeout`` seconds and its ``check``
+    message arrived on hvlrun's control server: so the remote shell, the far side's Python and
+    hvlite, the secret and the connection back to hvlrun all work.
+  * It returns one message per failing host, naming the host and saying what failed (the
+    remote shell's exit code and last lines of output, or the timeout); an empty list means
+    every host passed. It starts no job.
+"""
+
+import subprocess
+import threading
+from typing import Callable, List, Optional, Sequence, Set
+
+from .remote_shell import guard_command, transport_argv
+
+__all__ = ["check_hosts"]
+
+_TAIL_LINES = 3
+
+
+def _check_one(host: str, argv: List[str], secret: str, timeout: float,
+               arrived: Callable[[], Set[str]]) -> Optional[str]:
+    """Check one host; return None on success, else the message."""
+    shown = " ".join(argv[:-1])
+    try:
+        done = subprocess.run(argv, input=(secret + "\n").encode("ascii"), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return "host %s did not answer within %g s (through `%s`)" % (host, timeout, shown)
+    except OSError as e:
+        return "host %s: cannot run the remote shell `%s`: %s" % (host, shown, e)
+    if done.returncode == 0 and host in arrived():
+        return None
+    tail = done.stdout.decode("utf-8", "replace").strip().splitlines()[-_TAIL_LINES:]
+    return ("host %s is not reachable (through `%s`, exit code %d)%s"
+            % (host, shown, done.returncode, "".join("\n    " + line for line in tail)))
+
+
+def check_hosts(hosts: Sequence[str], template: str, control_addr: str, secret: str,
+                heartbeat_timeout: float, python: str, pythonpath: Optional[str],
+                arrived: Callable[[], Set[str]], timeout: float) -> List[str]:
+    """Check every host at once; return the failures' messages in host order.
+
+    Args:
+        hosts: the remote hosts' names as hvlrun's host list gives them.
+        template: the remote shell (``remote_shell.transport_argv``).
+        control_addr: ``host:port`` of hvlrun's control server, as the hosts must use it.
+        secret: the job secret.
+        heartbeat_timeout: passed on to the guard.
+        python: the interpreter to run on the far side.
+        pythonpath: ``PYTHONPATH`` for the far side, or None.
+        arrived: returns the hosts whose check message the control server received.
+        timeout: seconds allowed per host.
+
+    Raises:
+        ValueError: if the template cannot be split.
+    """
+    argvs = [transport_argv(template, host, guard_command(host, control_addr, heartbeat_timeout,
+                                                          python, pythonpath, check=True))
+             for host in hosts]
+    results: List[Optional[str]] = [None] * len(hosts)
+
+    def run(i: int) -> None:
+        results[i] = _check_one(hosts[i], argvs[i], secret, timeout, arrived)
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(hosts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [r for r in results if r is not None]

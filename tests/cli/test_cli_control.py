@@ -1,0 +1,223 @@
+"""The authenticated control channel in one process: the wire format (HMAC lines, handshake,
+replays), the server and client over real loopback sockets (start/exit records, forged and
+replayed lines dropped and counted, heartbeats, lost clients, stop), and that nothing in the
+launcher deserialises network data beyond splitting ASCII words."""
+
+import re
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hvlite.runner.control import ControlServer
+from hvlite.runner.control_client import ControlClient, ControlError
+from hvlite.runner.job import _lost_first
+from hvlite.runner.wire import MAX_LINE, Rejected, Session, new_secret
+
+SECRET = new_secret()
+
+
+def pair(secret_server=SECRET, secret_client=SECRET):
+    server, client = Session(secret_server, server=True), Session(secret_client, server=False)
+    server.accept_hello(client.hello())
+    client.accept_hello(server.hello())
+    return server, client
+
+
+def test_secret_is_random_hex():
+    a, b = new_secret(), new_secret()
+    assert a != b and len(a) == 64 and int(a, 16) >= 0
+
+
+def test_lines_round_trip_in_order():
+    server, client = pair()
+    assert server.open(client.seal("start 0 12 h1")) == "start 0 12 h1"
+    assert server.open(client.seal("ping")) == "ping"
+    assert client.open(server.seal("stop lost host h2")) == "stop lost host h2"
+
+
+def test_tampered_replayed_reordered_and_foreign_lines_are_rejected():
+    server, client = pair()
+    line = client.seal("exit 1 0")
+    with pytest.raises(Rejected, match="bad MAC"):
+        server.open(line.replace(b"exit 1 0", b"exit 1 3"))
+    assert server.open(line) == "exit 1 0"
+    with pytest.raises(Rejected, match="replayed"):
+        server.open(line)
+    later, skipped = client.seal("ping"), client.seal("ping")
+    with pytest.raises(Rejected, match="sequence"):
+        server.open(skipped)
+    assert server.open(later) == "ping"
+    other_server, _ = pair()            # same secret, another connection: other nonces
+    with pytest.raises(Rejected):
+        other_server.open(client.seal("exit 1 3"))
+    wrong_server, wrong_client = pair(secret_client=new_secret())
+    with pytest.raises(Rejected, match="bad MAC"):
+        wrong_server.open(wrong_client.seal("exit 1 3"))
+    with pytest.raises(Rejected):       # the server's direction cannot be sent back to it
+        server.open(server.seal("ping"))
+
+
+@pytest.mark.parametrize("line", [b"exit 1 3", b"", b"1 exit 1 3", b"x" * (MAX_LINE + 1),
+                                  "1 ex\u00eft 1 3 ".encode() + b"0" * 64, b"1  ping " + b"0" * 64])
+def test_malformed_lines_are_rejected(line):
+    server, _ = pair()
+    with pytest.raises(Rejected):
+        server.open(line)
+
+
+def test_hello_is_checked():
+    server = Session(SECRET, server=True)
+    with pytest.raises(Rejected, match="before the hello"):
+        server.open(b"1 ping " + b"0" * 64)
+    for bad in (b"exit 1 3\n", b"hvlrun-hello 1 xyz\n", b"hvlrun-hello 2 " + b"a" * 32 + b"\n"):
+        with pytest.raises(Rejected, match="bad hello"):
+            server.accept_hello(bad)
+    with pytest.raises(ValueError):
+        Session("", server=True)
+
+
+class RawClient:
+    """A client built from a socket and a Session: it can record and replay lines."""
+
+    def __init__(self, port, secret=SECRET):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.session = Session(secret, server=False)
+        self.sock.sendall(self.session.hello())
+        hello = b""
+        while not hello.endswith(b"\n"):
+            hello += self.sock.recv(1)
+        self.session.accept_hello(hello)
+
+    def send(self, body):
+        line = self.session.seal(body)
+        self.sock.sendall(line)
+        return line
+
+
+def wait_until(predicate, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def server():
+    srv = ControlServer(SECRET, "127.0.0.1", heartbeat_timeout=0.6).start()
+    yield srv
+    srv.close()
+
+
+def test_authentic_messages_are_recorded_forged_and_replayed_ones_are_not(server):
+    good = RawClient(server.port)
+    good.send("start 1 4242 hostA")
+    recorded = good.send("exit 1 0")
+    wait_until(lambda: server.exits() == [(1, 0)])
+    assert server.started_ranks() == {1: (4242, "hostA")}
+    replay = RawClient(server.port)                     # the recorded line on a new connection
+    replay.sock.sendall(recorded.replace(b"exit 1 0", b"exit 1 3"))
+    replay2 = RawClient(server.port)
+    replay2.sock.sendall(recorded)
+    forger = RawClient(server.port, secret=new_secret())
+    forger.send("exit 1 3")
+    plain = socket.create_connection(("127.0.0.1", server.port))
+    plain.sendall(b"exit 1 3\n")
+    wait_until(lambda: server.rejected()[0] >= 4)
+    assert server.exits() == [(1, 0)] and server.first_failure() is None
+    assert server.lost() is None
+    count, sources = server.rejected()
+    assert count == 4 and all(s.startswith("127.0.0.1 (") for s in sources), sources
+    for s in (good.sock, replay.sock, replay2.sock, forger.sock, plain):
+        s.close()
+
+
+def test_over_long_line_and_silent_connection_are_dropped(server, monkeypatch):
+    flood = socket.create_connection(("127.0.0.1", server.port))
+    flood.sendall(b"A" * (3 * MAX_LINE))
+    wait_until(lambda: server.rejected()[0] == 1)
+    assert "over-long" in server.rejected()[1][0] or "bad hello" in server.rejected()[1][0]
+    flood.close()
+
+
+def test_silent_and_closed_clients_are_lost_with_their_host(server):
+    rank = RawClient(server.port)
+    rank.send("start 3 99 hostB")
+    guard = RawClient(server.port)
+    guard.send("guard hostB 98")
+    wait_until(lambda: server.started_ranks())
+    assert server.lost() is None
+    wait_until(lambda: server.lost() is not None, 3)  # neither sends pings: silent
+    who, message, since = server.lost()
+    assert who == "host hostB (rank 3)" and "stopped answering" in message, message
+    assert isinstance(since, int)
+    rank.sock.close()
+    guard.sock.close()
+
+
+def test_closed_rank_is_lost_at_once(server):
+    rank = RawClient(server.port)
+    rank.send("start 2 77 hostC")
+    wait_until(lambda: server.started_ranks())
+    rank.sock.close()
+    wait_until(lambda: server.lost() is not None, 0.5)
+    who, message, _ = server.lost()
+    assert who == "host hostC (rank 2)" and "connection to hvlrun closed" in message
+
+
+def test_a_vanished_client_is_the_cause_unless_a_rank_failed_first():
+    """hvlrun's choice when mpiexec ended the job itself (events ordered by server round)."""
+    assert _lost_first(5, None, None)
+    assert _lost_first(4, 5, (0, 3)) and not _lost_first(6, 5, (0, 3))
+    assert _lost_first(5, 5, (0, 143))           # same round: killed by a signal = consequence
+    assert not _lost_first(5, 5, (1, 3))         # same round: its own exit code = the cause
+
+
+def test_client_heartbeats_stop_and_check(server):
+    stops, lost, other = [], [], []
+    client = ControlClient("127.0.0.1:%d" % server.port, SECRET, 0.6, on_lost=lost.append,
+                           on_stop=stops.append, on_message=other.append).connect()
+    assert client.send("start 0 1 hostD")
+    time.sleep(1.5)                                  # > the timeout: pings keep both alive
+    assert server.lost() is None and not lost
+    assert client.send("check hostD")
+    wait_until(lambda: other == ["checked"])
+    server.stop_all("lost host hostE (rank 4)")
+    wait_until(lambda: stops == ["lost host hostE (rank 4)"])
+    assert client.send("exit 0 0")
+    client.close()
+    wait_until(lambda: server.exits() == [(0, 0)])
+    assert server.lost() is None and not lost and client.rejected == 0
+
+
+def test_client_notices_hvlrun_gone():
+    srv = ControlServer(SECRET, "127.0.0.1", heartbeat_timeout=0.5).start()
+    lost = []
+    client = ControlClient("127.0.0.1:%d" % srv.port, SECRET, 0.5, on_lost=lost.append).connect()
+    srv.close()
+    wait_until(lambda: lost, 3)
+    assert "closed" in lost[0] or "broke" in lost[0] or "nothing heard" in lost[0], lost
+    assert not client.send("ping")
+    client.close()
+
+
+def test_client_with_wrong_secret_or_no_server_fails_clearly(server):
+    with pytest.raises(ControlError, match="127.0.0.1:1: "):
+        ControlClient("127.0.0.1:1", SECRET).connect(timeout=2)
+    lost = []
+    client = ControlClient("127.0.0.1:%d" % server.port, new_secret(), 0.6,
+                           on_lost=lost.append).connect()   # the hello carries no proof yet
+    client.send("start 5 1 hostF")
+    wait_until(lambda: server.rejected()[0] == 1)
+    assert server.started_ranks() == {}
+    wait_until(lambda: lost, 3)                          # the server dropped it
+    client.close()
+
+
+def test_nothing_in_the_launcher_deserialises_network_data():
+    runner = Path(__file__).resolve().parents[2] / "hvlite" / "runner"
+    pattern = re.compile(r"\b(pickle|cPickle|marshal|shelve|dill|cloudpickle|yaml)\b|\beval\(|\bexec\(")
+    offenders = [str(p) for p in runner.glob("*.py") if pattern.search(p.read_text())]
+    assert offenders == [], offenders

@@ -1,0 +1,171 @@
+"""Reaching other hosts, in one process: the remote-shell flags in dry runs (ssh, srun,
+--ssh-command, --network-interface, Open MPI), the remote shell and guard command lines, the
+host guard's secret reading, the interface lookup, and ending process trees (with orphans)."""
+
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from hvlite.runner import main
+from hvlite.runner.host_guard import read_secret
+from hvlite.runner.hosts import interface_ipv4, is_local
+from hvlite.runner.remote_shell import (guard_command, srun_template, ssh_template,
+                                        transport_argv)
+
+from .conftest import hvlrun_env
+
+HOSTS = ["-H", "alpha:2,beta:2"]
+
+
+def dry_run(capsys, *args, flavour="mpich"):
+    assert main(["--dry-run", "--mpi-flavour", flavour] + list(args)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    exports = dict(line[len("export "):].split("=", 1) for line in lines[:-1])
+    return {k: shlex.split(v)[0] if v else v for k, v in exports.items()}, shlex.split(lines[-1])
+
+
+def test_ssh_is_the_default_with_port_and_identity(capsys, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    exports, argv = dry_run(capsys, *HOSTS, "-p", "2222", "-i", "/keys/id x", "python", "t.py")
+    assert exports["HVLRUN_RSH"] == ssh_template(2222, "/keys/id x")
+    assert shlex.split(exports["HVLRUN_RSH"]) == ["ssh", "-o", "BatchMode=yes", "-o",
+                                                  "ConnectTimeout=10", "-p", "2222", "-i", "/keys/id x"]
+    assert exports["HYDRA_LAUNCHER_EXTRA_ARGS"] == "-m hvlite.runner.remote_shell"
+    at = argv.index("-launcher")
+    assert argv[at:at + 4] == ["-launcher", "rsh", "-launcher-exec", sys.executable]
+    assert "HVLRUN_SECRET" not in exports and "HVLRUN_CONTROL_ADDR" not in exports
+
+
+def test_ssh_command_and_srun(capsys, monkeypatch, tmp_path):
+    exports, _ = dry_run(capsys, *HOSTS, "--ssh-command", "site-rsh --fast", "x")
+    assert exports["HVLRUN_RSH"] == "site-rsh --fast"
+    exports, _ = dry_run(capsys, *HOSTS, "--remote-shell", "srun", "x")
+    assert exports["HVLRUN_RSH"] == srun_template()
+    srun = tmp_path / "srun"                 # inside an allocation, srun is the default
+    srun.write_text("#!/bin/sh\n")
+    srun.chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (tmp_path, os.environ["PATH"]))
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    assert dry_run(capsys, *HOSTS, "x")[0]["HVLRUN_RSH"] == srun_template()
+    assert dry_run(capsys, *HOSTS, "--remote-shell", "ssh", "x")[0]["HVLRUN_RSH"] == ssh_template()
+
+
+def test_local_jobs_get_no_remote_shell(capsys):
+    exports, argv = dry_run(capsys, "-np", "2", "x")
+    assert "HVLRUN_RSH" not in exports and "-launcher" not in argv
+    exports, argv = dry_run(capsys, "-H", "localhost:1,127.0.0.1:1", "x")
+    assert "HVLRUN_RSH" not in exports and "-launcher" not in argv
+
+
+def test_network_interface(capsys, monkeypatch):
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    monkeypatch.delenv("FI_TCP_IFACE", raising=False)
+    exports, argv = dry_run(capsys, *HOSTS, "--network-interfaces", "eth0,ib0", "x")
+    assert argv[argv.index("-iface") + 1] == "eth0"
+    assert exports["NCCL_SOCKET_IFNAME"] == "eth0,ib0" and exports["FI_TCP_IFACE"] == "eth0"
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "mine")     # the user's own setting stays
+    assert "NCCL_SOCKET_IFNAME" not in dry_run(capsys, *HOSTS, "--network-interface", "eth0", "x")[0]
+
+
+def test_openmpi_gets_the_remote_shell_as_its_agent(capsys, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    _, argv = dry_run(capsys, *HOSTS, "-p", "2200", "--network-interface", "eth1", "x",
+                      flavour="openmpi")
+    at = argv.index("plm_rsh_agent")
+    assert argv[at + 1] == ssh_template(2200)
+    assert "btl_tcp_if_include" in argv and "-launcher" not in argv
+    _, argv = dry_run(capsys, *HOSTS, "--remote-shell", "srun", "x", flavour="openmpi")
+    assert "plm_rsh_agent" not in argv
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--ssh-command", "bad 'quote", "x"], "quotation"),
+    (["--network-interface", "eth0,,", "x"], "empty name in --network-interface"),
+    (["--heartbeat-timeout", "-1", "x"], "--heartbeat-timeout must be >= 0"),
+])
+def test_remote_usage_errors(capsys, args, fragment):
+    assert main(HOSTS + args) == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_transport_and_guard_command_lines():
+    assert transport_argv("ssh -p 22", "h2", "exec x") == ["ssh", "-p", "22", "h2", "exec x"]
+    assert transport_argv("srun -w {host} sh -c", "n7", "exec x") == ["srun", "-w", "n7", "sh", "-c", "exec x"]
+    with pytest.raises(ValueError):
+        transport_argv("  ", "h", "x")
+    line = guard_command("h 2", "10.0.0.1:5", 30, "/opt/my py/python", "/a b",
+                         ['"/bin/hydra_pmi_proxy"', "--proxy-id", "1"])
+    assert line == ("exec env PYTHONPATH='/a b' '/opt/my py/python' -m hvlite.runner.host_guard "
+                    "--control 10.0.0.1:5 --host 'h 2' --heartbeat-timeout 30 -- "
+                    '"/bin/hydra_pmi_proxy" --proxy-id 1')
+    words = shlex.split(guard_command("h", "a:1", 0, "/py", None, check=True))
+    assert words == ["exec", "/py", "-m", "hvlite.runner.host_guard", "--control", "a:1",
+                     "--host", "h", "--heartbeat-timeout", "0", "--check"]
+
+
+def test_remote_shell_without_configuration_fails_clearly():
+    done = subprocess.run([sys.executable, "-m", "hvlite.runner.remote_shell", "h9", "proxy"],
+                          env=hvlrun_env(drop=["HVLRUN_RSH"]),
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 255 and "HVLRUN_RSH is not set: no way to reach host h9" in done.stderr
+
+
+def test_guard_reads_one_line_of_secret_and_leaves_the_rest():
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"abc123\nproxy input\n")
+    os.close(write_end)
+    assert read_secret(read_end) == "abc123"
+    assert os.read(read_end, 100) == b"proxy input\n"
+    os.close(read_end)
+
+
+def test_guard_without_hvlrun_says_which_host():
+    done = subprocess.run([sys.executable, "-m", "hvlite.runner.host_guard", "--control",
+                           "127.0.0.1:1", "--host", "h5", "--check"], input="s" * 64 + "\n",
+                          env=hvlrun_env(),
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 255
+    assert "hvlrun: host h5: cannot reach hvlrun's control channel at 127.0.0.1:1" in done.stderr
+
+
+def test_interface_and_own_addresses():
+    assert interface_ipv4("lo") == "127.0.0.1"
+    with pytest.raises(ValueError, match="nosuch0"):
+        interface_ipv4("nosuch0")
+    assert is_local("127.0.0.1") and not is_local("192.0.2.254") and not is_local("node9")
+
+
+KILL_TREE_CHECK = r"""
+import os, signal, subprocess, sys, time
+from hvlite.runner.proctree import become_subreaper, descendants, kill_tree
+script = ("import os, signal, subprocess, sys, time\n"
+          "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+          "if os.fork() == 0:\n"
+          "    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+          "    os._exit(0)\n"
+          "time.sleep(60)\n")
+assert become_subreaper()
+child = subprocess.Popen([sys.executable, "-c", script])
+deadline = time.monotonic() + 10
+while len(descendants(os.getpid())) < 2 and time.monotonic() < deadline:
+    time.sleep(0.05)
+found = descendants(os.getpid())
+assert child.pid in found and len(found) >= 2, found
+start = time.monotonic()
+assert kill_tree(os.getpid(), grace=0.3, keep=[child.pid]) == []
+assert time.monotonic() - start < 5
+assert child.wait(timeout=5) == -signal.SIGKILL
+assert descendants(os.getpid()) == []
+print("kill_tree OK")
+"""
+
+
+def test_kill_tree_ends_children_and_orphans():
+    """A child that ignores SIGTERM and an orphaned grandchild (re-parented to the subreaper)
+    both end; the caller does not. Runs in a process of its own: a subreaper keeps orphans."""
+    done = subprocess.run([sys.executable, "-c", KILL_TREE_CHECK], capture_output=True, text=True,
+                          timeout=60, env=hvlrun_env())
+    assert done.returncode == 0 and "kill_tree OK" in done.stdout, done.stdout + done.stderr

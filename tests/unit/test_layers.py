@@ -1,0 +1,157 @@
+"""The layering rules of DESIGN.md, checked on the source (parsed with ``ast``, nothing imported).
+
+Rules, for every ``import``/``from ... import`` anywhere in a file (also inside functions), with
+relative imports resolved against the file's package:
+1. The neutral layer (``hvlite/*.py``) imports neither torch, tensorflow nor keras, nor
+   ``hvlite.torch``/``hvlite.tensorflow``.
+2. ``hvlite/torch`` imports neither tensorflow/keras nor ``hvlite.tensorflow``, and
+   ``hvlite/tensorflow`` neither torch nor ``hvlite.torch``.
+3. An adapter reaches nothing private of hvlite outside its own package: no module whose path
+   (after ``hvlite``) has a part starting with ``_`` (``hvlite._lib``, ``hvlite._core``, ...),
+   no imported name starting with ``_``, and no ``_`` attribute of an hvlite module it imported
+   (``ops._reduce_op``). Dunder names (``__version__``) are public. Inside its own package an
+   adapter may use its private names freely.
+Imports made with ``importlib`` from strings are not seen (hvlite/__init__.py loads its own API
+modules that way, and nothing else does).
+"""
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PACKAGE_DIR = os.path.join(ROOT, "hvlite")
+FRAMEWORKS = {"torch": ("torch",), "tensorflow": ("tensorflow", "keras")}
+ADAPTERS = ("hvlite.torch", "hvlite.tensorflow")
+
+
+def module_of(path):
+    """``hvlite/torch/ops.py`` -> ("hvlite.torch.ops", package "hvlite.torch")."""
+    rel = os.path.relpath(path, ROOT)[:-len(".py")].split(os.sep)
+    if rel[-1] == "__init__":
+        rel = rel[:-1]
+        return ".".join(rel), ".".join(rel)
+    return ".".join(rel), ".".join(rel[:-1])
+
+
+def is_private(part):
+    return part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
+
+
+def is_module(dotted):
+    """True if ``dotted`` (under hvlite) is a module or package of the source tree."""
+    path = os.path.join(ROOT, *dotted.split("."))
+    return os.path.isfile(path + ".py") or os.path.isfile(os.path.join(path, "__init__.py"))
+
+
+def imports(tree, package):
+    """(module, name, alias, bound) for every import, relative imports resolved: ``bound`` is
+    what ``alias`` names. ``import a.b as c`` -> ("a.b", None, "c", "a.b"); ``import a.b`` ->
+    ("a.b", None, "a", "a"); ``from ..x import y as z`` -> ("hvlite.x", "y", "z", "hvlite.x.y")."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                top = a.name.split(".")[0]
+                yield a.name, None, a.asname or top, a.name if a.asname else top
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[:len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            for a in node.names:
+                yield base, a.name, a.asname or a.name, base + "." + a.name
+
+
+def adapter_of(module):
+    return next((a for a in ADAPTERS if module == a or module.startswith(a + ".")), None)
+
+
+def violations(path, source):
+    """The rule violations of one file of the hvlite package, as readable strings."""
+    module, package = module_of(path)
+    adapter = adapter_of(module)
+    neutral = adapter is None and package == "hvlite"
+    tree = ast.parse(source, path)
+    found, hvlite_modules = [], {}
+    for base, name, alias, bound in imports(tree, package):
+        target = base if name is None else base + "." + name
+        top = base.split(".")[0]
+        where = "%s imports %s" % (os.path.relpath(path, ROOT), target)
+        for framework, tops in FRAMEWORKS.items():
+            other_adapter = "hvlite." + framework
+            uses = top in tops or base == other_adapter or base.startswith(other_adapter + ".") \
+                or target == other_adapter
+            if uses and (neutral or (adapter is not None and adapter != other_adapter)):
+                found.append("%s (%s)" % (where, "the neutral layer imports no framework" if neutral
+                                          else "an adapter imports no other framework"))
+        if adapter is None or top != "hvlite" or adapter_of(target) == adapter:
+            continue
+        hvlite_parts = target.split(".")[1:] if name is None or is_module(target) \
+            else base.split(".")[1:] + [name]
+        if any(is_private(p) for p in hvlite_parts):
+            found.append("%s (an adapter reaches a private hvlite name)" % where)
+        if is_module(bound):
+            hvlite_modules[alias] = bound
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id in hvlite_modules and is_private(node.attr):
+            found.append("%s uses %s.%s (an adapter reaches a private hvlite name)" % (
+                os.path.relpath(path, ROOT), hvlite_modules[node.value.id], node.attr))
+    return found
+
+
+def package_files():
+    for here, dirs, files in os.walk(PACKAGE_DIR):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for f in sorted(files):
+            if f.endswith(".py"):
+                yield os.path.join(here, f)
+
+
+def test_the_package_keeps_its_layers():
+    files = list(package_files())
+    assert any(f.endswith(os.path.join("torch", "ops.py")) for f in files)
+    found = []
+    for path in files:
+        with open(path) as f:
+            found += violations(path, f.read())
+    assert not found, "layering rules broken:\n" + "\n".join(found)
+
+
+def planted(relpath, source):
+    return violations(os.path.join(ROOT, relpath), source)
+
+
+@pytest.mark.parametrize("relpath,source", [
+    ("hvlite/ops.py", "import torch\n"),
+    ("hvlite/ops.py", "def f():\n    import tensorflow as tf\n"),
+    ("hvlite/ops.py", "from keras import ops\n"),
+    ("hvlite/handles.py", "from .torch import ops\n"),
+    ("hvlite/handles.py", "from . import tensorflow\n"),
+    ("hvlite/torch/ops.py", "import tensorflow\n"),
+    ("hvlite/torch/ops.py", "from ..tensorflow import ops\n"),
+    ("hvlite/torch/ops.py", "from .. import tensorflow\n"),
+    ("hvlite/tensorflow/ops.py", "from torch import nn\n"),
+    ("hvlite/tensorflow/keras/optimizer.py", "from ...torch.ops import allreduce\n"),
+    ("hvlite/torch/ops.py", "from ..ops import _reduce_op\n"),
+    ("hvlite/torch/ops.py", "from .._lib import lib\n"),
+    ("hvlite/torch/ops.py", "from .. import _lib\n"),
+    ("hvlite/torch/ops.py", "import hvlite._lib\n"),
+    ("hvlite/tensorflow/ops.py", "from hvlite.process_sets import _registered\n"),
+    ("hvlite/torch/ops.py", "from .. import ops as np_ops\nnp_ops._copy_back(1, 2)\n"),
+    ("hvlite/tensorflow/keras/__init__.py", "from ... import handles\nhandles._keep_alive\n"),
+])
+def test_planted_violations_are_found(relpath, source):
+    assert planted(relpath, source), "no violation found in %s: %r" % (relpath, source)
+
+
+@pytest.mark.parametrize("relpath,source", [
+    ("hvlite/ops.py", "import numpy\nfrom ._lib import lib\nfrom .handles import _keep_alive\n"),
+    ("hvlite/torch/ops.py", "import torch\nfrom .. import ops as _np\n_np.allreduce\n"),
+    ("hvlite/torch/optimizer.py", "from .ops import _check_tensor\n"),
+    ("hvlite/tensorflow/keras/optimizer.py", "from ..ops import _allreduce_group\n"),
+    ("hvlite/tensorflow/ops.py", "import tensorflow as tf\nfrom .. import __version__\n"),
+])
+def test_allowed_imports_pass(relpath, source):
+    assert planted(relpath, source) == []
