@@ -41,7 +41,8 @@ SANITIZE_FLAGS = {
     "": ([], []),
     "address": (["-fsanitize=address,undefined,float-cast-overflow", "-fno-omit-frame-pointer",
                  "-fno-wrapv", "-g", "-O1"], ["-fsanitize=address,undefined"]),
-    "thread": (["-fsanitize=thread", "-fno-omit-frame-pointer", "-g", "-O1"], ["-fsanitize=thread"]),
+    "thread": (["-fsanitize=thread", "-fno-omit-frame-pointer", "-g", "-O1"],
+               ["-fsanitize=thread"]),
 }
 
 

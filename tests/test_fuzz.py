@@ -15,7 +15,8 @@ from jobs import ROOT
 
 def load(name):
     """tests/fuzz/<name>.py under a name of its own (tests/parallel has a reference.py too)."""
-    spec = importlib.util.spec_from_file_location("fuzz_" + name, os.path.join(ROOT, "tests", "fuzz", name + ".py"))
+    path = os.path.join(ROOT, "tests", "fuzz", name + ".py")
+    spec = importlib.util.spec_from_file_location("fuzz_" + name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -48,7 +49,8 @@ def test_plans_are_reproducible_and_differ_by_seed():
 
 
 def test_check_catches_one_wrong_bit_and_wrong_rounding():
-    call = plan.Call(op="allreduce", name="t", slot=0, dtype="int32", shape=(4,), reduce="Sum", data=3)
+    call = plan.Call(op="allreduce", name="t", slot=0, dtype="int32", shape=(4,), reduce="Sum",
+                     data=3)
     calls = {0: call, 1: call}
     want, bound, _ = reference.expected(calls, [0, 1], 0)
     reference.check(call, want.copy(), want, bound)
@@ -56,7 +58,15 @@ def test_check_catches_one_wrong_bit_and_wrong_rounding():
     bad[2] ^= 1
     with pytest.raises(reference.Mismatch):
         reference.check(call, bad, want, bound)
-    fcall = plan.Call(op="allreduce", name="t", slot=0, dtype="float32", shape=(64,), reduce="Average", data=4)
+    moved = plan.Call(op="broadcast", name="t", slot=0, dtype="float32", shape=(3,), data=5)
+    want, bound, _ = reference.expected({0: moved, 1: moved}, [0, 1], 1)
+    assert bound is None                                       # data movement: bit for bit
+    want[0], got = 0.0, want.copy()
+    got[0] = -0.0                                              # == 0.0, but not the same bits
+    with pytest.raises(reference.Mismatch):
+        reference.check(moved, got, want, bound)
+    fcall = plan.Call(op="allreduce", name="t", slot=0, dtype="float32", shape=(64,),
+                      reduce="Average", data=4)
     want, bound, _ = reference.expected({0: fcall, 1: fcall, 2: fcall}, [0, 1, 2], 0)
     got = want.astype(np.float32)
     reference.check(fcall, got, want, bound)                  # rounded to float32: within bounds
@@ -70,12 +80,14 @@ def test_references_follow_the_engine_arithmetic():
     assert reference.scale_int(x, 0.5).tolist() == [-3, 3, -64, 63]          # toward zero
     assert reference.scale_int(x, 3.0).tolist() == [-21, 21, -128, 127]      # saturated
     stack = np.array([[-7, 100], [0, 100]], dtype=np.int8)
-    assert reference.reduce_int(stack, "Average", 2, 1.0, 1.0).tolist() == [-3, -28]   # wraps, then divides
+    # wraps, then divides
+    assert reference.reduce_int(stack, "Average", 2, 1.0, 1.0).tolist() == [-3, -28]
 
 
 def test_mismatch_groups_are_worded_as_the_engine_words_them():
     sides = plan.deadlock_sides({0: ["a"], 1: ["b"], 2: ["a"]})
     assert sides == [((0, 2), ["a"]), ((1,), ["b"])]
-    assert plan.describe("shape", plan.Call(op="allgather", name="t", slot=0, shape=(3, 4))) == "[*, 4]"
-    assert plan.describe("prescale factor", plan.Call(op="allreduce", name="t", slot=0, prescale=0.1)) == \
-        "0.10000000000000001"
+    gather = plan.Call(op="allgather", name="t", slot=0, shape=(3, 4))
+    assert plan.describe("shape", gather) == "[*, 4]"
+    scaled = plan.Call(op="allreduce", name="t", slot=0, prescale=0.1)
+    assert plan.describe("prescale factor", scaled) == "0.10000000000000001"

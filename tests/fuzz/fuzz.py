@@ -12,15 +12,17 @@ Contract:
   with the planned message (MismatchError: the tensor, the field and the rank groups, word for
   word; HvliteDeadlockError: every side, word for word; HvliteInvalidArgument: raised at
   submission, naming the tensor and this rank, or for a broadcast from a joined root on every
-  busy rank, naming the tensor and the root); join returns a rank that joined last. After each sequence nothing may be left in
-  flight, and every rank must have run the same plan (the sync allgather).
+  busy rank, naming the tensor and the root); join returns a rank that joined last. After each
+  sequence nothing may be left in flight, and every rank must have run the same plan (the sync
+  allgather).
 - The first difference ends the job: that rank prints "FUZZ FAILURE" with the seed, sequence,
   step and call (enough to replay it with --first) and exits 1, which hvlrun turns into the
   job's failure. A step that makes no progress for --step-timeout seconds (default 60, times
   HVLITE_TEST_TIMEOUT_MULTIPLIER) is a hang: "FUZZ HANG", every thread's stack, exit 3.
 - On success rank 0 prints one line "FUZZ SUMMARY {json}": "plan" (sequences, steps by kind, as
   one rank ran them) and "outcomes (all ranks)" (calls, results checked, barriers, and every
-  error seen by kind, summed over the ranks), and the seconds taken.
+  error seen by kind, summed over the ranks), and the seconds taken (in all, and by step kind
+  on rank 0).
 - HVLITE_DEADLOCK_SECONDS defaults to 1.5 here (it must stay above 1 s: a request agreed through
   the response cache reaches rank 0's table only after 1 s).
 """
@@ -32,6 +34,7 @@ import re
 import sys
 import threading
 import time
+import traceback
 from collections import Counter
 
 import numpy as np
@@ -45,7 +48,8 @@ from reference import Mismatch, check, expected, inputs  # noqa: E402
 OPS = {"Sum": hvlite.Sum, "Average": hvlite.Average, "Min": hvlite.Min, "Max": hvlite.Max,
        "Product": hvlite.Product}
 DEADLOCK_S = float(os.environ["HVLITE_DEADLOCK_SECONDS"])
-SUFFIX = "; none of them can go on (found after %g s of waiting: HVLITE_DEADLOCK_SECONDS)" % DEADLOCK_S
+SUFFIX = ("; none of them can go on (found after %g s of waiting: HVLITE_DEADLOCK_SECONDS)"
+          % DEADLOCK_S)
 
 
 class Failure(Exception):
@@ -70,7 +74,8 @@ class Watchdog(threading.Thread):
     def run(self):
         while not self.done.wait(1.0):
             if time.monotonic() - self.last > self.limit:
-                replay = "" if self.index is None else "\n  replay: --seed %d --first %d --sequences 1" % (self.seed, self.index)
+                replay = "" if self.index is None else (
+                    "\n  replay: --seed %d --first %d --sequences 1" % (self.seed, self.index))
                 print("FUZZ HANG rank %d seed %d: no progress for %.0f s at %s%s"
                       % (hvlite.rank(), self.seed, self.limit, self.where, replay), flush=True)
                 faulthandler.dump_traceback(all_threads=True)
@@ -85,6 +90,7 @@ class Runner:
         self.planner, self.watchdog = planner, watchdog
         self.rank, self.size = hvlite.rank(), hvlite.size()
         self.counts = Counter()
+        self.seconds = Counter()      # wall time by step kind (this rank): where a run's time goes
 
     # ---- names and messages, as the engine words them ----
 
@@ -99,7 +105,8 @@ class Runner:
             "%s on %s" % (self.value(v), plural(ranks)) for v, ranks in groups))
 
     def side_text(self, ranks, waits):
-        what = " and ".join("%s '%s' (submitted only by %s)" % (op, self.ename(name, p), plural(have))
+        what = " and ".join("%s '%s' (submitted only by %s)"
+                            % (op, self.ename(name, p), plural(have))
                             for op, name, p, have in waits)
         return "%s wait%s on %s" % (plural(ranks), "s" if len(ranks) == 1 else "", what)
 
@@ -113,11 +120,13 @@ class Runner:
         want = [self.side_text(ranks, waits) for ranks, waits in sides]
         seen = [i for i in items if i in want]
         if seen != want:
-            raise Failure("deadlock message %r\n  does not name these sides in order: %r" % (message, want))
+            raise Failure("deadlock message %r\n  does not name these sides in order: %r"
+                          % (message, want))
         for item in items:
             if item in want:
                 continue
-            m = re.fullmatch(r"ranks? ([\d,]+) waits? on allgather 'sync' \(submitted only by ranks? ([\d,]+)\)", item)
+            m = re.fullmatch(r"ranks? ([\d,]+) waits? on allgather 'sync' "
+                             r"\(submitted only by ranks? ([\d,]+)\)", item)
             ranks = {int(r) for g in (m.groups() if m else ()) for r in g.split(",")}
             if not m or not ranks <= set(optional):
                 raise Failure("deadlock message %r names an unexpected side %r" % (message, item))
@@ -128,7 +137,8 @@ class Runner:
         """An error from a collective's wait: it must be the planned one."""
         kind = call.expect[0]
         if kind == "mismatch" and isinstance(err, hvlite.MismatchError):
-            want = self.mismatch_text(self.ename(call.name, call.pset), call.expect[1], call.expect[2])
+            want = self.mismatch_text(self.ename(call.name, call.pset), call.expect[1],
+                                      call.expect[2])
             if str(err) != want:
                 raise Failure("mismatch message\n  got  %r\n  want %r" % (str(err), want))
             self.counts["error mismatch (%s)" % call.expect[1]] += 1
@@ -160,7 +170,8 @@ class Runner:
         try:
             check(call, got, want, bound)
             if not call.inplace:
-                check(call, np.array(x, order="C"), inputs(call, self.rank), None)   # input untouched
+                # the input is untouched
+                check(call, np.array(x, order="C"), inputs(call, self.rank), None)
         except Mismatch as e:
             raise Failure("wrong result: %s" % e) from None
         self.counts["results checked"] += 1
@@ -190,11 +201,12 @@ class Runner:
                 start = hvlite.broadcast_async_ if call.inplace else hvlite.broadcast_async
                 h = start(x, call.root, name=name, process_set=ps)
             elif call.op == "alltoall":
-                h = hvlite.alltoall_async(x, splits=list(call.splits) if call.splits is not None else None,
-                                          name=name, process_set=ps)
+                splits = list(call.splits) if call.splits is not None else None
+                h = hvlite.alltoall_async(x, splits=splits, name=name, process_set=ps)
             else:
                 h = hvlite.reducescatter_async(x, name=name, op=OPS[call.reduce], process_set=ps,
-                                               prescale_factor=call.prescale, postscale_factor=call.postscale)
+                                               prescale_factor=call.prescale,
+                                               postscale_factor=call.postscale)
         except hvlite.HvliteInvalidArgument as e:
             self.expect_refusal(call, str(e))
             return None
@@ -205,7 +217,8 @@ class Runner:
     def expect_refusal(self, call, message):
         reason = call.expect[1] if call.expect[0] == "invalid" else None
         if reason == "in flight":
-            want = "tensor name '%s' is already in flight on this rank (%d)" % (call.name, self.rank)
+            want = "tensor name '%s' is already in flight on this rank (%d)" % (
+                call.name, self.rank)
         elif reason == "not a member":
             want = "tensor '%s': this rank (%d) is not a member of process set %d" % (
                 call.name, self.rank, self.ids[call.pset])
@@ -249,7 +262,8 @@ class Runner:
         try:
             hvlite.remove_process_set(self.sets[target])
         except hvlite.MismatchError as e:
-            pattern = re.escape(self.mismatch_text("@", expect[1], expect[2])).replace("@", r"remove_process_set\.noname\.\d+")
+            pattern = re.escape(self.mismatch_text("@", expect[1], expect[2])).replace(
+                "@", r"remove_process_set\.noname\.\d+")
             if not re.fullmatch(pattern, str(e)):
                 raise Failure("remove mismatch message %r" % str(e)) from None
             self.counts["error mismatch (process set)"] += 1
@@ -271,13 +285,16 @@ class Runner:
                     want = "add_process_set: process set %d already has these %d ranks" % (
                         self.sets[expect[2]].process_set_id, len(ranks))
                 else:
-                    want = "add_process_set: the ranks passed different member lists: %s (this rank, %d, " \
-                           "passed %d member%s: %s); every rank must add the same sets in the same order" % (
-                               "; ".join("%s %s" % (plural(g), "another" if i else "one list")
-                                         for i, g in enumerate(expect[2])),
-                               self.rank, len(ranks), "" if len(ranks) == 1 else "s", ",".join(map(str, ranks)))
+                    groups = "; ".join("%s %s" % (plural(g), "another" if i else "one list")
+                                       for i, g in enumerate(expect[2]))
+                    want = ("add_process_set: the ranks passed different member lists: %s "
+                            "(this rank, %d, passed %d member%s: %s); every rank must add the "
+                            "same sets in the same order" % (
+                                groups, self.rank, len(ranks), "" if len(ranks) == 1 else "s",
+                                ",".join(map(str, ranks))))
                 if str(e) != want:
-                    raise Failure("add_process_set refused with\n  got  %r\n  want %r" % (str(e), want)) from None
+                    raise Failure("add_process_set refused with\n  got  %r\n  want %r"
+                                  % (str(e), want)) from None
                 self.counts["error invalid (%s)" % expect[1]] += 1
                 continue
             raise Failure("add_process_set(%r) succeeded, expected %s" % (ranks, expect[1]))
@@ -308,14 +325,16 @@ class Runner:
                 if act[1].expect[0] == "unreached":
                     raise Failure("the plan runs on after a deadlock")
                 s = self.submit(act[1])
-                if not self.finish(act[1], s, slot_calls[act[1].slot]) and act[1].expect[0] == "deadlock":
+                done = self.finish(act[1], s, slot_calls[act[1].slot])
+                if not done and act[1].expect[0] == "deadlock":
                     gave_up = True         # this rank gives up the rest of a deadlocked step
             elif act[0] == "pause":
                 time.sleep(act[1])
             elif act[0] == "join":
                 last = hvlite.join()
                 if last not in act[1]:
-                    raise Failure("join returned %r, expected one of the busy ranks %r" % (last, act[1]))
+                    raise Failure("join returned %r, expected one of the busy ranks %r"
+                                  % (last, act[1]))
                 self.counts["joins"] += 1
             elif act[0] == "barrier":
                 hvlite.barrier(process_set=self.sets[act[1]])
@@ -328,14 +347,18 @@ class Runner:
             raise Failure("plan error: handles never waited on: %r" % sorted(started))
 
     def run_sequence(self, index):
+        self.seq, self.step, self.call = None, None, None
         seq = self.planner.sequence(index)
-        self.seq, self.step, self.call = seq, None, None
+        self.seq = seq
         self.watchdog.beat("sequence %d: adding sets" % index, index)
         self.add_sets(seq)
         for j, step in enumerate(seq.steps):
             self.step = (j, step)
-            self.watchdog.beat("sequence %d step %d (%s %s)" % (index, j, step.kind, step.detail), index)
+            self.watchdog.beat("sequence %d step %d (%s %s)" % (index, j, step.kind, step.detail),
+                               index)
+            t0 = time.monotonic()
             self.run_step(seq, step)
+            self.seconds[step.kind] += time.monotonic() - t0
             self.counts["steps " + step.kind] += 1
         self.watchdog.beat("sequence %d: removing sets" % index, index)
         for i in reversed(seq.removes_ok):
@@ -347,6 +370,8 @@ class Runner:
         self.counts["sequences"] += 1
 
     def where(self):
+        if getattr(self, "seq", None) is None:
+            return "(while planning the sequence)"
         text = "sequence %d" % self.seq.index
         if self.step:
             text += " step %d (%s: %s)" % (self.step[0], self.step[1].kind, self.step[1].detail)
@@ -360,7 +385,8 @@ def gather_counts(counts):
     text = json.dumps(counts).encode()
     if len(text) > 8192:
         raise Failure("counters too long to gather")
-    rows = hvlite.allgather(np.frombuffer(text.ljust(8192), dtype=np.uint8).reshape(1, -1).copy(), name="fuzz.counts")
+    row = np.frombuffer(text.ljust(8192), dtype=np.uint8).reshape(1, -1).copy()
+    rows = hvlite.allgather(row, name="fuzz.counts")
     total = Counter()
     for row in rows:
         total.update(json.loads(bytes(row).decode()))
@@ -385,17 +411,22 @@ def main(argv=None):
     for index in range(args.first, args.first + args.sequences):
         try:
             runner.run_sequence(index)
-        except Failure as e:
-            print("FUZZ FAILURE rank %d seed %d %s\n  %s\n  replay: --seed %d --first %d --sequences 1"
-                  % (runner.rank, args.seed, runner.where(), e, args.seed, index), flush=True)
+        except Exception as e:      # a Failure, or anything the plan did not expect (a crash)
+            what = str(e) if isinstance(e, Failure) else traceback.format_exc().rstrip()
+            print("FUZZ FAILURE rank %d seed %d %s\n  %s\n  replay: --seed %d --first %d "
+                  "--sequences 1" % (runner.rank, args.seed, runner.where(), what, args.seed,
+                                     index), flush=True)
             os._exit(1)
     watchdog.beat("summary")
     plan = {k: v for k, v in runner.counts.items() if k.startswith(("sequences", "steps"))}
     outcomes = gather_counts({k: v for k, v in runner.counts.items() if k not in plan})
     if runner.rank == 0:
         summary = {"seed": args.seed, "ranks": runner.size, "first": args.first,
-                   "seconds": round(time.monotonic() - start, 1), "plan": dict(sorted(plan.items())),
-                   "outcomes (all ranks)": outcomes}
+                   "seconds": round(time.monotonic() - start, 1),
+                   "plan": dict(sorted(plan.items())),
+                   "outcomes (all ranks)": outcomes,
+                   "seconds by step kind (rank 0)": {k: round(v, 1)
+                                                     for k, v in sorted(runner.seconds.items())}}
         print("FUZZ SUMMARY " + json.dumps(summary, sort_keys=True), flush=True)
     hvlite.shutdown()
     watchdog.stop()

@@ -29,9 +29,9 @@ last) -> the sync (an allgather every rank checks) -> the added sets removed. St
              they waited long enough) and then sync again
 Ranks sometimes pause a few milliseconds between actions, so the interleavings vary.
 Every call carries ``expect``: ("ok",), ("mismatch", field, groups), ("invalid", reason),
-("joined root", rank), ("deadlock", sides, optional_ranks). Rank groups and deadlock sides are computed here exactly as
-the engine must word them; process-set ids are only known at run time, so names and values that
-contain them stay symbolic (a set index) until fuzz.py formats them.
+("joined root", rank), ("deadlock", sides, optional_ranks). Rank groups and deadlock sides are
+computed here exactly as the engine must word them; process-set ids are only known at run time,
+so names and values that contain them stay symbolic (a set index) until fuzz.py formats them.
 """
 import random
 import zlib
@@ -44,8 +44,8 @@ REDUCE_OPS = ("Sum", "Average", "Min", "Max", "Product")
 DATA_OPS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
 FACTORS = (0.5, 2.0, 0.25, 3.0, -1.0, 1.5, 0.1)
 # The fields the engine compares, in its order (coordinator.c field_names).
-FIELDS = {"allreduce": ("op", "dtype", "shape", "reduce op", "prescale factor", "postscale factor"),
-          "reducescatter": ("op", "dtype", "shape", "reduce op", "prescale factor", "postscale factor"),
+REDUCTION_FIELDS = ("op", "dtype", "shape", "reduce op", "prescale factor", "postscale factor")
+FIELDS = {"allreduce": REDUCTION_FIELDS, "reducescatter": REDUCTION_FIELDS,
           "allgather": ("op", "dtype", "shape"), "alltoall": ("op", "dtype", "shape"),
           "broadcast": ("op", "dtype", "shape", "root rank")}
 FREE_DIM0 = ("allgather", "alltoall")
@@ -137,7 +137,8 @@ class Planner:
             seq.adds.append(({r: seq.sets[existing] for r in range(self.size)},
                              ("invalid", "duplicate set", existing)))
         if rng.random() < 0.08:       # the ranks pass different lists
-            lists = [sorted(rng.sample(range(self.size), rng.randint(1, self.size))) for _ in range(2)]
+            lists = [sorted(rng.sample(range(self.size), rng.randint(1, self.size)))
+                     for _ in range(2)]
             if lists[0] != lists[1]:
                 by_rank = {r: lists[rng.randrange(2)] for r in range(self.size)}
                 by_rank[0], by_rank[self.size - 1] = lists[0], lists[1]
@@ -175,7 +176,8 @@ class Planner:
         """Sometimes a rank sleeps 1-30 ms before one of its actions (a slow rank)."""
         for r in actions:
             if actions[r] and rng.random() < 0.25:
-                actions[r].insert(rng.randrange(len(actions[r]) + 1), ("pause", rng.uniform(0.001, 0.03)))
+                actions[r].insert(rng.randrange(len(actions[r]) + 1),
+                                  ("pause", rng.uniform(0.001, 0.03)))
 
     def _async_actions(self, calls):
         """Every rank submits its calls, then waits on them in the same order."""
@@ -261,7 +263,8 @@ class Planner:
         else:
             return calls, ""
         name = "t%d" % rng.randrange(NAME_POOL) if rng.random() < 0.3 else "m%d.%d" % (seq.index, s)
-        if any(c and next(iter(c.values())).pset == p and next(iter(c.values())).name == name for c in calls):
+        firsts = [next(iter(c.values())) for c in calls if c]
+        if any(c.pset == p and c.name == name for c in firsts):
             name = "m%d.%d" % (seq.index, s)
         base = self._collective(rng, members, p, name, slot)
         op = next(iter(base.values())).op
@@ -307,17 +310,21 @@ class Planner:
     def _deviation(self, rng, f, call, members):
         if f == "dtype":
             scaled = call.prescale != 1.0 or call.postscale != 1.0 or call.reduce == "Average"
-            choices = [d for d in DTYPES if d != call.dtype and not (d == "bool" and call.op in ("allreduce", "reducescatter") and scaled)]
+            reduces = call.op in ("allreduce", "reducescatter")
+            choices = [d for d in DTYPES
+                       if d != call.dtype and not (d == "bool" and reduces and scaled)]
             dtype = rng.choice(choices)
             return lambda c: replace(c, dtype=dtype)
         if f == "shape":
             shape = self._other_shape(rng, call)
             if call.op in FREE_DIM0:      # each rank keeps its own dim 0 (alltoall: its splits)
-                return lambda c: replace(c, shape=((c.shape[0] if c.shape else 1),) + shape[1:] if shape else (),
-                                         strided=c.strided and shape != ())
+                return lambda c: replace(
+                    c, shape=((c.shape[0] if c.shape else 1),) + shape[1:] if shape else (),
+                    strided=c.strided and shape != ())
             return lambda c: replace(c, shape=shape, strided=c.strided and shape != ())
         if f == "reduce op":
-            ops = [o for o in REDUCE_OPS if o != call.reduce and not (call.dtype == "bool" and o == "Average")]
+            ops = [o for o in REDUCE_OPS
+                   if o != call.reduce and not (call.dtype == "bool" and o == "Average")]
             reduce = rng.choice(ops)
             return lambda c: replace(c, reduce=reduce)
         if f == "root rank":
@@ -331,7 +338,8 @@ class Planner:
             value = rng.choice([x for x in FACTORS + (1.0,) if x != getattr(call, attr)])
             return lambda c: replace(c, **{attr: value})
         if f == "op":
-            ops = [o for o in DATA_OPS if o != call.op and not (o in ("alltoall", "reducescatter") and call.shape == ())]
+            ops = [o for o in DATA_OPS if o != call.op
+                   and not (o in ("alltoall", "reducescatter") and call.shape == ())]
             op = rng.choice(ops)
             root = rng.choice(members)
             return lambda c: self._as_op(c, op, root, len(members))
@@ -382,12 +390,14 @@ class Planner:
             if r in deviants:
                 again = self._collective(rng, members, p, x[r].name, next(slots))[r]
                 again.expect = ("invalid", "in flight")
-                actions[r] = [("submit", x[r]), ("submit", again), ("block", fence[r]), ("wait", x[r].slot)]
+                actions[r] = [("submit", x[r]), ("submit", again), ("block", fence[r]),
+                              ("wait", x[r].slot)]
             elif r in members:
                 actions[r] = [("block", fence[r]), ("submit", x[r]), ("wait", x[r].slot)]
             else:
                 actions[r] = [("block", fence[r])]
-        return Step("reuse", actions, "%r on set %d by %s" % (x[members[0]].name, p, plural(deviants)))
+        return Step("reuse", actions,
+                    "%r on set %d by %s" % (x[members[0]].name, p, plural(deviants)))
 
     def _join(self, rng, seq, s, slots):
         """Busy ranks run 1-3 more collectives on sets with a busy member, then join; the others
@@ -424,7 +434,8 @@ class Planner:
     def _nonmember(self, rng, seq, s, actions, slot):
         p = rng.choice([i for i in range(1, len(seq.sets)) if len(seq.sets[i]) < self.size])
         outsider = rng.choice([r for r in range(self.size) if r not in seq.sets[p]])
-        call = self._collective(rng, seq.sets[p], p, "x%d" % rng.randrange(NAME_POOL), slot)[seq.sets[p][0]]
+        by_rank = self._collective(rng, seq.sets[p], p, "x%d" % rng.randrange(NAME_POOL), slot)
+        call = by_rank[seq.sets[p][0]]
         call.expect = ("invalid", "not a member")
         actions[outsider].insert(rng.randint(0, len(actions[outsider])), ("submit", call))
         return "rank %d on set %d" % (outsider, p)
@@ -466,7 +477,7 @@ class Planner:
             a = self._collective(rng, members, p, "x%d" % s, next(slots), op=op)
             b = self._collective(rng, members, p, "y%d" % s, next(slots), op=op)
         waits = {r: [(a[r].op, a[r].name, p, tuple(side_a))] for r in side_a}
-        if kind == "skip":                 # side b goes straight to the sync, which side a never reaches
+        if kind == "skip":       # side b goes straight to the sync, which side a never reaches
             waits.update({r: [("allgather", "sync", 0, tuple(side_b))] for r in side_b})
         else:
             waits.update({r: [(b[r].op, b[r].name, p, tuple(side_b))] for r in side_b})
@@ -482,19 +493,22 @@ class Planner:
                 actions[r] = [("block", replace(b[r], expect=expect))]
                 if kind == "order":
                     actions[r].append(("block", replace(a[r], expect=("unreached",))))
-        if rng.random() < 0.5:   # a collective every member of its set submits first completes all the same
+        # a collective every member of its set submits first completes all the same
+        if rng.random() < 0.5:
             q = rng.randrange(len(seq.sets))
             common = self._collective(rng, seq.sets[q], q, "c%d" % s, next(slots))
             for r, call in common.items():
                 actions[r] = [("submit", call)] + actions[r] + [("wait", call.slot)]
-        return Step("desync", actions, "%s on set %d: %s vs %s" % (kind, p, plural(side_a), plural(side_b)))
+        return Step("desync", actions,
+                    "%s on set %d: %s vs %s" % (kind, p, plural(side_a), plural(side_b)))
 
     def _sync_step(self, seq, desync):
         """Every rank allgathers (sequence, digest). After a skip desync its first try fails on
         the side that skipped; after a desync in a set it may fail on the non-members."""
         expect = {r: ("ok",) for r in range(self.size)}
         if desync is not None:
-            first = next(c for acts in desync.actions.values() for kind, c in acts if kind == "block")
+            first = next(c for acts in desync.actions.values() for kind, c in acts
+                         if kind == "block")
             sides, optional = first.expect[1], first.expect[2]
             for ranks, waits in sides:
                 if waits[0][1] == "sync":
@@ -534,6 +548,7 @@ def describe(f, call):
     if f == "postscale factor":
         return "%.17g" % call.postscale
     if f == "shape":
-        dims = ["*" if i == 0 and call.op in FREE_DIM0 else str(d) for i, d in enumerate(call.shape)]
+        dims = ["*" if i == 0 and call.op in FREE_DIM0 else str(d)
+                for i, d in enumerate(call.shape)]
         return "[" + ", ".join(dims) + "]"
     raise ValueError(f)

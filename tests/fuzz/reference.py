@@ -7,12 +7,12 @@ Contract (no hvlite import; numpy and ml_dtypes only):
   do); floats are in [-2, 2] (products: magnitudes in [0.5, 2]), so nothing overflows.
 - ``expected(calls, members, me)`` is what rank ``me`` must get from one collective whose call
   on each member (by global rank) is ``calls[r]``: the array, and for alltoall with splits also
-  the received splits. A member with no call has joined (hvlite.join): it
-  stand in with zeros (reductions) and send no rows (allgather, alltoall; a 0-d allgather
-  input counts as one row, so a joined rank sends none of those either). It follows the engine's documented arithmetic: prescale each input,
-  reduce, then Average (integers: wrapped sum divided toward zero) and postscale; integer
-  scaling in double, rounded toward zero and saturated; bool Sum/Max are "any", Min/Product
-  "all".
+  the received splits. A member with no call has joined (hvlite.join): it stands in with
+  zeros (reductions) and sends no rows (allgather, alltoall; a 0-d allgather input counts as
+  one row, so a joined rank sends none of those either). It follows the engine's documented
+  arithmetic: prescale each input, reduce, then Average (integers: wrapped sum divided toward
+  zero) and postscale; integer scaling in double, rounded toward zero and saturated; bool
+  Sum/Max are "any", Min/Product "all".
 - ``check(call, got, want, n)`` raises ``Mismatch`` unless ``got`` has ``want``'s dtype and
   shape and equal values: bit for bit for integers, bool and every data movement; for floating-
   point reductions within a bound on reduction-order rounding of n ranks' values.
@@ -23,8 +23,10 @@ import ml_dtypes
 import numpy as np
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float32": 2.0 ** -24, "float64": 2.0 ** -53}
-SMALLEST = {"float16": 2.0 ** -24, "bfloat16": 2.0 ** -133, "float32": 2.0 ** -149, "float64": 2.0 ** -1074}
+UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float32": 2.0 ** -24,
+                 "float64": 2.0 ** -53}
+SMALLEST = {"float16": 2.0 ** -24, "bfloat16": 2.0 ** -133, "float32": 2.0 ** -149,
+            "float64": 2.0 ** -1074}
 
 
 class Mismatch(AssertionError):
@@ -116,12 +118,14 @@ def reduction(calls, members, c):
     if c.reduce == "Product":
         bound = k * u * np.abs(exact)
     else:
-        bound = k * u * (np.abs(stack.astype(np.float64) * c.prescale).sum(axis=0) * post + np.abs(exact))
+        magnitude = np.abs(stack.astype(np.float64) * c.prescale).sum(axis=0) * post
+        bound = k * u * (magnitude + np.abs(exact))
     return exact, bound + k * SMALLEST[c.dtype]
 
 
 def rows(dim0, set_rank, n):
-    """Rows of dim 0 that set rank `set_rank` gets from a reducescatter (first dim0 % n get one more)."""
+    """Rows of dim 0 that set rank `set_rank` gets from a reducescatter (the first dim0 % n
+    get one more)."""
     return dim0 // n + (1 if set_rank < dim0 % n else 0)
 
 
@@ -160,11 +164,12 @@ def expected(calls, members, me):
     raise ValueError(c.op)
 
 
-def same_bits(a, b):
+def bits(a):
+    """a's elements as unsigned integers of the same width (bool stays bool)."""
     if a.dtype == np.bool_:
-        return np.array_equal(a, b)
+        return np.array(a, order="C")
     view = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
-    return np.array_equal(np.array(a, order="C").view(view), np.array(b, order="C").view(view))
+    return np.array(a, order="C").view(view)
 
 
 def check(call, got, want, bound):
@@ -176,8 +181,9 @@ def check(call, got, want, bound):
         raise Mismatch("result %s%s, expected %s%s" % (got.dtype, got.shape, dtype, np.shape(want)))
     if bound is None:
         want = np.asarray(want).astype(dtype)
-        if not same_bits(got, want):
-            bad = np.argwhere(~(got == want)) if got.ndim else [()]
+        differ = bits(got) != bits(want)      # by bits: -0.0 is not 0.0, NaN is itself
+        if np.any(differ):
+            bad = np.argwhere(differ) if got.ndim else [()]
             raise Mismatch("%d element(s) differ, first at %s: got %r, expected %r" % (
                 len(bad), tuple(bad[0]), got[tuple(bad[0])], want[tuple(bad[0])]))
         return
