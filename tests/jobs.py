@@ -51,7 +51,10 @@ def assert_nothing_left(out, script, wait=5.0):
     deadline = time.monotonic() + wait * MULTIPLIER
     while True:
         left = sorted(p for p in paths if os.path.exists(p))
-        running = subprocess.run(["pgrep", "-f", script], capture_output=True, text=True).stdout.split()
+        # pgrep without the sanitizer runs' LD_PRELOAD (under libasan/libtsan it was seen to
+        # hang in a futex wait forever), and bounded like every other wait here
+        running = subprocess.run(["pgrep", "-f", script], capture_output=True, text=True,
+                                 env=dict(os.environ, LD_PRELOAD=""), timeout=60).stdout.split()
         if not left and not running:
             return sorted(paths)
         if time.monotonic() > deadline:
