@@ -4,6 +4,10 @@
 #   make test    # set up, then every test (unit, SPMD under hvlrun -np 2 and 3, failures, CLI,
 #                # multi-host on simulated hosts, a real Slurm)
 #   make bench   # set up, then the allreduce benchmark table
+# Sanitizers and fuzzing (README "Tests"): `make test-asan` / `make test-tsan` run the parallel,
+# failure and fuzz suites against an ASan+UBSan / TSan build of the engine made in
+# build/sanitize-*/ (never the normal build); `make fuzz` runs the collective fuzzer at the size
+# CI runs it, `make fuzz-long` runs 10x as many sequences (FUZZ_SEED=<n> for another seed).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -14,7 +18,7 @@ STAMP  := $(VENV)/.deps-installed
 HVLITE_MPICC ?= $(CURDIR)/$(VENV)/bin/mpicc
 export HVLITE_MPICC
 
-.PHONY: setup build system-deps run run-tf test bench bench-torch bench-tf clean
+.PHONY: setup build system-deps run run-tf test test-asan test-tsan fuzz fuzz-long bench bench-torch bench-tf clean
 
 setup: $(STAMP) build
 
@@ -51,6 +55,20 @@ system-deps:
 
 test: setup system-deps
 	$(PY) -m pytest -q tests
+
+# The sanitizer runs build their own engine in a copy of the tree; they need only the venv.
+test-asan: $(STAMP)
+	$(PY) tools/sanitizers/run.py address
+
+test-tsan: $(STAMP)
+	$(PY) tools/sanitizers/run.py thread
+
+FUZZ_SEED ?= 1000
+fuzz: setup
+	$(PY) tests/fuzz/run.py --seed $(FUZZ_SEED)
+
+fuzz-long: setup
+	$(PY) tests/fuzz/run.py --seed $(FUZZ_SEED) --scale 10
 
 bench: setup
 	$(HVLRUN) -np 2 $(PY) bench/allreduce.py

@@ -43,7 +43,10 @@ def run_job(np_, args, timeout, env=None, hvlrun_args=()):
 def processes_here(script):
     """Pids of the processes running ``script`` from this checkout (their working directory is
     ROOT): other checkouts' jobs, or someone's `pgrep` of the same name, do not count."""
-    pids = subprocess.run(["pgrep", "-f", script], capture_output=True, text=True).stdout.split()
+    # pgrep without the sanitizer runs' LD_PRELOAD (under libasan/libtsan it was seen to hang
+    # in a futex wait forever), and bounded like every other wait here
+    pids = subprocess.run(["pgrep", "-f", script], capture_output=True, text=True,
+                          env=dict(os.environ, LD_PRELOAD=""), timeout=60).stdout.split()
     here = []
     for pid in pids:
         try:

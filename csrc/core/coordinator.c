@@ -408,7 +408,9 @@ static int can_complete(const hvl_coordinator *c, const record_t *rec, const cha
 
 /* stuck[r] = 1 for the ranks that wait in vain: start from every rank that has waited
  * deadlock_s, then free any rank that waits on a tensor that could still complete, until
- * nothing changes. Returns how many are stuck. */
+ * nothing changes. A rank waits only on what it submitted: a tensor the table does not have
+ * from that rank (not sent yet, a cache bit) is in flight, so that rank is not stuck. Returns
+ * how many are stuck. */
 static int find_stuck(const hvl_coordinator *c, double deadlock_s, char *stuck)
 {
     int changed = 1, count = 0;
@@ -419,7 +421,8 @@ static int find_stuck(const hvl_coordinator *c, double deadlock_s, char *stuck)
         for (int r = 0; r < c->size; r++) {
             for (int i = 0; stuck[r] && i < c->waits[r].count; i++) {
                 const record_t *rec = hvl__strmap_get(&c->table, c->waits[r].names[i]);
-                if (!rec || can_complete(c, rec, stuck)) stuck[r] = 0, changed = 1;   /* not seen: in flight */
+                if (!rec || !rec->by_rank[r].name || can_complete(c, rec, stuck))
+                    stuck[r] = 0, changed = 1;
             }
         }
     }

@@ -208,7 +208,7 @@ static int run_batch(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outcom
     case HVL_ALLTOALL: return hvl__run_alltoall(e, p, b, o);
     case HVL_REDUCESCATTER: return run_reducescatter(e, p, b);
     case HVL_BROADCAST:   /* root_rank is global; the plane takes the rank within the set */
-        if (e->rank == b->root_rank && en->output != en->input) memcpy(en->output, en->input, (size_t)b->bytes);
+        if (e->rank == b->root_rank && en->output != en->input && b->bytes > 0) memcpy(en->output, en->input, (size_t)b->bytes);
         return p->be->broadcast(e, b->ps, p->state, en->output, b->bytes, hvl__pset_rank_of(b->ps, b->root_rank));
     case HVL_BARRIER: return HVL_OK;   /* negotiation already brought every rank here */
     case HVL_JOIN:

@@ -279,15 +279,19 @@ double hvl__waits_blocked_for(void)
     return blocked > 0 ? blocked : 0;
 }
 
+/* Only handles still pending: a thread sleeping on one the bg thread has just completed (an
+ * error, a result) has not woken yet, and listing it would make rank 0 see this rank wait on a
+ * tensor it no longer has in flight (a false deadlock once the others resubmit that name). */
 void hvl__waits_describe(hvl_buf *out)
 {
     pthread_mutex_lock(&handle_lock);
     int32_t n = 0;
-    for (int i = 0; i < MAX_LISTED_WAITS; i++) n += waiting_on[i] != 0;
-    hvl__buf_i32(out, n);
+    slot_t *pending[MAX_LISTED_WAITS];
     for (int i = 0; i < MAX_LISTED_WAITS; i++) {
         slot_t *s = waiting_on[i] ? lookup(waiting_on[i]) : NULL;
-        if (waiting_on[i]) hvl__buf_str(out, s && s->name ? s->name : "");
+        if (s && s->state == SLOT_PENDING) pending[n++] = s;
     }
+    hvl__buf_i32(out, n);
+    for (int i = 0; i < n; i++) hvl__buf_str(out, pending[i]->name ? pending[i]->name : "");
     pthread_mutex_unlock(&handle_lock);
 }

@@ -82,20 +82,46 @@ int hvl__pset_rank_of(const hvl_pset *ps, int global_rank)
     return -1;
 }
 
-/* Every rank passed the same member list: one MAX allreduce of (h, -h) for a hash h of the
- * list, so min == max. A disagreement fails on every rank (*everywhere: not fatal, nothing was
- * built). */
+/* The error for member lists that differ: the groups of ranks that passed the same list (by
+ * hash, in order of their first rank) and this rank's list (its first 16 members). */
+static int members_differ(const hvl_engine *e, const int64_t *hashes, const int64_t *members, int n)
+{
+    hvl_buf msg = {0};
+    hvl__buf_printf(&msg, "add_process_set: the ranks passed different member lists: ");
+    for (int r = 0, groups = 0; r < e->size; r++) {
+        int seen = 0, many = 0;
+        for (int p = 0; p < r && !seen; p++) seen = hashes[p] == hashes[r];
+        for (int p = r + 1; p < e->size && !seen; p++) many |= hashes[p] == hashes[r];
+        if (seen) continue;
+        hvl__buf_printf(&msg, "%srank%s %d", groups ? "; " : "", many ? "s" : "", r);
+        for (int p = r + 1; p < e->size; p++)
+            if (hashes[p] == hashes[r]) hvl__buf_printf(&msg, ",%d", p);
+        hvl__buf_printf(&msg, groups++ ? " another" : " one list");
+    }
+    hvl__buf_printf(&msg, " (this rank, %d, passed %d member%s: ", e->rank, n, n == 1 ? "" : "s");
+    for (int i = 0; i < n && i < 16; i++) hvl__buf_printf(&msg, "%s%lld", i ? "," : "", (long long)members[i]);
+    hvl__buf_printf(&msg, "%s); every rank must add the same sets in the same order", n > 16 ? ",..." : "");
+    hvl__buf_put(&msg, "", 1);
+    int rc = hvl__fail(HVL_ERR_INVALID_ARG, "%s", msg.bad ? "add_process_set: the ranks passed different member lists" : msg.data);
+    hvl__buf_free(&msg);
+    return rc;
+}
+
+/* Every rank passed the same member list: an allgather of a hash of each rank's list (bounded
+ * by the peer timeout). A disagreement fails on every rank (*everywhere: not fatal, nothing
+ * was built), naming which ranks passed which list. */
 static int agree_members(hvl_engine *e, const int64_t *members, int n, int *everywhere)
 {
     uint64_t h = hvl__hash(members, sizeof(int64_t) * (size_t)n, HVL_HASH_SEED);
-    h = hvl__hash(&n, sizeof(n), h);
-    int64_t v[2] = {(int64_t)(h >> 1), -(int64_t)(h >> 1)}, all[2];
-    HVL_CHECK(hvl__mpi_check(MPI_Allreduce(v, all, 2, MPI_INT64_T, MPI_MAX, e->comm), "MPI_Allreduce (process set members)"));
-    *everywhere = all[0] != -all[1];
-    if (*everywhere)
-        return hvl__fail(HVL_ERR_INVALID_ARG, "add_process_set: the ranks passed different member lists "
-                         "(this rank: %d members); every rank must add the same sets in the same order", n);
-    return HVL_OK;
+    int64_t mine = (int64_t)hvl__hash(&n, sizeof(n), h);
+    int64_t *hashes = malloc(sizeof(int64_t) * (size_t)e->size);
+    if (!hashes) return hvl__oom("add_process_set: member list hashes");
+    int rc = hvl__allgather_i64(e->comm, &mine, 1, hashes, e->params.peer_timeout_s);
+    *everywhere = 0;
+    for (int r = 0; rc == HVL_OK && r < e->size; r++) *everywhere |= hashes[r] != mine;
+    if (rc == HVL_OK && *everywhere) rc = members_differ(e, hashes, members, n);
+    free(hashes);
+    return rc;
 }
 
 /* An existing set with exactly these members, or NULL. */

@@ -168,7 +168,7 @@ int hvl_enqueue(const hvl_request *q, int64_t *handle_out)
     if (!e->running)
         rc = hvl__fail(HVL_ERR_SHUT_DOWN, "hvlite has been shut down (a rank called shutdown() or the engine failed); cannot run '%s'", q->name);
     else if (hvl__strmap_get(&e->inflight, en->d.name))
-        rc = hvl__fail(HVL_ERR_INVALID_ARG, "tensor name '%s' is already in flight on this rank; names must be unique among pending requests", q->name);
+        rc = hvl__fail(HVL_ERR_INVALID_ARG, "tensor name '%s' is already in flight on this rank (%d); names must be unique among pending requests", q->name, e->rank);
     else if ((rc = hvl__strmap_put(&e->inflight, en->d.name, en)) != HVL_OK)
         ;   /* its message is set */
     else if ((rc = hvl__handle_new(&en->handle, en->d.name)) != HVL_OK)

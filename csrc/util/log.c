@@ -16,7 +16,7 @@
 
 static int log_level = HVL_LOG_WARNING;
 static int log_rank = -1;
-static __thread char *last_error;      /* grows to fit; freed never (one per thread) */
+static __thread char *last_error;      /* grows to fit; freed when the thread exits (error_key) */
 static __thread int last_status;       /* the status hvl__fail last returned on this thread */
 static __thread size_t last_error_cap;
 
@@ -80,6 +80,22 @@ int hvl__log_once(const char *key, int level, const char *fmt, ...)
     return 1;
 }
 
+/* The thread's last_error buffer is also its value under error_key, whose destructor frees it
+ * when the thread exits (the engine's thread exits at every shutdown; framework threads come
+ * and go), so no thread leaves its buffer behind. */
+static pthread_key_t error_key;
+static pthread_once_t error_key_once = PTHREAD_ONCE_INIT;
+static int error_key_ok;
+
+static void free_error(void *buffer)
+{
+    free(buffer);
+    last_error = NULL;
+    last_error_cap = 0;
+}
+
+static void make_error_key(void) { error_key_ok = pthread_key_create(&error_key, free_error) == 0; }
+
 int hvl__fail(int rc, const char *fmt, ...)
 {
     va_list ap;
@@ -89,7 +105,11 @@ int hvl__fail(int rc, const char *fmt, ...)
     va_end(ap);
     if (need > 0 && (size_t)need > last_error_cap) {
         char *grown = realloc(last_error, (size_t)need);
-        if (grown) last_error = grown, last_error_cap = (size_t)need;
+        if (grown) {
+            last_error = grown, last_error_cap = (size_t)need;
+            pthread_once(&error_key_once, make_error_key);
+            if (error_key_ok) pthread_setspecific(error_key, grown);
+        }
     }
     if (last_error_cap) {
         va_start(ap, fmt);
