@@ -11,8 +11,8 @@ Contract:
   within reduction-order rounding) and the input left untouched, or the planned error class
   with the planned message (MismatchError: the tensor, the field and the rank groups, word for
   word; HvliteDeadlockError: every side, word for word; HvliteInvalidArgument: raised at
-  submission, naming the tensor and this rank, or for a broadcast from a joined root on every
-  busy rank, naming the tensor and the root); join returns a rank that joined last. After each
+  submission, naming the tensor and this rank, or for a non-allreduce op on a set with joined
+  members on every busy member, naming the tensor and the joined ranks); join returns a rank that joined last. After each
   sequence nothing may be left in flight, and every rank must have run the same plan (the sync
   allgather).
 - The first difference ends the job: that rank prints "FUZZ FAILURE" with the seed, sequence,
@@ -143,12 +143,15 @@ class Runner:
                 raise Failure("mismatch message\n  got  %r\n  want %r" % (str(err), want))
             self.counts["error mismatch (%s)" % call.expect[1]] += 1
             return
-        if kind == "joined root" and isinstance(err, hvlite.HvliteInvalidArgument):
-            want = "tensor '%s': broadcast from rank %d, which has already called join()" % (
-                self.ename(call.name, call.pset), call.expect[1])
+        if kind == "joined" and isinstance(err, hvlite.HvliteInvalidArgument):
+            joined = call.expect[1]
+            want = ("tensor '%s': %s while rank%s %s %s called join() (as in Horovod, only "
+                    "allreduce and barrier run while ranks have joined)" % (
+                        self.ename(call.name, call.pset), call.op, "s" if len(joined) > 1 else "",
+                        ",".join(map(str, joined)), "have" if len(joined) > 1 else "has"))
             if str(err) != want:
-                raise Failure("joined-root message\n  got  %r\n  want %r" % (str(err), want))
-            self.counts["error invalid (broadcast from a joined root)"] += 1
+                raise Failure("joined message\n  got  %r\n  want %r" % (str(err), want))
+            self.counts["error invalid (%s while ranks have joined)" % call.op] += 1
             return
         if kind == "deadlock" and isinstance(err, hvlite.HvliteDeadlockError):
             self.check_deadlock(str(err), call.expect)

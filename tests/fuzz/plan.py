@@ -19,9 +19,10 @@ last) -> the sync (an allgather every rank checks) -> the added sets removed. St
   nonmember  a rank submits on a set it is not in: HvliteInvalidArgument at once, naming it
   remove     the ranks remove different sets: MismatchError on the process set, every rank
   join       uneven work: some ranks run 1-3 more collectives (global or on sets), then every
-             rank joins; joined ranks stand in with zeros (no rows for allgather, alltoall), so
-             results are exact against that; sometimes a broadcast from a joined root, which
-             fails on every busy rank; join returns a busy rank (the last to join)
+             rank joins; joined ranks stand in with zeros for an allreduce, so results are exact
+             against that; any other op on a set with a joined member fails with
+             HvliteInvalidArgument on its busy members, naming the joined ones (as in Horovod);
+             join returns a busy rank (the last to join)
   desync     ranks wait on different collectives (ops), on the same two in another order (order),
              or some skip one and go on to the sync (skip): HvliteDeadlockError on every waiting
              rank naming what each side waits on, while a collective that all submitted before
@@ -29,7 +30,7 @@ last) -> the sync (an allgather every rank checks) -> the added sets removed. St
              they waited long enough) and then sync again
 Ranks sometimes pause a few milliseconds between actions, so the interleavings vary.
 Every call carries ``expect``: ("ok",), ("mismatch", field, groups), ("invalid", reason),
-("joined root", rank), ("deadlock", sides, optional_ranks). Rank groups and deadlock sides are
+("joined", joined ranks of its set), ("deadlock", sides, optional_ranks). Rank groups and deadlock sides are
 computed here exactly as the engine must word them; process-set ids are only known at run time,
 so names and values that contain them stay symbolic (a set index) until fuzz.py formats them.
 """
@@ -401,7 +402,8 @@ class Planner:
 
     def _join(self, rng, seq, s, slots):
         """Busy ranks run 1-3 more collectives on sets with a busy member, then join; the others
-        join at once and stand in. A broadcast's root is busy, except (sometimes) a joined one."""
+        join at once. Joined members stand in for an allreduce; any other op on a set with a
+        joined member fails on its busy members (as in Horovod)."""
         busy = sorted(rng.sample(range(self.size), rng.randint(1, self.size)))
         joined = tuple(r for r in range(self.size) if r not in busy)
         calls = []
@@ -411,13 +413,13 @@ class Planner:
             by_rank = self._collective(rng, members, p, "j%d" % i, next(slots))
             call = by_rank[members[0]]
             if call.op == "broadcast":
-                roots = [m for m in members if m in busy]
-                if joined and set(members) & set(joined) and rng.random() < 0.3:
-                    roots = [m for m in members if m in joined]
-                root = rng.choice(roots)
+                root = rng.choice(members)
                 for c in by_rank.values():
                     c.root = root
-                    c.expect = ("joined root", root) if root in joined else ("ok",)
+            stand_ins = tuple(m for m in members if m in joined)
+            if stand_ins and call.op != "allreduce":
+                for c in by_rank.values():
+                    c.expect = ("joined", stand_ins)
             calls.append({r: c for r, c in by_rank.items() if r in busy})
         actions = {r: [] for r in range(self.size)}
         if rng.random() < 0.5:

@@ -8,10 +8,9 @@ Contract (no hvlite import; numpy and ml_dtypes only):
 - ``expected(calls, members, me)`` is what rank ``me`` must get from one collective whose call
   on each member (by global rank) is ``calls[r]``: the array, and for alltoall with splits also
   the received splits. A member with no call has joined (hvlite.join): it stands in with
-  zeros (reductions) and sends no rows (allgather, alltoall; a 0-d allgather input counts as
-  one row, so a joined rank sends none of those either). It follows the engine's documented
-  arithmetic: prescale each input, reduce, then Average (integers: wrapped sum divided toward
-  zero) and postscale; integer scaling in double, rounded toward zero and saturated; bool
+  zeros for an allreduce (other ops fail while a member has joined, as in Horovod). It
+  follows the engine's documented arithmetic: prescale each input, reduce, then Average
+  (integers: wrapped sum divided toward zero) and postscale; integer scaling in double, rounded toward zero and saturated; bool
   Sum/Max are "any", Min/Product "all".
 - ``check(call, got, want, n)`` raises ``Mismatch`` unless ``got`` has ``want``'s dtype and
   shape and equal values: bit for bit for integers, bool and every data movement; for floating-
@@ -146,14 +145,11 @@ def expected(calls, members, me):
         return inputs(calls[c.root], c.root), None, None
     if c.op == "allgather":
         parts = [inputs(calls[r], r) if calls[r].shape else inputs(calls[r], r).reshape(1)
-                 for r in members if r in calls]
+                 for r in members]
         return np.concatenate(parts).astype(dtype), None, None
     if c.op == "alltoall":
         i, n, parts, received = members.index(me), len(members), [], []
         for r in members:
-            if r not in calls:           # joined: sends no rows
-                received.append(0)
-                continue
             x = inputs(calls[r], r)
             splits = calls[r].splits or (x.shape[0] // n,) * n
             start = sum(splits[:i])
