@@ -10,8 +10,8 @@ Contract (no hvlite import; numpy and ml_dtypes only):
   the received splits. A member with no call has joined (hvlite.join): it stands in with
   zeros for an allreduce (other ops fail while a member has joined, as in Horovod). It
   follows the engine's documented arithmetic: prescale each input, reduce, then Average
-  (integers: wrapped sum divided toward zero) and postscale; integer scaling in double, rounded toward zero and saturated; bool
-  Sum/Max are "any", Min/Product "all".
+  (integers: wrapped sum divided toward zero) and postscale; integer scaling in double,
+  rounded toward zero and saturated; bool Sum/Max are "any", Min/Product "all".
 - ``check(call, got, want, n)`` raises ``Mismatch`` unless ``got`` has ``want``'s dtype and
   shape and equal values: bit for bit for integers, bool and every data movement; for floating-
   point reductions within a bound on reduction-order rounding of n ranks' values.
