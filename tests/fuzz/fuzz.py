@@ -13,8 +13,8 @@ Contract:
   word; HvliteDeadlockError: every side, word for word; HvliteInvalidArgument: raised at
   submission, naming the tensor and this rank, or for a non-allreduce op on a set with joined
   members on every busy member, naming the tensor and the joined ranks); join returns a rank
-  that joined last. After each sequence nothing may be left in flight, and every rank must have run the same plan (the sync
-  allgather).
+  that joined last. After each sequence nothing may be left in flight, and every rank must
+  have run the same plan (the sync allgather).
 - The first difference ends the job: that rank prints "FUZZ FAILURE" with the seed, sequence,
   step and call (enough to replay it with --first) and exits 1, which hvlrun turns into the
   job's failure. A step that makes no progress for --step-timeout seconds (default 60, times

@@ -31,8 +31,9 @@ last) -> the sync (an allgather every rank checks) -> the added sets removed. St
 Ranks sometimes pause a few milliseconds between actions, so the interleavings vary.
 Every call carries ``expect``: ("ok",), ("mismatch", field, groups), ("invalid", reason),
 ("joined", joined ranks of its set), ("deadlock", sides, optional_ranks). Rank groups and
-deadlock sides are computed here exactly as the engine must word them; process-set ids are only known at run time,
-so names and values that contain them stay symbolic (a set index) until fuzz.py formats them.
+deadlock sides are computed here exactly as the engine must word them; process-set ids are
+only known at run time, so names and values that contain them stay symbolic (a set index)
+until fuzz.py formats them.
 """
 import random
 import zlib
