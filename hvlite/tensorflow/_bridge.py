@@ -23,6 +23,7 @@ Contract:
   left in flight when one request of a group fails.
 """
 import collections
+import itertools
 
 import numpy as np
 import tensorflow as tf
@@ -96,6 +97,25 @@ def _outermost_graph(graph):
     return graph
 
 
+_PLAIN_GRAPHS = itertools.count()
+
+
+def _graph_prefix(graph):
+    """A function's name; for a TF1 ``tf.Graph`` (run by a Session), which has none, a number
+    given in the order hvlite first sees each graph (the same order on every rank)."""
+    if isinstance(graph, FuncGraph):
+        return graph.name
+    prefix = getattr(graph, "_hvlite_prefix", None)
+    if prefix is None:
+        prefix = graph._hvlite_prefix = "graph%d" % next(_PLAIN_GRAPHS)
+    return prefix
+
+
+def in_function():
+    """True while tracing a ``tf.function`` (not in eager mode, not in a TF1 graph)."""
+    return isinstance(tf.compat.v1.get_default_graph(), FuncGraph)
+
+
 def op_name(kind, name=None, process_set=None):
     """The engine name for one collective call (see the module docstring); counters are kept
     per process set, so calls on a set other ranks are not in do not shift their names."""
@@ -110,7 +130,7 @@ def op_name(kind, name=None, process_set=None):
     key = (kind, getattr(process_set, "process_set_id", None) or 0)
     index = counters[key]
     counters[key] += 1
-    return "%s.%s.%d" % (graph.name, kind, index)
+    return "%s.%s.%d" % (_graph_prefix(graph), kind, index)
 
 
 def wait_all(handles):

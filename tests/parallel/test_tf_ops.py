@@ -203,12 +203,13 @@ def test_gradients(mode):
     expected = {
         "allreduce_avg": w_sum / SIZE,
         "allreduce_sum_scaled": 2 * w_sum,
-        "allgather": w_sum,
-        "broadcast": w_sum if RANK == root else np.zeros_like(w_sum),
+        # Horovod's formulas (tests/parallel/test_tf_gradients.py checks them in detail)
+        "allgather": w_sum / SIZE,
+        "broadcast": w_sum / SIZE if RANK == root else np.zeros_like(w_sum),
         # rank d receives every rank's x (alltoall) / the sum of the x's (reducescatter) and
-        # weighs it with w_d: the gradient of x on any rank is the sum of the w's
+        # weighs it with w_d; reducescatter's gradient is scaled by size for Sum, as Horovod's
         "alltoall": w_sum,
-        "reducescatter": w_sum,
+        "reducescatter": SIZE * w_sum,
     }
     for key, value in expected.items():
         np.testing.assert_allclose(got[key].numpy(), value, rtol=1e-6, err_msg="%s grad %s" % (mode, key))
