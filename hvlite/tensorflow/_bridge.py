@@ -5,8 +5,12 @@ Contract:
   on the tensors' values. Eagerly it runs at once; while tracing a ``tf.function`` it adds one
   stateful ``tf.numpy_function`` op, so the collective runs at every execution of the graph, in
   program order (TensorFlow chains stateful ops of a function in the order they were created,
-  which is the same order on every rank). Errors raised by ``np_fn`` surface eagerly as the
-  hvlite exception itself, and inside a graph as a ``tf.errors.OpError`` carrying its message.
+  which is the same order on every rank). Engine errors raised by ``np_fn`` surface eagerly as
+  the hvlite exception, of a class that also derives from the ``tf.errors`` class Horovod's ops
+  raise (``MismatchError`` is a ``FailedPreconditionError``, ``HvliteInvalidArgument`` an
+  ``InvalidArgumentError``); inside a graph, ``tf.numpy_function`` turns them into a
+  ``tf.errors.OpError`` carrying the message (``InvalidArgumentError`` for the ``ValueError``
+  ones, ``UnknownError`` for the others: the numpy_function op picks the class).
 - Copies: eager CPU tensors are read through ``np.asarray`` (no copy); results that are
   64-byte aligned (engine memory, ``hvlite.buffers``, which the ops allocate their results in)
   come back to TensorFlow through DLPack (no copy); bfloat16, which DLPack cannot describe, and
@@ -29,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework.func_graph import FuncGraph
 
+from .. import errors
 from ..buffers import is_aligned
 from ..dtypes import by_name
 from ..handles import auto_name
@@ -162,6 +167,30 @@ def submit_all(submit_one, items):
     return handles
 
 
+# hvlite's engine errors, raised eagerly, are also the tf.errors class Horovod's ops raise
+_TF_ERRORS = ((errors.MismatchError, tf.errors.FailedPreconditionError),
+              (errors.HvliteInvalidArgument, tf.errors.InvalidArgumentError),
+              (errors.HvliteTimeoutError, tf.errors.DeadlineExceededError),
+              (errors.HvliteShutdownError, tf.errors.UnavailableError),
+              (errors.HvliteError, tf.errors.UnknownError))
+_TF_CLASSES = {}
+
+
+def tf_error(error):
+    """``error`` (an HvliteError) as an instance of a class deriving from both its own class
+    and the matching ``tf.errors.OpError`` subclass, with the same message."""
+    cls = type(error)
+    both = _TF_CLASSES.get(cls)
+    if both is None:
+        tf_cls = next(t for h, t in _TF_ERRORS if issubclass(cls, h))
+
+        def init(self, message):
+            tf_cls.__init__(self, None, None, message)
+        both = _TF_CLASSES[cls] = type(cls.__name__, (cls, tf_cls),
+                                       {"__init__": init, "__module__": cls.__module__})
+    return both(str(error))
+
+
 def library(fn):
     """Keep AutoGraph out of hvlite's own code (it is plain Python control flow)."""
     return tf.autograph.experimental.do_not_convert(fn)
@@ -178,7 +207,11 @@ def run(np_fn, tensors, out_dtypes):
         List of tf.Tensor (static shapes unknown in a graph: callers set them).
     """
     if tf.executing_eagerly():
-        return [to_tensor(a) for a in np_fn([to_numpy(t) for t in tensors])]
+        try:
+            arrays = np_fn([to_numpy(t) for t in tensors])
+        except errors.HvliteError as e:
+            raise tf_error(e) from e
+        return [to_tensor(a) for a in arrays]
 
     def numpy_body(*values):     # 0-d inputs arrive as NumPy scalars
         return np_fn([np.asarray(v) for v in values])

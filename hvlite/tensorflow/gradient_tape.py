@@ -90,16 +90,22 @@ def allreduce_gradients(grads, prefix, compression=Compression.none, sparse_as_d
     return out
 
 
+def _key(source):
+    """A hashable identity for a variable: tf.Variable.ref(); Keras 3 variables have no ref()
+    (their id, kept valid by the layer that owns them)."""
+    return source.ref() if hasattr(source, "ref") else ("id", id(source))
+
+
 class _DistributedGradientTape(tf.GradientTape):
     """Mixed into the wrapped tape's class by ``DistributedGradientTape``."""
 
     def register_local_source(self, source):
         """Keep ``source``'s gradient on this rank: ``gradient`` does not reduce it (and divides
         it by the set's size when ``scale_local_gradients``, as Horovod does)."""
-        self._hvlite_local.add(source.ref())
+        self._hvlite_local.add(_key(source))
 
     def _is_local(self, source):
-        return hasattr(source, "ref") and source.ref() in self._hvlite_local
+        return _key(source) in self._hvlite_local
 
     @library
     def gradient(self, target, sources, output_gradients=None,

@@ -108,9 +108,14 @@ def _allreduce_group(tensors, names, op, pre, post, process_set):
     return list(forward(*tensors))
 
 
+class _Unsupported(NotImplementedError, ValueError):
+    """An op hvlite does not offer here: Horovod raises NotImplementedError (kept a ValueError,
+    as hvlite raised before)."""
+
+
 def _sparse_allreduce(slices, op, pre, post, name, process_set):
     if op not in (Sum, Average):
-        raise ValueError("allreduce of tf.IndexedSlices supports op Sum and Average only")
+        raise _Unsupported("allreduce of tf.IndexedSlices supports op Sum and Average only")
     values, indices = _allgather_group([_tensor(slices.values), _tensor(slices.indices)],
                                        _group_names("allreduce.sparse", name, 2, process_set), process_set)
     scale = pre * post / (rank_and_size(process_set)[1] if op == Average else 1)
