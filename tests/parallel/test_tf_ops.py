@@ -269,6 +269,7 @@ def expect_mismatch(exc_type, fn, name, field, mine, odd):
     assert "'%s'" % name in msg and "ranks disagree on the %s" % field in msg, msg
     assert "%s on %s %s" % (mine, "ranks" if SIZE > 2 else "rank", others) in msg, msg
     assert "%s on rank %d" % (odd, ODD) in msg, msg
+    return info.value
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -277,7 +278,10 @@ def test_mismatched_shapes(mode):
     shape = (4,) if RANK == ODD else (3,)
     name = "tf.%s.shape" % mode
     fn = lambda: hvd.allreduce(tf.zeros(shape), name=name)  # noqa: E731
-    expect_mismatch(exc, fn if mode == "eager" else tf.function(fn), name, "shape", "[3]", "[4]")
+    error = expect_mismatch(exc, fn if mode == "eager" else tf.function(fn), name, "shape", "[3]",
+                            "[4]")
+    if mode == "eager":     # also the class Horovod's TF ops raise
+        assert isinstance(error, tf.errors.FailedPreconditionError), type(error).__mro__
     gname = "tf.%s.gather" % mode
     gather = lambda: hvd.allgather(tf.zeros((RANK + 1, 3 if RANK == ODD else 2)), name=gname)  # noqa: E731
     expect_mismatch(exc, gather if mode == "eager" else tf.function(gather), gname, "shape",
