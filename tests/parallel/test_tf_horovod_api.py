@@ -135,3 +135,35 @@ def test_error_classes():
             hvd.allreduce(slices, op=op)
         with pytest.raises(ValueError):
             hvd.grouped_allreduce([slices], op=op)
+
+
+def test_partial_distributed_optimizer_and_local_variables_callback():
+    import hvlite.tensorflow.keras as hvd_keras
+    shared = keras.layers.Dense(2, kernel_initializer=keras.initializers.Constant(1.0))
+    local = keras.layers.Dense(1, kernel_initializer=keras.initializers.Constant(RANK + 1.0))
+    model = keras.Sequential([keras.Input((3,)), shared, local])
+    x = tf.constant([[float(RANK + 1), 1.0, 2.0]])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(x) ** 2)
+    variables = model.trainable_weights
+    grads = tape.gradient(loss, variables)
+    before = [v.numpy().copy() for v in variables]
+    opt = hvd_keras.PartialDistributedOptimizer(keras.optimizers.SGD(1.0), local_layers=local)
+    opt.apply(grads, variables)
+    for var, g, b in zip(variables, grads, before):
+        if any(var is w for w in local.trainable_weights):
+            expected = b - g.numpy() / SIZE
+        else:
+            expected = b - hvd.allgather(tf.expand_dims(g, 0)).numpy().mean(axis=0)
+        np.testing.assert_allclose(var.numpy(), expected, rtol=1e-5, atol=1e-6)
+    # the callback broadcasts every variable but the local ones
+    kept = [v.numpy().copy() for v in local.weights]
+    callback = hvd_keras.callbacks.BroadcastGlobalVariablesCallback(
+        SIZE - 1, local_variables=local.weights)
+    callback.set_model(model)
+    callback.on_train_begin()
+    for v, k in zip(local.weights, kept):
+        np.testing.assert_array_equal(v.numpy(), k)
+    for v in shared.weights:
+        root = hvd.broadcast(v.value, SIZE - 1).numpy()
+        np.testing.assert_array_equal(v.numpy(), root)
