@@ -20,7 +20,9 @@ Contract:
   ``hvlite.handles.auto_name(kind)`` (the same on every rank that calls in the same order), and
   in a graph ``<function>.<kind>.<n>`` with a counter kept per outermost traced function, so
   every execution of a traced function reuses the same names (the engine's response cache then
-  hits) and a retrace on one rank only cannot shift the names of the other functions.
+  hits) and a retrace on one rank only cannot shift the names of the other functions. A TF1
+  ``tf.Graph`` (run by a Session) has no name: it is ``graph<k>``, numbered in the order hvlite
+  first sees each graph.
 - ``np_dtype(tf_dtype)`` maps a TensorFlow dtype to NumPy and raises ``TypeError`` for a dtype
   the engine does not support, before anything is sent.
 - ``wait_all(handles)`` waits for every handle and then raises the first error, so nothing is
