@@ -61,13 +61,16 @@ def allreduce_gradients(grads, prefix, compression=Compression.none, sparse_as_d
         compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, process_set:
             as in ``DistributedGradientTape``.
     Returns:
-        The list of reduced gradients, None where the input was None.
+        The list of reduced gradients, None where the input was None; the gradients unchanged
+        on a rank that is not in ``process_set``.
     Raises:
         ValueError: gradient_predivide_factor with an op other than Average.
         Engine errors as ``hvlite.tensorflow.allreduce``.
     """
     op = reduce_op(None, op)
     pre, post = _scale_factors(op, gradient_predivide_factor)
+    if rank_and_size(process_set)[0] < 0:
+        return list(grads)      # not a member of the set: local gradients, as Horovod's
     base = prefix if tf.executing_eagerly() else op_name(prefix)
     grads = list(grads)
     out = list(grads)

@@ -167,3 +167,20 @@ def test_partial_distributed_optimizer_and_local_variables_callback():
     for v in shared.weights:
         root = hvd.broadcast(v.value, SIZE - 1).numpy()
         np.testing.assert_array_equal(v.numpy(), root)
+
+
+def test_gradient_tape_on_a_set_this_rank_is_not_in():
+    """Members average over the set; a rank outside it keeps its own gradient (Horovod's)."""
+    members = [0, SIZE - 1] if SIZE > 2 else [0]
+    subset = hvd.add_process_set(members)
+    try:
+        x = tf.constant(float(RANK + 1))
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = x * x
+        got = hvd.DistributedGradientTape(tape, process_set=subset).gradient(y, [x])[0]
+        expected = (np.mean([2.0 * (r + 1) for r in members]) if RANK in members
+                    else 2.0 * (RANK + 1))
+        assert float(got) == pytest.approx(expected)
+    finally:
+        hvd.remove_process_set(subset)
