@@ -12,17 +12,19 @@ Contract:
   already there), so every process of the run (hvlrun, its ranks, torchrun workers) imports X's
   hvlite; before the first round each side is checked once (built, and ``import hvlite`` from a
   bench script resolves into X) and the file it loaded is printed.
-- The command runs in this checkout by default (``--cwd here``: this checkout's benchmark scripts
-  against either engine), or in each side's own directory (``--cwd side``: its own scripts, which
-  must then take ``--json``). In the command, the words ``python``/``python3`` mean this
+- The command runs this checkout's benchmark scripts by default (``--cwd here``: against either
+  engine; words naming a file of this checkout become absolute paths), or each side's own
+  scripts (``--cwd side``: which must then take ``--json``). Either way the process runs in the
+  side's directory: ``python -m`` puts the working directory ahead of PYTHONPATH, so a rank
+  started with ``-m hvlite.runner...`` in this checkout would import this checkout's hvlite. In the command, the words ``python``/``python3`` mean this
   interpreter and ``hvlrun`` this interpreter's ``hvlrun`` (its runner comes from PYTHONPATH
   too). ``bench``, ``bench-torch`` and ``step-overhead`` stand for the Makefile's commands (and
   step_overhead's), further words are appended.
 - Every run gets ``--json PATH`` appended and must write its tables there
   (``harness.write_json``); its output and JSON are kept in ``--out`` (default: a new temporary
   folder), as ``a1.txt``/``a1.json``, ``b1.txt``, .... A run that fails ends ab.py (exit 1) with
-  its output; one that passes ``--timeout`` (or a Ctrl-C) is stopped (SIGTERM to its process
-  group: hvlrun stops its job) and ends ab.py too.
+  its output; one that passes ``--timeout`` (or a Ctrl-C or SIGTERM to ab.py) is stopped
+  (SIGTERM to its process group: hvlrun stops its job) and ends ab.py too.
 - Rounds run both sides back to back; ``--order abba`` (default) alternates which goes first
   (AB, BA, AB, ...) so a steady drift favours neither, ``abab`` always runs A first, ``random``
   tosses a seeded coin per round.
@@ -70,6 +72,13 @@ def expand(command):
         else:
             out.append(words.get(word) or word)
     return out
+
+
+def with_paths_here(command):
+    """The command with each word that names a file of this checkout (bench/allreduce.py) made
+    absolute, so that it can run in another directory."""
+    return [os.path.join(ROOT, w) if not os.path.isabs(w) and os.path.isfile(os.path.join(ROOT, w))
+            else w for w in command]
 
 
 def side_env(side):
@@ -236,9 +245,10 @@ def main():
     runs, seconds, sequence = {"a": [], "b": []}, {"a": [], "b": []}, ""
     for r, order in enumerate(orders(args.rounds, args.order, args.seed), start=1):
         for s in order:
-            cwd = sides[s] if args.cwd == "side" else ROOT
             load = os.getloadavg()[0]
-            tables, took = run_once("%s%d" % (s, r), sides[s], command, cwd, out_dir, args.timeout)
+            run_command = command if args.cwd == "side" else with_paths_here(command)
+            tables, took = run_once("%s%d" % (s, r), sides[s], run_command, sides[s], out_dir,
+                                    args.timeout)
             runs[s].append(tables)
             seconds[s].append(took)
             sequence += s.upper()
@@ -250,5 +260,10 @@ def main():
     report(runs, args.columns)
 
 
+def interrupted(signum, frame):
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, interrupted)    # stopped from outside: stop the run as Ctrl-C does
     main()

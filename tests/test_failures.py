@@ -97,19 +97,26 @@ def test_stopped_rank_during_shm_allreduce_times_out():
     assert_nothing_left(out, "tests/scenarios/stopped_peer.py")
 
 
+def start_job_waiting_for_a_signal():
+    """hvlrun -np 2 on kill_rank.py --wait-for-signal, once both ranks have reported their shm
+    files: the process and its output so far."""
+    cmd = [sys.executable, "-m", "hvlite.runner", "-np", "2", sys.executable,
+           "tests/scenarios/kill_rank.py", "--wait-for-signal"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=job_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    out = ""
+    deadline = time.monotonic() + 60 * MULTIPLIER
+    while out.count("shm files of rank") < 2 and time.monotonic() < deadline:
+        out += proc.stdout.readline()
+    return proc, out
+
+
 def test_signal_to_hvlrun_leaves_nothing_behind():
     """SIGTERM or SIGINT to hvlrun mid-job: every rank ends, and neither MPI's files nor hvlite's
     nor any process of the job is left."""
     import signal
     for signum in (signal.SIGTERM, signal.SIGINT):
-        cmd = [sys.executable, "-m", "hvlite.runner", "-np", "2", sys.executable,
-               "tests/scenarios/kill_rank.py", "--wait-for-signal"]
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=job_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
-        out = ""
-        deadline = time.monotonic() + 60 * MULTIPLIER
-        while out.count("shm files of rank") < 2 and time.monotonic() < deadline:
-            out += proc.stdout.readline()
+        proc, out = start_job_waiting_for_a_signal()
         proc.send_signal(signum)
         try:
             out += proc.communicate(timeout=30 * MULTIPLIER)[0]
@@ -124,14 +131,7 @@ def test_hvlrun_ends_the_job_when_its_output_is_gone():
     """The reader of hvlrun's output goes away (pipes closed), then hvlrun gets SIGTERM: it must
     still end every rank and leave nothing behind (its messages fail to print)."""
     import signal
-    cmd = [sys.executable, "-m", "hvlite.runner", "-np", "2", sys.executable,
-           "tests/scenarios/kill_rank.py", "--wait-for-signal"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=job_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
-    out = ""
-    deadline = time.monotonic() + 60 * MULTIPLIER
-    while out.count("shm files of rank") < 2 and time.monotonic() < deadline:
-        out += proc.stdout.readline()
+    proc, out = start_job_waiting_for_a_signal()
     proc.stdout.close()
     proc.send_signal(signal.SIGTERM)
     try:
