@@ -215,7 +215,22 @@ def run(np_fn, tensors, out_dtypes):
             raise tf_error(e) from e
         return [to_tensor(a) for a in arrays]
 
+    graph = tf.compat.v1.get_default_graph()
+    chain = None if isinstance(graph, FuncGraph) else getattr(graph, "_hvlite_chain", None)
+    ran = [False]
+
     def numpy_body(*values):     # 0-d inputs arrive as NumPy scalars
+        ran[0] = True
         return np_fn([np.asarray(v) for v in values])
-    outs = tf.numpy_function(numpy_body, list(tensors), list(out_dtypes), stateful=True)
-    return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    # A TF1 graph runs ops that do not depend on each other in any order, and each engine call
+    # holds a TensorFlow thread until every rank has made it: ops not run yet are chained in
+    # the order they were made, so every rank runs them in that order (tf.function does the
+    # same for its stateful ops). An op a Session has already run starts a new chain.
+    deps = [chain[0]] if chain is not None and not chain[1][0] else []
+    with tf.control_dependencies(deps):
+        outs = tf.numpy_function(numpy_body, list(tensors), list(out_dtypes), stateful=True)
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    if not isinstance(graph, FuncGraph) and outs:
+        graph._hvlite_chain = (outs[0] if isinstance(outs[0], tf.Operation) else outs[0].op,
+                               ran)
+    return outs

@@ -184,3 +184,30 @@ def test_gradient_tape_on_a_set_this_rank_is_not_in():
         assert float(got) == pytest.approx(expected)
     finally:
         hvd.remove_process_set(subset)
+
+
+def test_session_ops_fetched_together_run_in_one_order():
+    """Many independent collectives fetched in one Session run, on one TensorFlow thread, give
+    the right values (they run in the order they were made on every rank); an op already run
+    does not chain the next one (running that one sends one request)."""
+    import hvlite
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1,
+                                      intra_op_parallelism_threads=1)
+    config.graph_options.rewrite_options.disable_meta_optimizer = True   # keep the identities
+    with context.graph_mode(), tf.Graph().as_default():
+        # inputs behind chains of identities, long for the first ops on even ranks and for
+        # the last ones on odd ranks, so their inputs are ready in different orders
+        outs = []
+        for k in range(12):
+            x = tf.fill([RANK + 1, k + 1], float(k))
+            for _ in range(3 * (11 - k if RANK % 2 else k)):
+                x = tf.identity(x)
+            outs.append(hvd.allgather(x))
+        with tf.compat.v1.Session(config=config) as session:
+            got = session.run(outs)
+            for k, g in enumerate(got):
+                np.testing.assert_array_equal(g, np.full((SIZE * (SIZE + 1) // 2, k + 1), k))
+            later = hvd.allreduce(tf.ones([2]), op=hvd.Sum)
+            before = hvlite.engine_counters()["tensors_submitted"]
+            np.testing.assert_array_equal(session.run(later), np.full(2, float(SIZE)))
+            assert hvlite.engine_counters()["tensors_submitted"] - before == 1
