@@ -39,6 +39,7 @@ from .. import errors
 from ..buffers import is_aligned
 from ..dtypes import by_name
 from ..handles import auto_name
+from ..process_sets import rank_and_size
 
 _from_dlpack = tf.experimental.dlpack.from_dlpack
 try:
@@ -125,7 +126,14 @@ def in_function():
 
 def op_name(kind, name=None, process_set=None):
     """The engine name for one collective call (see the module docstring); counters are kept
-    per process set, so calls on a set other ranks are not in do not shift their names."""
+    per process set, so calls on a set other ranks are not in do not shift their names.
+
+    Raises:
+        HvliteInvalidArgument (a ValueError): while building a graph, ``process_set`` names
+            no registered set (eagerly the call itself raises it).
+    """
+    if process_set is not None and not tf.executing_eagerly():
+        rank_and_size(process_set)
     if name:
         return name
     if tf.executing_eagerly():

@@ -211,3 +211,16 @@ def test_session_ops_fetched_together_run_in_one_order():
             before = hvlite.engine_counters()["tensors_submitted"]
             np.testing.assert_array_equal(session.run(later), np.full(2, float(SIZE)))
             assert hvlite.engine_counters()["tensors_submitted"] - before == 1
+
+
+def test_unknown_process_set_raises_when_the_graph_is_built():
+    fake = hvd.ProcessSet([0])
+    fake.process_set_id = 10        # never registered
+    for build in (lambda: hvd.allreduce(tf.ones(2), process_set=fake),
+                  lambda: tf.function(lambda: hvd.allreduce(tf.ones(2), process_set=fake))()):
+        with pytest.raises(ValueError, match="process set 10"):
+            with context.graph_mode(), tf.Graph().as_default():
+                build()
+    with pytest.raises(ValueError, match="process set 10"):
+        hvd.allreduce(tf.ones(2), process_set=fake)
+    hvd.barrier()   # nothing above talks to the other ranks: finish together
