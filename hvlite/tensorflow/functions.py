@@ -14,7 +14,8 @@ from ..process_sets import global_process_set
 from ._bridge import in_function, library, np_dtype, op_name
 from .ops import _broadcast_raw
 
-__all__ = ["broadcast_global_variables", "broadcast_variables", "broadcast_", "broadcast_object", "allgather_object"]
+__all__ = ["broadcast_global_variables", "broadcast_variables", "broadcast_", "broadcast_object",
+           "allgather_object"]
 
 
 def _broadcast_values(variables, root_rank, name, process_set):
