@@ -69,10 +69,19 @@ def broadcast_global_variables(root_rank):
                                name="broadcast_global_variables") or tf.no_op()
 
 
+@library
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
-    """In-place broadcast of variables (Horovod's ``broadcast_``); returns ``variables``."""
-    broadcast_variables(variables, root_rank, process_set=process_set, name=name)
-    return variables
+    """In-place broadcast of variables (Horovod's ``broadcast_``).
+
+    Returns:
+        The values assigned, one per variable (in a graph, tensors that run the assignment
+        when evaluated, as Horovod's).
+    """
+    variables = list(variables)
+    if not variables:
+        return []
+    outs = _broadcast_values(variables, root_rank, name, process_set)
+    return [v.assign(out) for v, out in zip(variables, outs)]
 
 
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):

@@ -224,3 +224,20 @@ def test_unknown_process_set_raises_when_the_graph_is_built():
     with pytest.raises(ValueError, match="process set 10"):
         hvd.allreduce(tf.ones(2), process_set=fake)
     hvd.barrier()   # nothing above talks to the other ranks: finish together
+
+
+def test_broadcast_in_place_in_a_session():
+    """broadcast_ returns tensors that assign root's values when a Session evaluates them."""
+    with context.graph_mode(), tf.Graph().as_default():
+        v = tf.compat.v1.Variable(np.full(4, RANK, np.int32))
+        w = tf.compat.v1.Variable(np.full((2, 2), float(RANK)))
+        assigned = hvd.broadcast_([v, w], SIZE - 1)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            got = session.run(assigned)
+            np.testing.assert_array_equal(got[0], np.full(4, SIZE - 1))
+            np.testing.assert_array_equal(session.run(v), np.full(4, SIZE - 1))
+            np.testing.assert_array_equal(session.run(w), np.full((2, 2), float(SIZE - 1)))
+    x = tf.Variable(np.full(3, float(RANK)))
+    hvd.broadcast_([x], 0)
+    np.testing.assert_array_equal(x.numpy(), np.zeros(3))
