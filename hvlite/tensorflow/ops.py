@@ -344,12 +344,17 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
         splits: rows for each rank (sums to dim 0); None splits dim 0 in equal parts.
         name: engine name; generated when None.
     Returns:
-        (tensor, received_splits): the rows received in rank order, and how many came from
-        each rank (int32), as Horovod's TensorFlow API returns them.
+        The rows received, in rank order; with ``splits`` given, (those rows, how many came
+        from each rank as int32), as Horovod's TensorFlow API returns them.
     Raises:
         ValueError: a 0-d tensor, or dim 0 not divisible by size when splits is None.
         Others as ``allreduce``.
     """
+    both = _alltoall(tensor, splits, name, process_set)
+    return both if splits is not None else both[0]
+
+
+def _alltoall(tensor, splits, name, process_set):
     tensor = _tensor(tensor)
     if tensor.shape.rank == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension")

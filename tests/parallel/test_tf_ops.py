@@ -136,7 +136,8 @@ def test_alltoall_reducescatter(dtype, mode):
 
     def body(x, e, r):
         out, received = hvd.alltoall(x, splits=tf.constant(splits[RANK], tf.int32))
-        out_even, received_even = hvd.alltoall(e)
+        out_even = hvd.alltoall(e)      # no splits: the tensor alone, as Horovod's
+        received_even = hvd.alltoall(e, splits=tf.fill([SIZE], 2))[1]
         scattered = [hvd.reducescatter(r, op=OPS[o]) for o in ops]
         return out, received, out_even, received_even, scattered
     out, received, out_even, received_even, scattered = in_mode(mode, body)(
@@ -194,7 +195,7 @@ def test_gradients(mode):
                 "allreduce_sum_scaled": tf.reduce_sum(hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0) * w),
                 "allgather": tf.reduce_sum(hvd.allgather(x) * tf.tile(w, [SIZE, 1])),
                 "broadcast": tf.reduce_sum(hvd.broadcast(x, root) * w),
-                "alltoall": tf.reduce_sum(hvd.alltoall(tf.tile(x, [SIZE, 1]))[0] * tf.tile(w, [SIZE, 1])),
+                "alltoall": tf.reduce_sum(hvd.alltoall(tf.tile(x, [SIZE, 1])) * tf.tile(w, [SIZE, 1])),
                 "reducescatter": tf.reduce_sum(hvd.reducescatter(tf.tile(x, [SIZE, 1]), op=hvd.Sum) * w),
             }
         return {k: tape.gradient(v, x) for k, v in losses.items()}
@@ -243,7 +244,7 @@ def test_objects_and_basics():
 def test_static_shapes_and_stable_names():
     @tf.function
     def step(x):
-        return hvd.allreduce(x), hvd.allgather(x), hvd.reducescatter(x), hvd.alltoall(x)[0]
+        return hvd.allreduce(x), hvd.allgather(x), hvd.reducescatter(x), hvd.alltoall(x)
     x = tf.ones([2 * SIZE, 3])
     shapes = [o.shape.as_list() for o in tf.nest.flatten(step.get_concrete_function(x).structured_outputs)]
     rows = 2 * SIZE // SIZE
