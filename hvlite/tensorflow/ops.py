@@ -117,10 +117,12 @@ def _sparse_allreduce(slices, op, pre, post, name, process_set):
     if op not in (Sum, Average):
         raise _Unsupported("allreduce of tf.IndexedSlices supports op Sum and Average only")
     values, indices = _allgather_group([_tensor(slices.values), _tensor(slices.indices)],
-                                       _group_names("allreduce.sparse", name, 2, process_set), process_set)
-    scale = pre * post / (rank_and_size(process_set)[1] if op == Average else 1)
-    if scale != 1.0:
-        values = values * tf.cast(scale, values.dtype)
+                                       _group_names("allreduce.sparse", name, 2, process_set),
+                                       process_set)
+    if op == Average:   # true division, as Horovod's: integer values become floats
+        values = values / tf.cast(rank_and_size(process_set)[1], values.dtype)
+    if pre * post != 1.0:
+        values = values * tf.cast(pre * post, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 

@@ -241,3 +241,14 @@ def test_broadcast_in_place_in_a_session():
     x = tf.Variable(np.full(3, float(RANK)))
     hvd.broadcast_([x], 0)
     np.testing.assert_array_equal(x.numpy(), np.zeros(3))
+
+
+def test_indexed_slices_average_of_integers():
+    """Average of integer IndexedSlices divides truly (float values), as Horovod's."""
+    slices = tf.IndexedSlices(tf.fill([1, 2], tf.constant(RANK + 1, tf.uint8)),
+                              tf.constant([RANK]))
+    got = hvd.allreduce(slices, op=hvd.Average)
+    assert got.values.dtype == tf.float32
+    np.testing.assert_allclose(got.values.numpy(),
+                               np.repeat([[(r + 1) / SIZE] for r in range(SIZE)], 2, axis=1))
+    np.testing.assert_array_equal(got.indices.numpy(), np.arange(SIZE))
