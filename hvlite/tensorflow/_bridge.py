@@ -29,6 +29,7 @@ Contract:
   left in flight when one request of a group fails.
 """
 import collections
+import contextlib
 import itertools
 
 import numpy as np
@@ -206,6 +207,20 @@ def library(fn):
     return tf.autograph.experimental.do_not_convert(fn)
 
 
+_UNCHAINED = [False]
+
+
+@contextlib.contextmanager
+def unchained():
+    """Ops made inside stay out of a TF1 graph's chain (variable broadcasts, usually run once
+    on their own before training: chained, running one would run the training step's)."""
+    _UNCHAINED[0] = True
+    try:
+        yield
+    finally:
+        _UNCHAINED[0] = False
+
+
 def run(np_fn, tensors, out_dtypes):
     """Run ``np_fn`` on the tensors' values, eagerly or as one graph op.
 
@@ -224,7 +239,8 @@ def run(np_fn, tensors, out_dtypes):
         return [to_tensor(a) for a in arrays]
 
     graph = tf.compat.v1.get_default_graph()
-    chain = None if isinstance(graph, FuncGraph) else getattr(graph, "_hvlite_chain", None)
+    chained = not isinstance(graph, FuncGraph) and not _UNCHAINED[0]
+    chain = getattr(graph, "_hvlite_chain", None) if chained else None
     ran = [False]
 
     def numpy_body(*values):     # 0-d inputs arrive as NumPy scalars
@@ -238,7 +254,7 @@ def run(np_fn, tensors, out_dtypes):
     with tf.control_dependencies(deps):
         outs = tf.numpy_function(numpy_body, list(tensors), list(out_dtypes), stateful=True)
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-    if not isinstance(graph, FuncGraph) and outs:
+    if chained and outs:
         graph._hvlite_chain = (outs[0] if isinstance(outs[0], tf.Operation) else outs[0].op,
                                ran)
     return outs

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from ..objects import allgather_object as _allgather_object, broadcast_object as _broadcast_object
 from ..process_sets import global_process_set
-from ._bridge import in_function, library, np_dtype, op_name
+from ._bridge import in_function, library, np_dtype, op_name, unchained
 from .ops import _broadcast_raw
 
 __all__ = ["broadcast_global_variables", "broadcast_variables", "broadcast_", "broadcast_object",
@@ -23,8 +23,9 @@ def _broadcast_values(variables, root_rank, name, process_set):
     for v in values:
         np_dtype(v.dtype)
     base = op_name("broadcast_variables", name)
-    return _broadcast_raw(values, ["%s.%d" % (base, i) for i in range(len(values))], root_rank,
-                          process_set)
+    with unchained():
+        return _broadcast_raw(values, ["%s.%d" % (base, i) for i in range(len(values))],
+                              root_rank, process_set)
 
 
 @library

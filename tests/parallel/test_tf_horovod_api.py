@@ -252,3 +252,18 @@ def test_indexed_slices_average_of_integers():
     np.testing.assert_allclose(got.values.numpy(),
                                np.repeat([[(r + 1) / SIZE] for r in range(SIZE)], 2, axis=1))
     np.testing.assert_array_equal(got.indices.numpy(), np.arange(SIZE))
+
+
+def test_session_variable_broadcast_is_not_chained_to_a_training_step():
+    """A variable broadcast made after a training graph fed by a placeholder runs on its own."""
+    with context.graph_mode(), tf.Graph().as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [2])
+        v = tf.compat.v1.Variable(np.full(2, float(RANK), np.float32))
+        step = v.assign_sub(hvd.allreduce(x * v))       # not run before the broadcast
+        bcast = hvd.broadcast_global_variables(SIZE - 1)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(bcast)                            # no value for x needed
+            np.testing.assert_array_equal(session.run(v), np.full(2, float(SIZE - 1)))
+            session.run(step, feed_dict={x: np.ones(2, np.float32)})
+            np.testing.assert_allclose(session.run(v), np.zeros(2))
