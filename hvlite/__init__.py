@@ -8,6 +8,7 @@ The engine (and libmpi) load on first use of an API name, not at ``import hvlite
 built. A missing engine surfaces as an ImportError naming the build command.
 """
 import importlib
+import importlib.util
 
 __version__ = "0.1.0"
 
@@ -33,6 +34,10 @@ def _load_api():
 def __getattr__(name):
     if name.startswith("__") and name != "__all__":
         raise AttributeError(name)
+    if importlib.util.find_spec("." + name, __name__) is not None:
+        # a submodule asked for before it was imported (``from . import collectives`` looks
+        # here first): import just it; loading the API now would import ``hvlite.ops`` half-made
+        return importlib.import_module("." + name, __name__)
     names = _load_api()
     if name == "__all__":
         return list(names)

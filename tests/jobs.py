@@ -40,6 +40,20 @@ def run_job(np_, args, timeout, env=None, hvlrun_args=()):
                     % (timeout * MULTIPLIER, " ".join(cmd), out[-4000:], err[-4000:]))
 
 
+def processes_here(script):
+    """Pids of the processes running ``script`` from this checkout (their working directory is
+    ROOT): other checkouts' jobs, or someone's `pgrep` of the same name, do not count."""
+    pids = subprocess.run(["pgrep", "-f", script], capture_output=True, text=True).stdout.split()
+    here = []
+    for pid in pids:
+        try:
+            if os.path.realpath(os.readlink("/proc/%s/cwd" % pid)) == os.path.realpath(ROOT):
+                here.append(pid)
+        except OSError:            # gone meanwhile
+            pass
+    return here
+
+
 def assert_nothing_left(out, script, wait=5.0):
     """After a job whose ranks ran ``script`` and printed their shared-memory files
     (tests/scenarios/job_files.py): none of those files exists, and no process of the job is
@@ -51,7 +65,7 @@ def assert_nothing_left(out, script, wait=5.0):
     deadline = time.monotonic() + wait * MULTIPLIER
     while True:
         left = sorted(p for p in paths if os.path.exists(p))
-        running = subprocess.run(["pgrep", "-f", script], capture_output=True, text=True).stdout.split()
+        running = processes_here(script)
         if not left and not running:
             return sorted(paths)
         if time.monotonic() > deadline:

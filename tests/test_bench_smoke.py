@@ -93,3 +93,13 @@ def test_ab_runner_smoke(tmp_path):
     for name in ("a1", "b1"):
         tables = json.loads((tmp_path / (name + ".json")).read_text())["tables"]
         assert all(r[-1] == 0 for r in tables[0]["rows"]), tables   # #wrong
+
+
+def test_elastic_reform_bench_smoke():
+    """bench/elastic_reform.py (it runs hvlrun itself): one NumPy 2 -> 1 re-form, every column."""
+    job = subprocess.run([sys.executable, "bench/elastic_reform.py", "--smoke"], cwd=ROOT,
+                         env=job_env(), capture_output=True, text=True, timeout=180 * MULTIPLIER)
+    assert job.returncode == 0, job.stdout + job.stderr
+    row = [line for line in job.stdout.splitlines() if line.startswith("numpy ")]
+    assert len(row) == 1 and len(row[0].split()) == 7, job.stdout
+    assert all(float(v) > 0 for v in row[0].split()[2:]), job.stdout

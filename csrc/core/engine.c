@@ -25,6 +25,15 @@ static int startup_status;      /* life_lock */
 static char startup_message[1024];
 static int mpi_finalized_here;  /* atomic */
 
+/* The ranks with this rank's local rank, one per host. */
+static int make_cross_comm(hvl_engine *e)
+{
+    HVL_CHECK(hvl__mpi_check(MPI_Comm_split(e->comm, e->local_rank, e->rank, &e->cross_comm), "MPI_Comm_split"));
+    MPI_Comm_rank(e->cross_comm, &e->cross_rank);
+    MPI_Comm_size(e->cross_comm, &e->cross_size);
+    return HVL_OK;
+}
+
 static int make_comms(hvl_engine *e)
 {
     int provided = 0, flag = 0;
@@ -43,10 +52,7 @@ static int make_comms(hvl_engine *e)
     HVL_CHECK(hvl__mpi_check(MPI_Comm_split_type(e->comm, MPI_COMM_TYPE_SHARED, e->rank, MPI_INFO_NULL, &e->local_comm), "MPI_Comm_split_type"));
     MPI_Comm_rank(e->local_comm, &e->local_rank);
     MPI_Comm_size(e->local_comm, &e->local_size);
-    HVL_CHECK(hvl__mpi_check(MPI_Comm_split(e->comm, e->local_rank, e->rank, &e->cross_comm), "MPI_Comm_split"));
-    MPI_Comm_rank(e->cross_comm, &e->cross_rank);
-    MPI_Comm_size(e->cross_comm, &e->cross_size);
-    return HVL_OK;
+    return make_cross_comm(e);
 }
 
 /* HVLITE_TEST_FAKE_HOSTS=H (tests only): each host's ranks are split into H consecutive groups
@@ -64,10 +70,7 @@ static int split_fake_hosts(hvl_engine *e)
     e->local_comm = local;
     MPI_Comm_rank(e->local_comm, &e->local_rank);
     MPI_Comm_size(e->local_comm, &e->local_size);
-    HVL_CHECK(hvl__mpi_check(MPI_Comm_split(e->comm, e->local_rank, e->rank, &e->cross_comm), "MPI_Comm_split"));
-    MPI_Comm_rank(e->cross_comm, &e->cross_rank);
-    MPI_Comm_size(e->cross_comm, &e->cross_size);
-    return HVL_OK;
+    return make_cross_comm(e);
 }
 
 static int startup(hvl_engine *e)

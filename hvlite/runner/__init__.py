@@ -9,7 +9,12 @@ lists), ``mpi_command`` (the mpiexec command per MPI flavour), ``build_info`` (b
 mpiexec), ``wire`` (authenticated lines), ``control`` (hvlrun's end of the control channel),
 ``control_client`` (the other end), ``remote_shell`` (reaching other hosts), ``host_check``
 (can every host be reached), ``host_guard`` (per remote host: owns the job's processes there),
-``proctree`` (finding and ending process trees), ``rank_exec`` (per-rank wrapper).
+``proctree`` (finding and ending process trees), ``rank_exec`` (per-rank wrapper); elastic jobs:
+``elastic_driver`` (worlds and re-forms), ``elastic_world`` (one world), ``elastic_env`` (what
+the driver and the workers agree on), ``elastic_trace`` (the job's own timeline), ``discovery``
+(the host discovery script), ``host_pool`` (blacklist, placement), ``commit_store`` (the last
+commit, in hvlrun) and ``commit_client`` (its other end, which ``hvlite.elastic`` uses in the
+training processes: pure Python, no engine).
 """
 
 __all__ = ["main", "run"]

@@ -43,12 +43,13 @@ _MAX_BACKLOG = 65536            # bytes queued for a peer that does not read: it
 
 class Lost(NamedTuple):
     """A lost client: ``who`` ("host h2 (rank 1)" or "rank 1 on h2"), the full ``message``,
-    and ``since``, the server round in which it was lost (its connection closed; for a silent
-    client, the round of the query). Rounds order events; events of one round (one pass over the
-    sockets) may have happened in any order."""
+    its ``host``, and ``since``, the server round in which it was lost (its connection closed;
+    for a silent client, the round of the query). Rounds order events; events of one round (one
+    pass over the sockets) may have happened in any order."""
     who: str
     message: str
     since: int
+    host: str = ""        # the host of the lost client, as it reported itself
 
 
 class _Peer:
@@ -298,10 +299,10 @@ class ControlServer:
                 who = peer.describe()
             if peer.closed:
                 return Lost(who, "%s: its connection to hvlrun closed before it reported an exit "
-                            "(processes killed or host down)" % who, peer.closed_at)
+                            "(processes killed or host down)" % who, peer.closed_at, peer.host)
             return Lost(who, "%s stopped answering: nothing heard for %.1f s (link cut, host "
                         "down or frozen; limit %g s)" % (who, now - peer.heard, self._timeout),
-                        self._rounds)
+                        self._rounds, peer.host)
 
     def stop_all(self, reason: str) -> None:
         """Ask every client, now and later, to end its part of the job (``stop <reason>``)."""

@@ -18,6 +18,9 @@ Contract:
     through the environment (never a command line, never ``--dry-run``/``--verbose`` output).
     It is bound to 127.0.0.1 when every rank is local, to the interface's address with
     ``--network-interface``, else to every address (clients still authenticate).
+  * ``--host-discovery-script``, ``--min-np`` or ``--max-np`` make the job elastic: it runs as a
+    series of worlds (``elastic_driver.py``) that survive losing and gaining workers; the other
+    elastic flags are refused without them. ``--dry-run`` then prints the first world's command.
   * Exit code 2 means a usage error, 127 that no ``mpiexec`` could be run.
 """
 
@@ -154,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     remote.add_argument("--heartbeat-timeout", type=float, metavar="SECONDS",
                         help="end the job when a host or rank is silent this long; 0: never "
                              "(default: $%s or %g)" % (ENV_HEARTBEAT, DEFAULT_HEARTBEAT_TIMEOUT))
+    _add_elastic_flags(parser)
     parser.add_argument("--mpi-args", default="", help="extra mpiexec arguments, one string")
     parser.add_argument("--mpi-flavour", choices=("auto", "mpich", "openmpi"), default="auto",
                         help="command syntax to use (default: ask mpiexec --version)")
@@ -170,6 +174,66 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run `<hvlrun's python> -m MODULE ...` on every rank")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
     return parser
+
+
+def _add_elastic_flags(parser: argparse.ArgumentParser) -> None:
+    """Horovod's elastic flags; any of the first three makes the job elastic."""
+    elastic = parser.add_argument_group(
+        "elastic jobs (survive losing and gaining workers; see hvlite.elastic)")
+    elastic.add_argument("--host-discovery-script", metavar="SCRIPT",
+                         help="command printing the usable hosts, one 'host:slots' per line; "
+                              "run now and every second")
+    elastic.add_argument("--min-np", type=int, metavar="N",
+                         help="fewest ranks the job runs with (default: -np, else 1)")
+    elastic.add_argument("--max-np", type=int, metavar="N",
+                         help="most ranks the job grows to (default: every usable slot)")
+    elastic.add_argument("--slots-per-host", type=int, metavar="N",
+                         help="slots of a discovered host given without a count (default 1)")
+    elastic.add_argument("--elastic-timeout", type=float, metavar="SECONDS",
+                         help="end the job after this long below --min-np (default 600)")
+    elastic.add_argument("--reset-limit", type=int, metavar="N",
+                         help="end the job instead of re-forming it more than N times")
+    elastic.add_argument("--blacklist-cooldown-range", type=float, nargs=2,
+                         metavar=("MIN", "MAX"),
+                         help="seconds a failing host stays blacklisted, doubling from MIN up to "
+                              "MAX per blacklisting (default: for the rest of the job)")
+
+
+def _elastic(args: argparse.Namespace) -> bool:
+    return bool(args.host_discovery_script) or args.min_np is not None or args.max_np is not None
+
+
+_ELASTIC_ONLY = ("slots_per_host", "elastic_timeout", "reset_limit", "blacklist_cooldown_range")
+
+
+def _check_elastic(args: argparse.Namespace) -> None:
+    """Check the elastic flags; fill in --min-np and --elastic-timeout (ValueError if they do
+    not fit together, or if an elastic-only flag is given to a job that is not elastic)."""
+    if not _elastic(args):
+        given = [n for n in _ELASTIC_ONLY if getattr(args, n) is not None]
+        if given:
+            raise ValueError("--%s only applies to elastic jobs (--host-discovery-script, "
+                             "--min-np or --max-np)" % given[0].replace("_", "-"))
+        return
+    if args.host_discovery_script and (args.hosts or args.hostfile):
+        raise ValueError("--host-discovery-script names the hosts: give no -H/--hostfile")
+    if args.elastic_timeout is None:
+        args.elastic_timeout = 600.0
+    for name in ("np", "min_np", "max_np", "slots_per_host"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError("--%s must be at least 1" % name.replace("_", "-"))
+    if args.min_np is None:
+        args.min_np = args.np or 1
+    if args.max_np is not None and args.max_np < args.min_np:
+        raise ValueError("--max-np %d is below --min-np %d" % (args.max_np, args.min_np))
+    if args.np is not None and not args.min_np <= args.np <= (args.max_np or args.np):
+        raise ValueError("-np %d is not between --min-np and --max-np" % args.np)
+    if not args.elastic_timeout >= 0 or (args.reset_limit is not None and args.reset_limit < 0):
+        raise ValueError("--elastic-timeout and --reset-limit must be >= 0")
+    low_high = args.blacklist_cooldown_range
+    if low_high is not None and not 0 <= low_high[0] <= low_high[1]:
+        raise ValueError("--blacklist-cooldown-range needs 0 <= MIN <= MAX")
 
 
 def knob_env(args: argparse.Namespace) -> Dict[str, str]:
@@ -294,10 +358,12 @@ def _start_control(args: argparse.Namespace, hosts: Sequence[hostlib.Host], secr
 
 
 def _check_usage(args: argparse.Namespace, command: Sequence[str]) -> List[hostlib.Host]:
-    """Validate what needs more than argparse; return the host list (ValueError if bad)."""
+    """Validate what needs more than argparse; return the host list (ValueError if bad).
+    An elastic job with a discovery script has no host list yet (empty list)."""
     if not command:
         raise ValueError("no command given")
-    hosts = _resolve_hosts(args)
+    _check_elastic(args)
+    hosts = [] if args.host_discovery_script else _resolve_hosts(args)
     shlex.split(args.mpi_args)
     if args.ssh_command is not None:
         shlex.split(args.ssh_command)
@@ -309,6 +375,22 @@ def _check_usage(args: argparse.Namespace, command: Sequence[str]) -> List[hostl
     if not args.heartbeat_timeout >= 0:
         raise ValueError("--heartbeat-timeout must be >= 0")
     return hosts
+
+
+def _first_discovered(args: argparse.Namespace) -> List[hostlib.Host]:
+    """The hosts of an elastic job's first world, for ``--dry-run`` (ValueError if none)."""
+    from .discovery import DiscoveryError, discover
+    from .host_pool import place
+    try:
+        found = discover(args.host_discovery_script, args.slots_per_host or 1)
+    except DiscoveryError as e:
+        raise ValueError(str(e)) from None
+    want = min(hostlib.total_slots(found), args.max_np or args.np or 1 << 30, args.np or 1 << 30)
+    if want < args.min_np:
+        raise ValueError("the discovery script names %d slots, below --min-np %d"
+                         % (hostlib.total_slots(found), args.min_np))
+    args.np = want
+    return place(found, want)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -350,6 +432,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 127
     mpiexec = mpiexec or "mpiexec"
     flavour = args.mpi_flavour if args.mpi_flavour != "auto" else query_flavour(mpiexec)
+    if _elastic(args) and not args.dry_run:
+        from .elastic_driver import run_elastic
+        from .elastic_world import Launch
+        return run_elastic(Launch(args, flavour, mpiexec, command, {}), hosts)
+    if not hosts:   # --dry-run of a job with a discovery script: its first world
+        try:
+            hosts = _first_discovered(args)
+        except ValueError as e:
+            sys.stderr.write("hvlrun: error: %s\n" % e)
+            return 2
     options, rank_env, launcher_vars = _settings(args, hosts, flavour)
     server, secret = None, new_secret()
     if not args.dry_run:

@@ -5,9 +5,10 @@ Contract: the public names are Horovod's documented ones, with its signatures an
 a Horovod script runs with only its import changed. Basics (``init``, ``rank``, ``size``, ...)
 and exceptions are hvlite's own (``HorovodInternalError`` is ``HvliteError``). Collectives
 (``ops``, ``functions``) work eagerly and inside ``tf.function``; ``DistributedGradientTape``
-allreduces gradients; Keras 3 support is in ``hvlite.tensorflow.keras``. This package never
-imports ``hvlite.torch``. Decisions where Horovod's docs are silent are in each module's
-docstring (names inside tf.function: ``hvlite.tensorflow._bridge``).
+allreduces gradients; ``elastic`` holds Horovod's elastic states; Keras 3 support is in
+``hvlite.tensorflow.keras``. This package never imports ``hvlite.torch``. Decisions where
+Horovod's docs are silent are in each module's docstring (names inside tf.function:
+``hvlite.tensorflow._bridge``).
 """
 from ..basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
                       gloo_enabled, init, is_initialized, local_rank, local_size, mpi_built,
@@ -19,6 +20,8 @@ from ..errors import (HorovodInternalError, HvliteError, HvliteInvalidArgument,
 from ..process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from ..timeline import start_timeline, stop_timeline
 from .compression import Compression
+from . import elastic
+from ..elastic import HostsUpdatedInterrupt
 from .functions import (allgather_object, broadcast_, broadcast_global_variables, broadcast_object,
                         broadcast_variables)
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
@@ -38,7 +41,8 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "rank_op", "local_size_op", "local_rank_op", "process_set_included_op",
            "broadcast_global_variables", "broadcast_variables", "broadcast_", "broadcast_object",
            "allgather_object", "DistributedGradientTape", "PartialDistributedGradientTape",
-           "DistributedOptimizer", "start_timeline", "stop_timeline"]
+           "DistributedOptimizer", "start_timeline", "stop_timeline", "elastic",
+           "HostsUpdatedInterrupt"]
 
 
 def DistributedOptimizer(optimizer, *args, **kwargs):

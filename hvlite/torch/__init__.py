@@ -3,8 +3,9 @@
 Contract: the names Horovod documents for ``horovod.torch`` (basics, collectives and their async
 and in-place forms, ``DistributedOptimizer``, ``broadcast_parameters``,
 ``broadcast_optimizer_state``, object collectives, ``Compression``, ``SyncBatchNorm``,
-``join``) with Horovod's signatures and semantics, on CPU tensors. Pure Python over the
-framework-neutral layer; no torch extension is compiled.
+``join``; ``elastic``: ``run``, ``TorchState``, ``ElasticSampler``, ...) with Horovod's
+signatures and semantics, on CPU tensors. Pure Python over the framework-neutral layer; no torch
+extension is compiled.
 """
 from ..basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
                       gloo_enabled, init, is_initialized, local_rank, local_size,
@@ -27,6 +28,8 @@ from .ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_
 from .optimizer import DistributedOptimizer
 from ..timeline import start_timeline, stop_timeline
 from .sync_batch_norm import SyncBatchNorm
+from . import elastic
+from ..elastic import HostsUpdatedInterrupt
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
@@ -42,5 +45,5 @@ __all__ = [
     "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
     "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter", "join",
     "poll", "reducescatter", "reducescatter_async", "synchronize", "DistributedOptimizer",
-    "SyncBatchNorm", "start_timeline", "stop_timeline",
+    "SyncBatchNorm", "start_timeline", "stop_timeline", "elastic", "HostsUpdatedInterrupt",
 ]

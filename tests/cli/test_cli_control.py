@@ -150,8 +150,9 @@ def test_silent_and_closed_clients_are_lost_with_their_host(server):
     wait_until(lambda: server.started_ranks())
     assert server.lost() is None
     wait_until(lambda: server.lost() is not None, 3)  # neither sends pings: silent
-    who, message, since = server.lost()
+    who, message, since, host = server.lost()
     assert who == "host hostB (rank 3)" and "stopped answering" in message, message
+    assert host == "hostB"
     assert isinstance(since, int)
     rank.sock.close()
     guard.sock.close()
@@ -163,8 +164,9 @@ def test_closed_rank_is_lost_at_once(server):
     wait_until(lambda: server.started_ranks())
     rank.sock.close()
     wait_until(lambda: server.lost() is not None, 0.5)
-    who, message, _ = server.lost()
+    who, message, _, host = server.lost()
     assert who == "host hostC (rank 2)" and "connection to hvlrun closed" in message
+    assert host == "hostC"
 
 
 def test_a_vanished_client_is_the_cause_unless_a_rank_failed_first():

@@ -222,3 +222,38 @@ def test_load_model_rewraps_optimizer():
     for a, b in zip(loaded.get_weights(), model.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)   # same state, same step
     assert_same_on_every_rank(loaded.get_weights(), "weights after load_model + fit")
+
+
+def test_elastic_keras_callbacks_track_epoch_batch_and_commit():
+    """KerasState and Horovod's three elastic callbacks under a plain hvlrun (commits in
+    memory): the commits fall every batches_per_commit batches and at each epoch's end, each
+    holding the epoch and batch already recorded, and the model's weights of that moment."""
+    x, y = data(3, LOCAL_BATCH * SIZE * STEPS, 6)
+    model = keras_model(7)
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse",
+                  jit_compile=False)
+    commits = []
+
+    class State(hvdk.elastic.KerasState):
+        def commit(self):
+            super().commit()
+            commits.append((self.epoch, self.batch, model.get_weights()[0].copy()))
+
+    state = State(model, epoch=0, batch=0)
+    callbacks = [hvdk.elastic.CommitStateCallback(state, batches_per_commit=3),
+                 hvdk.elastic.UpdateBatchStateCallback(state),
+                 hvdk.elastic.UpdateEpochStateCallback(state)]
+
+    @hvdk.elastic.run
+    def train(state):
+        model.fit(x[RANK::SIZE], y[RANK::SIZE], batch_size=LOCAL_BATCH, epochs=2, shuffle=False,
+                  verbose=0, callbacks=callbacks)
+
+    train(state)
+    assert [c[:2] for c in commits] == [(0, 3), (1, 0), (1, 3), (2, 0)], [c[:2] for c in commits]
+    assert (state.epoch, state.batch) == (2, 0)
+    np.testing.assert_array_equal(commits[-1][2], model.get_weights()[0])
+    model.set_weights([w * 0 for w in model.get_weights()])
+    state.restore()                        # back to the last commit: the final weights
+    np.testing.assert_array_equal(model.get_weights()[0], commits[-1][2])
+    assert_same_on_every_rank([c[2] for c in commits], "weights at each commit")

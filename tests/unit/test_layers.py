@@ -15,6 +15,7 @@ Imports made with ``importlib`` from strings are not seen (hvlite/__init__.py lo
 modules that way, and nothing else does).
 """
 import ast
+import glob
 import os
 
 import pytest
@@ -155,3 +156,22 @@ def test_planted_violations_are_found(relpath, source):
 ])
 def test_allowed_imports_pass(relpath, source):
     assert planted(relpath, source) == []
+
+
+def test_every_neutral_module_imports_first():
+    """Each module of the neutral layer imports as the first thing a fresh interpreter does
+    (``hvlite.elastic`` imports ``hvlite.ops`` before anything loads the API, and the lazy
+    ``hvlite.__getattr__`` must not load the API half-way through that import)."""
+    import subprocess
+    import sys
+    names = sorted(module_of(p)[0] for p in glob.glob(os.path.join(PACKAGE_DIR, "*.py"))
+                   + glob.glob(os.path.join(PACKAGE_DIR, "elastic", "*.py")))
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    code = "import importlib, sys; importlib.import_module(sys.argv[1])"
+    failed = []
+    for name in names:
+        job = subprocess.run([sys.executable, "-c", code, name], env=env, capture_output=True,
+                             text=True, timeout=120)
+        if job.returncode:
+            failed.append("%s: %s" % (name, job.stderr.strip().splitlines()[-1:]))
+    assert not failed, failed

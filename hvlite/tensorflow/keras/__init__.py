@@ -4,10 +4,11 @@ backend) on the hvlite engine.
 Contract: the public names are Horovod's documented ones: basics (``init``, ``rank``,
 ``size``, ...), ``DistributedOptimizer`` (``.optimizer``), ``broadcast_global_variables``,
 value collectives ``allreduce``/``allgather``/``broadcast``/``reducescatter`` (eager tensors in,
-eager tensors out), ``load_model`` (re-wraps the saved optimizer) and the callbacks in
-``hvlite.tensorflow.keras.callbacks``. Keras 3 keeps no global variable collection, so
-``broadcast_global_variables`` takes the model whose (and whose optimizer's) variables to send;
-Horovod itself refuses this call under TF2 eager execution.
+eager tensors out), ``load_model`` (re-wraps the saved optimizer), the callbacks in
+``hvlite.tensorflow.keras.callbacks`` and ``elastic`` (``KerasState``, the elastic callbacks).
+Keras 3 keeps no global variable collection, so ``broadcast_global_variables`` takes the model
+whose (and whose optimizer's) variables to send; Horovod itself refuses this call under TF2
+eager execution.
 """
 import keras
 
@@ -21,7 +22,8 @@ from .. import functions as _functions
 from .. import ops as _ops
 from ..compression import Compression
 from ..ops import Average, Max, Min, Product, Sum
-from . import callbacks
+from . import callbacks, elastic
+from ...elastic import HostsUpdatedInterrupt
 from .callbacks import _model_variables
 from .optimizer import (DistributedOptimizer, PartialDistributedOptimizer, is_distributed,
                         wrap_in_place)
@@ -33,7 +35,7 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "DistributedOptimizer", "PartialDistributedOptimizer", "broadcast_global_variables",
            "allreduce", "allgather",
            "broadcast", "reducescatter", "load_model", "callbacks", "start_timeline",
-           "stop_timeline"]
+           "stop_timeline", "elastic", "HostsUpdatedInterrupt"]
 
 
 def broadcast_global_variables(root_rank, model=None):

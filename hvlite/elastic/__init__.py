@@ -1,0 +1,18 @@
+"""hvlite.elastic: Horovod's elastic API, framework-neutral (the adapters build on it).
+
+Contract: ``run`` (the decorator), ``State``, ``ObjectState``, ``HostsUpdatedInterrupt`` and
+``ElasticIndexSampler`` (the index logic of ``ElasticSampler``), with Horovod's documented
+behaviour, on worlds that an elastic ``hvlrun`` (``--min-np``/``--max-np``/
+``--host-discovery-script``) re-forms when workers are lost or added: the last commit lives in
+hvlrun, every world starts from it with every rank's state checked identical, and the steps
+after it are the only ones done again. Commits are bytes in the format of ``codec.py`` (no
+pickle). ``hvlite.torch.elastic`` and ``hvlite.tensorflow(.keras).elastic`` add the framework
+states. Module map: ``codec`` (commit bytes), ``world`` (this process's world, rank 0's line to
+hvlrun), ``state`` (State, ObjectState), ``run`` (the decorator), ``sampler``.
+"""
+from .run import make_run, run
+from .sampler import ElasticIndexSampler
+from .state import HostsUpdatedInterrupt, ObjectState, State, StateMismatchError
+
+__all__ = ["run", "make_run", "State", "ObjectState", "HostsUpdatedInterrupt",
+           "StateMismatchError", "ElasticIndexSampler"]

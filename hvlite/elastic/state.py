@@ -1,0 +1,308 @@
+"""Horovod's elastic ``State`` and ``ObjectState``, on commits that survive any worker's death.
+
+Contract:
+  * :class:`State` is the base: ``commit()`` saves the state and (rank 0, in a world an elastic
+    hvlrun manages) stores it in the driver's commit store before returning, then checks for
+    host updates; ``check_host_updates()`` raises :class:`HostsUpdatedInterrupt` on every rank
+    at the same call when the driver asked the world to stop (the ranks agree on rank 0's
+    answer). ``save()``/``restore()`` keep and bring back an in-memory copy; ``sync()`` gives
+    every rank rank 0's state and checks it; ``register_reset_callbacks()``/``on_reset()``
+    as Horovod. ``commit``, ``check_host_updates`` and ``sync`` are collective (every rank
+    calls them, in the same order); so is ``save`` when the state holds an elastic sampler.
+  * At the start of a world, :meth:`State._begin_world` (called by ``hvlite.elastic.run``) puts
+    the job's last commit on every rank (rank 0 fetches it, every rank gets its bytes, decodes
+    and loads them) or, before the first commit, rank 0's current state; then every rank
+    checks that its state encodes to the same digest as rank 0's, else
+    :class:`StateMismatchError` names the ranks that differ. In a re-formed world the reset
+    callbacks run next.
+  * :class:`ObjectState` keeps the keyword arguments it was given as attributes. A value with
+    ``state_dict()``/``load_state_dict()`` (a model, an optimizer, a sampler, a scheduler) is
+    saved through them and loaded back in place; any other value is copied and assigned back.
+    Values must fit the commit format (``codec.py``): a ``TypeError`` naming the value says so
+    at the first save. Adapters convert their tensors by overriding :meth:`ObjectState._leaf`
+    and :meth:`ObjectState._unleaf`.
+  * Errors: ``HvliteError`` when rank 0 cannot store or fetch a commit (on every rank, naming
+    the store and the cause), :class:`StateMismatchError`, ``codec.CommitFormatError`` for a
+    corrupt commit.
+"""
+from typing import Any, Callable, List, Optional
+
+import numpy as np
+
+from ..basics import rank
+from ..errors import HvliteError
+from ..ops import allgather, broadcast
+from ..runner.commit_client import CommitStoreError
+from . import codec
+from .sampler import ElasticIndexSampler
+from .world import World, agree, current
+
+__all__ = ["HostsUpdatedInterrupt", "StateMismatchError", "State", "ObjectState"]
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """The job's hosts changed: raised on every rank at the same commit (or host check).
+
+    Attributes:
+        skip_sync: Horovod's flag (True when only hosts were removed); kept for compatibility.
+        committed: True when raised by ``commit()``, whose state is then stored.
+    """
+
+    def __init__(self, skip_sync: bool = False, committed: bool = False) -> None:
+        super().__init__("the job's hosts changed; the job re-forms from the last commit")
+        self.skip_sync = skip_sync
+        self.committed = committed
+
+
+class StateMismatchError(HvliteError):
+    """After a restore or sync, some ranks hold a state that differs from rank 0's."""
+
+
+def _store_error(what: str, error: Optional[Exception], failed: bool) -> None:
+    """Raise on every rank when rank 0 could not talk to the commit store (``failed``)."""
+    if failed:
+        detail = str(error) if error is not None else "see rank 0's error"
+        raise HvliteError("hvlite.elastic: rank 0 could not %s: %s" % (what, detail))
+
+
+class State:
+    """Horovod's elastic state (see the module contract); subclasses say what the state is."""
+
+    def __init__(self) -> None:
+        self._reset_callbacks: List[Callable[[], None]] = []
+        self._saved: Any = None
+        self._updates_seen = 0
+        self.commit_seq = 0            # the last commit stored or restored (0: none)
+
+    # --- what a subclass provides ----------------------------------------------------------
+    def _capture(self) -> Any:
+        """Return a copy of the live state as a commit tree."""
+        raise NotImplementedError
+
+    def _apply(self, tree: Any) -> None:
+        """Make the live state equal ``tree`` (which stays unchanged)."""
+        raise NotImplementedError
+
+    # --- Horovod's API ----------------------------------------------------------------------
+    def register_reset_callbacks(self, callbacks: List[Callable[[], None]]) -> None:
+        """Run ``callbacks`` (no arguments) after each re-form, once the state is restored."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        """Run the reset callbacks, in registration order."""
+        for callback in self._reset_callbacks:
+            callback()
+
+    def on_hosts_updated(self, timestamp: float, update_res: int) -> None:
+        """Horovod's notification hook. hvlite learns of host changes at each commit (from the
+        driver's answer), so nothing needs to arrive here; kept for compatibility."""
+
+    def save(self) -> None:
+        """Keep a copy of the current state in memory (what ``restore()`` brings back)."""
+        self._saved = self._capture()
+
+    def restore(self) -> None:
+        """Bring back the state of the last ``save()``/``commit()`` on this rank."""
+        if self._saved is not None:
+            self._apply(self._saved)
+
+    def reset(self) -> None:
+        """Horovod's hook, called before ``on_reset`` in a re-formed world. Nothing to do here:
+        a re-formed world is new processes, whose state the commit already restored."""
+
+    def commit(self) -> None:
+        """Save the state as the point every rank comes back to, then check for host updates.
+
+        Collective. In a world an elastic hvlrun manages, rank 0 stores the state with the
+        driver before any rank returns; a failure raises ``HvliteError`` on every rank.
+
+        Raises:
+            HostsUpdatedInterrupt: on every rank, when the driver asked the world to stop here.
+        """
+        self.save()
+        world = current()
+        if not world.managed:
+            return
+        seq, updates, error = 0, 0, None
+        if rank() == 0:
+            try:
+                seq, updates = world.put(codec.encode(self._saved))
+            except (CommitStoreError, TypeError) as e:
+                error = e
+        failed, seq, updates = agree([error is not None, seq, updates], "commit")
+        _store_error("store the commit", error, failed)
+        self.commit_seq = seq
+        self._interrupt_if(updates, committed=True)
+
+    def check_host_updates(self) -> None:
+        """Raise :class:`HostsUpdatedInterrupt` on every rank if the driver asked the world to
+        stop (its hosts changed). Collective; a no-op outside an elastic hvlrun."""
+        world = current()
+        if not world.managed:
+            return
+        updates, error = 0, None
+        if rank() == 0:
+            try:
+                updates = world.updates()
+            except CommitStoreError as e:
+                error = e
+        failed, updates = agree([error is not None, updates], "hosts")
+        _store_error("ask hvlrun about host updates", error, failed)
+        self._interrupt_if(updates, committed=False)
+
+    def _interrupt_if(self, updates: int, committed: bool) -> None:
+        if updates > self._updates_seen:
+            self._updates_seen = updates
+            raise HostsUpdatedInterrupt(committed=committed)
+
+    def sync(self) -> None:
+        """Give every rank rank 0's current state, and check it. Collective.
+
+        Raises:
+            TypeError: on every rank, when rank 0's state does not fit the commit format.
+            StateMismatchError: some rank's state differs from rank 0's after loading it.
+        """
+        data, error = None, None
+        try:
+            tree = self._capture()     # on every rank: capturing a sampler is collective
+            if rank() == 0:
+                data = codec.encode(tree)
+        except TypeError as e:
+            error = e
+        self._load_everywhere(data, error)
+
+    # --- the world's start ------------------------------------------------------------------
+    def _load_everywhere(self, data: Optional[bytes], error: Optional[Exception] = None) -> None:
+        """Rank 0's commit bytes to every rank; load them; check every rank agrees."""
+        failed, size = agree([error is not None, len(data) if data is not None else 0],
+                             "state.size")
+        if failed:
+            raise TypeError("hvlite.elastic: rank 0's state cannot be committed: %s"
+                            % (error or "see rank 0's error"))
+        buffer = np.frombuffer(data, np.uint8) if data is not None else np.empty(size, np.uint8)
+        received = broadcast(buffer, 0, name="hvlite.elastic.state.data")
+        tree = codec.decode(memoryview(received))
+        self._apply(tree)
+        self._saved = tree
+        self._verify()
+
+    def _verify(self) -> None:
+        """Every rank encodes its live state; the digests must all equal rank 0's."""
+        mine = np.frombuffer(codec.tree_digest(self._capture()), np.uint8)
+        digests = allgather(mine.reshape(1, -1), name="hvlite.elastic.state.digest")
+        differ = [r for r in range(len(digests)) if not np.array_equal(digests[r], digests[0])]
+        if differ:
+            raise StateMismatchError(
+                "hvlite.elastic: after loading rank 0's state, rank%s %s hold%s a different "
+                "state (digest of the encoded state differs from rank 0's)"
+                % ("s" if len(differ) > 1 else "", ",".join(map(str, differ)),
+                   "" if len(differ) > 1 else "s"))
+
+    def _begin_world(self, world: World) -> int:
+        """Put the job's last commit (or rank 0's state) on every rank, checked; run the reset
+        callbacks in a re-formed world. Returns the commit's number (0: none). Collective."""
+        if not world.managed:
+            self.sync()
+            return 0
+        got, error = None, None
+        if rank() == 0:
+            try:
+                got = world.fetch()
+            except CommitStoreError as e:
+                error = e
+        failed, seq = agree([error is not None, got[0] if got else 0], "fetch")
+        _store_error("fetch the last commit", error, failed)
+        if seq:
+            self._load_everywhere(got[1] if got else None)
+        else:
+            self.sync()
+        self.commit_seq = seq
+        if world.number > 1:
+            self.reset()
+            self.on_reset()
+        return seq
+
+
+def _copy(obj: Any, leaf: Callable[[Any, str], Any], path: str) -> Any:
+    """A commit tree holding copies of ``obj``'s contents; ``leaf`` converts anything that is
+    not a plain value (or raises TypeError naming ``path``)."""
+    if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
+        return obj
+    if isinstance(obj, (np.generic, codec.Array)):     # before tuple: Array is a NamedTuple
+        return obj
+    if isinstance(obj, dict):
+        return {k: _copy(v, leaf, "%s[%r]" % (path, k)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        items = [_copy(v, leaf, "%s[%d]" % (path, i)) for i, v in enumerate(obj)]
+        return tuple(items) if isinstance(obj, tuple) else items
+    if isinstance(obj, np.ndarray):
+        return obj.copy()
+    return leaf(obj, path)
+
+
+def _rebuild(tree: Any, unleaf: Callable[[codec.Array], Any]) -> Any:
+    """Fresh live objects from a commit tree (the tree stays unchanged)."""
+    if isinstance(tree, codec.Array):                  # before tuple: Array is a NamedTuple
+        return unleaf(tree)
+    if isinstance(tree, dict):
+        return {k: _rebuild(v, unleaf) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        items = [_rebuild(v, unleaf) for v in tree]
+        return tuple(items) if isinstance(tree, tuple) else items
+    if isinstance(tree, np.ndarray):
+        return tree.copy()
+    return tree
+
+
+def _stateful(value: Any) -> bool:
+    return callable(getattr(value, "state_dict", None)) and callable(
+        getattr(value, "load_state_dict", None))
+
+
+class ObjectState(State):
+    """Horovod's ``ObjectState``: the keyword arguments, kept as attributes and committed.
+
+    ``bcast_object`` and ``get_rank`` are accepted for Horovod compatibility and not used
+    (hvlite moves state as commit bytes, never as pickles).
+    """
+
+    def __init__(self, bcast_object: Any = None, get_rank: Any = None, **kwargs: Any) -> None:
+        super().__init__()
+        self._names = list(kwargs)
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+        self.save()
+
+    def _leaf(self, obj: Any, path: str) -> Any:
+        """Convert a framework object to something the commit format holds (adapters)."""
+        raise TypeError("cannot commit %s of type %s: a commit holds numbers, strings, bytes, "
+                        "lists, tuples, dicts and arrays" % (path, type(obj).__name__))
+
+    def _unleaf(self, array: codec.Array) -> Any:
+        """Turn an :class:`codec.Array` back into the framework's tensor (adapters)."""
+        raise codec.CommitFormatError("a commit holds a %s tensor, but this state has no %s "
+                                      "adapter" % (array.kind, array.kind))
+
+    def _capture(self) -> Any:
+        tree = {}
+        for name in self._names:
+            value = getattr(self, name)
+            if isinstance(value, ElasticIndexSampler):
+                value.merge_processed()      # collective: every rank's processed samples
+            if _stateful(value):
+                tree[name] = {"state_dict": _copy(value.state_dict(), self._leaf, name)}
+            else:
+                tree[name] = {"value": _copy(value, self._leaf, name)}
+        return tree
+
+    def _apply(self, tree: Any) -> None:
+        if not isinstance(tree, dict) or set(tree) != set(self._names):
+            raise codec.CommitFormatError("the commit holds %s, this state holds %s"
+                                          % (sorted(tree) if isinstance(tree, dict) else tree,
+                                             sorted(self._names)))
+        for name in self._names:
+            entry = tree[name]
+            if "state_dict" in entry:
+                getattr(self, name).load_state_dict(_rebuild(entry["state_dict"], self._unleaf))
+            else:
+                setattr(self, name, _rebuild(entry["value"], self._unleaf))

@@ -1,0 +1,96 @@
+"""``hvd.elastic`` for PyTorch: Horovod's elastic names on hvlite's re-forming worlds.
+
+Contract: ``run``, ``State``, ``ObjectState``, ``HostsUpdatedInterrupt`` (from
+``hvlite.elastic``), plus
+  * ``TorchState(model=None, optimizer=None, **kwargs)``: an ``ObjectState`` whose ``model`` and
+    ``optimizer`` (any objects with ``state_dict``/``load_state_dict``: also schedulers,
+    ``ElasticSampler``) are committed through their state dicts. Tensors travel as raw bytes
+    with their dtype and shape (every torch dtype but quantized and sparse ones, which raise
+    ``TypeError`` naming the value) and come back on the CPU; ``load_state_dict`` puts them
+    where the model's own tensors live.
+  * ``ElasticSampler(dataset, shuffle=True, seed=0)``: a ``torch.utils.data.Sampler`` with the
+    behaviour of ``hvlite.elastic.ElasticIndexSampler`` (Horovod's: ``set_epoch``,
+    ``record_batch``, ``record_indices``, ``get_indices``, ``state_dict``,
+    ``load_state_dict``, ``reset``); kept in a ``TorchState``, a re-formed world neither redoes
+    nor skips samples of the epoch.
+"""
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils.data
+
+from ..elastic import ElasticIndexSampler, HostsUpdatedInterrupt, ObjectState, State, run
+from ..elastic.codec import Array, CommitFormatError
+
+__all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler", "HostsUpdatedInterrupt"]
+
+_KIND = "torch"
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise CommitFormatError("a committed tensor has unknown torch dtype %r" % name)
+    return dtype
+
+
+def tensor_to_array(tensor: torch.Tensor, path: str = "tensor") -> Array:
+    """A copy of ``tensor``'s values as commit bytes (its dtype and shape kept).
+
+    Raises:
+        TypeError: a sparse or quantized tensor.
+    """
+    if tensor.layout != torch.strided or tensor.is_quantized:
+        raise TypeError("cannot commit %s: %s tensors are not supported (strided, "
+                        "not quantized only)" % (path, tensor.layout))
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    raw = flat.view(torch.uint8).numpy().copy() if flat.numel() else np.empty(0, np.uint8)
+    return Array(_KIND, str(tensor.dtype).replace("torch.", ""), tuple(tensor.shape), raw)
+
+
+def array_to_tensor(array: Array) -> torch.Tensor:
+    """A fresh CPU tensor from commit bytes.
+
+    Raises:
+        CommitFormatError: not a torch tensor, an unknown dtype, or bytes that do not fit.
+    """
+    if array.kind != _KIND:
+        raise CommitFormatError("a commit holds a %s tensor where a torch tensor belongs"
+                                % array.kind)
+    dtype = _dtype(array.dtype)
+    count = int(np.prod(array.shape, dtype=np.int64))
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if array.data.size != count * itemsize:
+        raise CommitFormatError("a committed %s tensor of shape %s has %d bytes"
+                                % (array.dtype, list(array.shape), array.data.size))
+    if count == 0:
+        return torch.empty(array.shape, dtype=dtype)
+    raw = torch.from_numpy(np.ascontiguousarray(array.data).copy())
+    return raw.view(dtype).reshape(array.shape)
+
+
+class TorchState(ObjectState):
+    """Horovod's ``TorchState`` (see the module contract)."""
+
+    def __init__(self, model: Any = None, optimizer: Any = None, **kwargs: Any) -> None:
+        if model is not None:
+            kwargs["model"] = model
+        if optimizer is not None:
+            kwargs["optimizer"] = optimizer
+        super().__init__(**kwargs)
+
+    def _leaf(self, obj: Any, path: str) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return tensor_to_array(obj, path)
+        return super()._leaf(obj, path)
+
+    def _unleaf(self, array: Array) -> Any:
+        return array_to_tensor(array)
+
+
+class ElasticSampler(ElasticIndexSampler, torch.utils.data.Sampler):
+    """Horovod's ``ElasticSampler`` (see the module contract)."""
+
+    def __init__(self, dataset: Any, shuffle: bool = True, seed: int = 0) -> None:
+        ElasticIndexSampler.__init__(self, dataset, shuffle=shuffle, seed=seed)

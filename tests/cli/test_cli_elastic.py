@@ -1,0 +1,226 @@
+"""The elastic driver's pieces in one process, without the engine: the discovery script's
+output, the blacklist and its cooldown, placement, the commit store and its client over real
+loopback sockets (a whole commit or none, only from the open world, forged input refused), the
+elastic timeline file, and hvlrun's elastic flags (usage errors, the first world's dry run)."""
+import json
+import os
+import random
+import socket
+import time
+
+import pytest
+
+from hvlite.runner.commit_client import CommitClient, CommitStoreError
+from hvlite.runner.commit_store import CommitStore
+from hvlite.runner.discovery import DiscoveryError, discover, parse_discovery
+from hvlite.runner.elastic_trace import ElasticTrace, world_path
+from hvlite.runner.host_pool import FAILURES_TO_BLACKLIST, HostPool, describe, place
+from hvlite.runner.hosts import Host
+from hvlite.runner.wire import new_secret
+
+
+def test_discovery_output_is_parsed_with_default_slots():
+    text = "# hosts\nh1:4\nh2 slots=2\n\nh3  # no count\n"
+    assert parse_discovery(text, 3) == [Host("h1", 4), Host("h2", 2), Host("h3", 3)]
+    assert parse_discovery("", 1) == []
+    for bad, message in (("h1:x", "bad slot count"), ("h1\nh1:2", "a second time"),
+                         ("a b c", "cannot parse")):
+        with pytest.raises(DiscoveryError, match=message):
+            parse_discovery(bad, 1)
+
+
+def test_discovery_script_failures_are_named(tmp_path):
+    assert discover("echo h1:2; echo h2", 1) == [Host("h1", 2), Host("h2", 1)]
+    with pytest.raises(DiscoveryError, match="exited with code 3\n    boom"):
+        discover("echo boom >&2; exit 3", 1)
+    with pytest.raises(DiscoveryError, match="ran longer than 0.5 s"):
+        discover("sleep 5", 1, timeout=0.5)
+
+
+def test_placement_fills_hosts_in_order():
+    hosts = [Host("a", 2), Host("b", 3), Host("c", 1)]
+    assert place(hosts, 4) == [Host("a", 2), Host("b", 2)]
+    assert place(hosts, 9) == hosts
+    assert describe(place(hosts, 1)) == "a:1" and describe([]) == "no host"
+
+
+def test_a_host_that_keeps_failing_is_blacklisted_for_good():
+    pool, hosts = HostPool(), [Host("a", 1), Host("b", 1)]
+    assert pool.record_failure("b", 0.0) is None
+    pool.record_progress(["a", "b"])          # a commit in between: not "in a row"
+    assert pool.record_failure("b", 1.0) is None
+    message = pool.record_failure("b", 2.0)
+    assert "blacklisted host b for the rest of the job" in message
+    assert pool.usable(hosts, 1e9) == [Host("a", 1)] and pool.blacklisted(1e9) == ["b"]
+    assert "cannot be reached" in pool.blacklist("a", 3.0, "it cannot be reached")
+
+
+def test_cooldown_doubles_within_the_range_and_the_host_returns():
+    pool, hosts = HostPool((10.0, 25.0), random.Random(0)), [Host("a", 1)]
+    for _ in range(FAILURES_TO_BLACKLIST - 1):
+        pool.record_failure("a", 0.0)
+    first = pool.record_failure("a", 0.0)
+    assert pool.usable(hosts, 9.9) == [] and pool.usable(hosts, 11.1) == hosts, first
+    second = pool.record_failure("a", 20.0)        # one failure after its return is enough
+    assert second and pool.usable(hosts, 20.0 + 19.9) == []
+    assert pool.usable(hosts, 20.0 + 22.1) == hosts
+    third = pool.record_failure("a", 50.0)
+    seconds = float(third.split(" for ")[1].split(" s")[0])
+    assert seconds == 25.0, third                   # capped at the range's top
+
+
+@pytest.fixture
+def store(tmp_path):
+    key = new_secret()
+    server = CommitStore(key, str(tmp_path)).start()
+    yield server, key
+    server.close()
+
+
+def client(server, key):
+    return CommitClient("127.0.0.1:%d" % server.port, key, timeout=10).connect()
+
+
+def test_commits_round_trip_only_from_the_open_world(store):
+    server, key = store
+    c = client(server, key)
+    assert c.fetch() is None
+    with pytest.raises(CommitStoreError, match="world 1 is over"):
+        c.put(1, b"early")                       # refused (and the client hangs up)
+    server.open_world(1)
+    c = client(server, key)
+    assert c.put(1, b"first") == (1, 0)
+    server.request_reform()
+    assert c.put(1, b"second" * 100000) == (2, 1)       # the driver asks the world to stop
+    assert c.updates(1) == 1
+    c.ready(1, 2)
+    assert server.ready(1)[0] == 2
+    with open(server.path, "rb") as f:
+        assert f.read() == b"second" * 100000
+    server.close_world()
+    with pytest.raises(CommitStoreError):
+        c.put(1, b"late")                               # its connection was dropped
+    server.open_world(2)
+    again = client(server, key)
+    assert again.fetch() == (2, 1, b"second" * 100000)
+    with pytest.raises(CommitStoreError, match="world 1 is over"):
+        again.put(1, b"stale world")
+    assert server.latest().seq == 2 and server.latest().world == 1
+
+
+def test_a_partial_commit_never_replaces_the_last(store):
+    server, key = store
+    server.open_world(1)
+    c = client(server, key)
+    c.put(1, b"whole")
+    sock = c._sock
+    sock.sendall(c._session.seal("put 1 1000 %s" % ("0" * 64)))
+    sock.sendall(b"x" * 10)
+    server.close_world()                       # the world ends mid-transfer
+    server.open_world(2)
+    assert client(server, key).fetch() == (1, 1, b"whole")
+    assert not os.path.exists(server.path + ".tmp")
+
+
+def test_wrong_key_and_forged_bytes_are_refused(store):
+    server, key = store
+    server.open_world(1)
+    with pytest.raises(CommitStoreError):
+        client(server, new_secret()).put(1, b"forged")
+    c = client(server, key)
+    c._sock.sendall(c._session.seal("put 1 5 %s" % ("0" * 64)) + b"bytes")   # wrong digest
+    assert c._reader.readline() == b""                                        # dropped
+    raw = socket.create_connection(("127.0.0.1", server.port))
+    raw.sendall(b"hvlrun-hello 1 " + b"0" * 32 + b"\nput 1 1 x\n")
+    raw.close()
+    assert server.latest() is None
+    assert any("digest" in r for r in server.rejected()), server.rejected()
+
+
+def test_elastic_timeline_is_valid_json_after_every_event(tmp_path):
+    path = str(tmp_path / "t.json")
+    assert world_path(path, 2) == str(tmp_path / "t.world2.json")
+    trace = ElasticTrace(path, 100.0)
+    trace.span("worlds", "world 1 (3 ranks)", 100.0, 112.5, {"end": "failed"})
+    trace.span("re-forms", "REFORM world 1 -> 2", 112.5, 116.0, {"seconds": 3.5})
+    trace.mark("hosts", "BLACKLIST", 113.0, {"detail": "h3"})
+    events = json.loads(open(path).read())
+    spans = [e for e in events if e["ph"] == "X"]
+    assert [e["dur"] for e in spans] == [12.5e6, 3.5e6] and spans[1]["ts"] == 12.5e6
+
+
+def test_elastic_flags_are_checked(hvlrun):
+    for args, message in ((["--min-np", "3", "--max-np", "2"], "--max-np 2 is below --min-np 3"),
+                          (["-np", "5", "--min-np", "2", "--max-np", "4"], "-np 5 is not between"),
+                          (["--min-np", "0"], "--min-np must be at least 1"),
+                          (["--min-np", "1", "--blacklist-cooldown-range", "5", "1"],
+                           "0 <= MIN <= MAX"),
+                          (["-np", "2", "--reset-limit", "3"],
+                           "--reset-limit only applies to elastic jobs")):
+        job = hvlrun(args + ["true"])
+        assert job.returncode == 2 and message in job.stderr, (args, job.stderr)
+
+
+def test_dry_run_shows_the_first_world_of_the_discovered_hosts(hvlrun, tmp_path):
+    script = tmp_path / "hosts.sh"
+    script.write_text("#!/bin/sh\necho localhost:2\necho otherhost:4\n")
+    script.chmod(0o755)
+    job = hvlrun(["--dry-run", "--max-np", "3", "--host-discovery-script", str(script),
+                  "--mpi-flavour", "mpich", "python", "train.py"])
+    assert job.returncode == 0, job.stderr
+    assert " -n 3 -hosts localhost:2,otherhost:1 " in job.stdout, job.stdout
+    job = hvlrun(["--dry-run", "--min-np", "9", "--host-discovery-script", str(script),
+                  "--mpi-flavour", "mpich", "true"])
+    assert job.returncode == 2 and "names 6 slots, below --min-np 9" in job.stderr
+
+
+class FakeServer:
+    """What a world's watcher reads from its control server, scripted."""
+
+    def __init__(self, exits, lost=None):
+        self._exits, self._lost = exits, lost
+
+    def exits(self):
+        return list(self._exits)
+
+    def lost(self):
+        return self._lost
+
+    def first_failure_round(self):
+        return 5 if any(c for _, c in self._exits) else None
+
+    def started_ranks(self):
+        return {r: (1, "x") for r in range(3)}
+
+
+class FinishedProc:
+    def poll(self):
+        return 0        # nothing left to end
+
+
+def classify(exits, lost=None, wait=0.0):
+    from hvlite.runner.elastic_world import WorldSpec, _Watch
+    spec = WorldSpec(1, [Host("a", 2), Host("b", 1)], {})
+    watch = _Watch(FinishedProc(), FakeServer(exits, lost), spec, 0, [], None)
+    end = watch.step()
+    if end is None and wait:
+        time.sleep(wait)
+        end = watch.step()
+    return end
+
+
+def test_how_a_world_ended_is_told_from_its_reports():
+    from hvlite.runner.control import Lost
+    from hvlite.runner.elastic_world import PEER_LOST_WAIT_SECONDS
+    failed = classify([(2, 137)])
+    assert (failed.kind, failed.hosts) == ("failed", ("b",))
+    assert failed.reason == "rank 2 on b was killed by signal 9"
+    assert classify([(0, 75)]) is None                      # the others get time to leave
+    assert classify([(0, 75), (1, 75), (2, 75)]).kind == "reform"
+    assert classify([(1, 76)]) is None                      # a consequence: wait for the cause
+    assert classify([(1, 76)], wait=PEER_LOST_WAIT_SECONDS + 0.1).kind == "peer-lost"
+    assert classify([(1, 76), (0, 1)]).hosts == ("a",)      # the cause, once it is there
+    done_then_failed = classify([(0, 0), (2, 3)])
+    assert (done_then_failed.kind, done_then_failed.code) == ("finished-failed", 3)
+    lost = classify([(0, 143)], Lost("host b (rank 2)", "host b (rank 2): gone", 4, "b"))
+    assert (lost.kind, lost.hosts) == ("lost", ("b",))      # lost first: the SIGTERM follows
