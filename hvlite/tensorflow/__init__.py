@@ -22,11 +22,13 @@ from ..timeline import start_timeline, stop_timeline
 from .compression import Compression
 from . import elastic
 from ..elastic import HostsUpdatedInterrupt
-from .functions import allgather_object, broadcast_, broadcast_object, broadcast_variables
-from .gradient_tape import DistributedGradientTape
-from .ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall,
-                  barrier, broadcast, grouped_allreduce, join, local_rank_op, local_size_op,
-                  rank_op, reducescatter, size_op)
+from .functions import (allgather_object, broadcast_, broadcast_global_variables, broadcast_object,
+                        broadcast_variables)
+from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
+from .ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall, barrier,
+                  broadcast, grouped_allgather, grouped_allreduce, grouped_reducescatter, join,
+                  local_rank_op, local_size_op, process_set_included_op, rank_op, reducescatter,
+                  size_op)
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
            "cross_rank", "cross_size", "mpi_threads_supported", "mpi_built", "mpi_enabled",
@@ -34,11 +36,14 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "ccl_built", "HorovodInternalError", "HvliteError", "HvliteInvalidArgument",
            "HvliteShutdownError", "HvliteTimeoutError", "MismatchError", "HvliteDeadlockError", "ProcessSet", "add_process_set", "remove_process_set",
            "global_process_set", "Compression", "Sum", "Average", "Min", "Max", "Product",
-           "Adasum", "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall",
-           "reducescatter", "barrier", "join", "size_op", "rank_op", "local_size_op",
-           "local_rank_op", "broadcast_variables", "broadcast_", "broadcast_object",
-           "allgather_object", "DistributedGradientTape", "DistributedOptimizer", "start_timeline",
-           "stop_timeline", "elastic", "HostsUpdatedInterrupt"]
+           "Adasum", "allreduce", "grouped_allreduce", "allgather", "grouped_allgather",
+           "broadcast",
+           "alltoall", "reducescatter", "grouped_reducescatter", "barrier", "join", "size_op",
+           "rank_op", "local_size_op", "local_rank_op", "process_set_included_op",
+           "broadcast_global_variables", "broadcast_variables", "broadcast_", "broadcast_object",
+           "allgather_object", "DistributedGradientTape", "PartialDistributedGradientTape",
+           "DistributedOptimizer", "start_timeline", "stop_timeline", "elastic",
+           "HostsUpdatedInterrupt"]
 
 
 def DistributedOptimizer(optimizer, *args, **kwargs):

@@ -5,8 +5,12 @@ Contract:
   on the tensors' values. Eagerly it runs at once; while tracing a ``tf.function`` it adds one
   stateful ``tf.numpy_function`` op, so the collective runs at every execution of the graph, in
   program order (TensorFlow chains stateful ops of a function in the order they were created,
-  which is the same order on every rank). Errors raised by ``np_fn`` surface eagerly as the
-  hvlite exception itself, and inside a graph as a ``tf.errors.OpError`` carrying its message.
+  which is the same order on every rank). Engine errors raised by ``np_fn`` surface eagerly as
+  the hvlite exception, of a class that also derives from the ``tf.errors`` class Horovod's ops
+  raise (``MismatchError`` is a ``FailedPreconditionError``, ``HvliteInvalidArgument`` an
+  ``InvalidArgumentError``); inside a graph, ``tf.numpy_function`` turns them into a
+  ``tf.errors.OpError`` carrying the message (``InvalidArgumentError`` for the ``ValueError``
+  ones, ``UnknownError`` for the others: the numpy_function op picks the class).
 - Copies: eager CPU tensors are read through ``np.asarray`` (no copy); results that are
   64-byte aligned (engine memory, ``hvlite.buffers``, which the ops allocate their results in)
   come back to TensorFlow through DLPack (no copy); bfloat16, which DLPack cannot describe, and
@@ -16,21 +20,27 @@ Contract:
   ``hvlite.handles.auto_name(kind)`` (the same on every rank that calls in the same order), and
   in a graph ``<function>.<kind>.<n>`` with a counter kept per outermost traced function, so
   every execution of a traced function reuses the same names (the engine's response cache then
-  hits) and a retrace on one rank only cannot shift the names of the other functions.
+  hits) and a retrace on one rank only cannot shift the names of the other functions. A TF1
+  ``tf.Graph`` (run by a Session) has no name: it is ``graph<k>``, numbered in the order hvlite
+  first sees each graph.
 - ``np_dtype(tf_dtype)`` maps a TensorFlow dtype to NumPy and raises ``TypeError`` for a dtype
   the engine does not support, before anything is sent.
 - ``wait_all(handles)`` waits for every handle and then raises the first error, so nothing is
   left in flight when one request of a group fails.
 """
 import collections
+import contextlib
+import itertools
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework.func_graph import FuncGraph
 
+from .. import errors
 from ..buffers import is_aligned
 from ..dtypes import by_name
 from ..handles import auto_name
+from ..process_sets import rank_and_size
 
 _from_dlpack = tf.experimental.dlpack.from_dlpack
 try:
@@ -96,9 +106,35 @@ def _outermost_graph(graph):
     return graph
 
 
+_PLAIN_GRAPHS = itertools.count()
+
+
+def _graph_prefix(graph):
+    """A function's name; for a TF1 ``tf.Graph`` (run by a Session), which has none, a number
+    given in the order hvlite first sees each graph (the same order on every rank)."""
+    if isinstance(graph, FuncGraph):
+        return graph.name
+    prefix = getattr(graph, "_hvlite_prefix", None)
+    if prefix is None:
+        prefix = graph._hvlite_prefix = "graph%d" % next(_PLAIN_GRAPHS)
+    return prefix
+
+
+def in_function():
+    """True while tracing a ``tf.function`` (not in eager mode, not in a TF1 graph)."""
+    return isinstance(tf.compat.v1.get_default_graph(), FuncGraph)
+
+
 def op_name(kind, name=None, process_set=None):
     """The engine name for one collective call (see the module docstring); counters are kept
-    per process set, so calls on a set other ranks are not in do not shift their names."""
+    per process set, so calls on a set other ranks are not in do not shift their names.
+
+    Raises:
+        HvliteInvalidArgument (a ValueError): while building a graph, ``process_set`` names
+            no registered set (eagerly the call itself raises it).
+    """
+    if process_set is not None and not tf.executing_eagerly():
+        rank_and_size(process_set)
     if name:
         return name
     if tf.executing_eagerly():
@@ -110,7 +146,7 @@ def op_name(kind, name=None, process_set=None):
     key = (kind, getattr(process_set, "process_set_id", None) or 0)
     index = counters[key]
     counters[key] += 1
-    return "%s.%s.%d" % (graph.name, kind, index)
+    return "%s.%s.%d" % (_graph_prefix(graph), kind, index)
 
 
 def wait_all(handles):
@@ -142,9 +178,47 @@ def submit_all(submit_one, items):
     return handles
 
 
+# hvlite's engine errors, raised eagerly, are also the tf.errors class Horovod's ops raise
+_TF_ERRORS = ((errors.MismatchError, tf.errors.FailedPreconditionError),
+              (errors.HvliteInvalidArgument, tf.errors.InvalidArgumentError),
+              (errors.HvliteTimeoutError, tf.errors.DeadlineExceededError),
+              (errors.HvliteShutdownError, tf.errors.UnavailableError),
+              (errors.HvliteError, tf.errors.UnknownError))
+_TF_CLASSES = {}
+
+
+def tf_error(error):
+    """``error`` (an HvliteError) as an instance of a class deriving from both its own class
+    and the matching ``tf.errors.OpError`` subclass, with the same message."""
+    cls = type(error)
+    both = _TF_CLASSES.get(cls)
+    if both is None:
+        tf_cls = next(t for h, t in _TF_ERRORS if issubclass(cls, h))
+
+        def init(self, message):
+            tf_cls.__init__(self, None, None, message)
+        both = _TF_CLASSES[cls] = type(cls.__name__, (cls, tf_cls),
+                                       {"__init__": init, "__module__": cls.__module__})
+    return both(str(error))
+
+
 def library(fn):
     """Keep AutoGraph out of hvlite's own code (it is plain Python control flow)."""
     return tf.autograph.experimental.do_not_convert(fn)
+
+
+_UNCHAINED = [False]
+
+
+@contextlib.contextmanager
+def unchained():
+    """Ops made inside stay out of a TF1 graph's chain (variable broadcasts, usually run once
+    on their own before training: chained, running one would run the training step's)."""
+    _UNCHAINED[0] = True
+    try:
+        yield
+    finally:
+        _UNCHAINED[0] = False
 
 
 def run(np_fn, tensors, out_dtypes):
@@ -158,9 +232,29 @@ def run(np_fn, tensors, out_dtypes):
         List of tf.Tensor (static shapes unknown in a graph: callers set them).
     """
     if tf.executing_eagerly():
-        return [to_tensor(a) for a in np_fn([to_numpy(t) for t in tensors])]
+        try:
+            arrays = np_fn([to_numpy(t) for t in tensors])
+        except errors.HvliteError as e:
+            raise tf_error(e) from e
+        return [to_tensor(a) for a in arrays]
+
+    graph = tf.compat.v1.get_default_graph()
+    chained = not isinstance(graph, FuncGraph) and not _UNCHAINED[0]
+    chain = getattr(graph, "_hvlite_chain", None) if chained else None
+    ran = [False]
 
     def numpy_body(*values):     # 0-d inputs arrive as NumPy scalars
+        ran[0] = True
         return np_fn([np.asarray(v) for v in values])
-    outs = tf.numpy_function(numpy_body, list(tensors), list(out_dtypes), stateful=True)
-    return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    # A TF1 graph runs ops that do not depend on each other in any order, and each engine call
+    # holds a TensorFlow thread until every rank has made it: ops not run yet are chained in
+    # the order they were made, so every rank runs them in that order (tf.function does the
+    # same for its stateful ops). An op a Session has already run starts a new chain.
+    deps = [chain[0]] if chain is not None and not chain[1][0] else []
+    with tf.control_dependencies(deps):
+        outs = tf.numpy_function(numpy_body, list(tensors), list(out_dtypes), stateful=True)
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    if chained and outs:
+        graph._hvlite_chain = (outs[0] if isinstance(outs[0], tf.Operation) else outs[0].op,
+                               ran)
+    return outs

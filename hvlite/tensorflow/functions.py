@@ -11,10 +11,11 @@ import tensorflow as tf
 
 from ..objects import allgather_object as _allgather_object, broadcast_object as _broadcast_object
 from ..process_sets import global_process_set
-from ._bridge import library, np_dtype, op_name
+from ._bridge import in_function, library, np_dtype, op_name, unchained
 from .ops import _broadcast_raw
 
-__all__ = ["broadcast_variables", "broadcast_", "broadcast_object", "allgather_object"]
+__all__ = ["broadcast_global_variables", "broadcast_variables", "broadcast_", "broadcast_object",
+           "allgather_object"]
 
 
 def _broadcast_values(variables, root_rank, name, process_set):
@@ -22,8 +23,9 @@ def _broadcast_values(variables, root_rank, name, process_set):
     for v in values:
         np_dtype(v.dtype)
     base = op_name("broadcast_variables", name)
-    return _broadcast_raw(values, ["%s.%d" % (base, i) for i in range(len(values))], root_rank,
-                          process_set)
+    with unchained():
+        return _broadcast_raw(values, ["%s.%d" % (base, i) for i in range(len(values))],
+                              root_rank, process_set)
 
 
 @library
@@ -52,10 +54,35 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     return None if tf.executing_eagerly() else tf.group(*assigns)
 
 
+def broadcast_global_variables(root_rank):
+    """Broadcast root_rank's TF1 global variables (``tf.compat.v1.global_variables()``): in a
+    TF1 graph, returns the op that assigns them.
+
+    Raises:
+        RuntimeError: eagerly or in a tf.function, where no global variable collection exists
+            (as in Horovod): use ``broadcast_variables(model.variables, root_rank)``.
+    """
+    if tf.executing_eagerly() or in_function():
+        raise RuntimeError("hvlite.tensorflow.broadcast_global_variables(root_rank) needs a TF1 "
+                           "graph (global variable collection); in eager mode or a tf.function "
+                           "call broadcast_variables(variables, root_rank)")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank,
+                               name="broadcast_global_variables") or tf.no_op()
+
+
+@library
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
-    """In-place broadcast of variables (Horovod's ``broadcast_``); returns ``variables``."""
-    broadcast_variables(variables, root_rank, process_set=process_set, name=name)
-    return variables
+    """In-place broadcast of variables (Horovod's ``broadcast_``).
+
+    Returns:
+        The values assigned, one per variable (in a graph, tensors that run the assignment
+        when evaluated, as Horovod's).
+    """
+    variables = list(variables)
+    if not variables:
+        return []
+    outs = _broadcast_values(variables, root_rank, name, process_set)
+    return [v.assign(out) for v, out in zip(variables, outs)]
 
 
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
@@ -79,6 +106,7 @@ def allgather_object(obj, session=None, name=None, process_set=global_process_se
 
 
 def _eager_only(what):
-    if not tf.executing_eagerly():
+    # a TF1 graph (Session) is fine: the call runs now, in Python, like an eager one
+    if in_function():
         raise RuntimeError("hvlite.tensorflow.%s works on Python objects and cannot run inside "
                            "a tf.function; call it eagerly" % what)

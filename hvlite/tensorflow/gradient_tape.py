@@ -18,12 +18,12 @@ Contract:
 import tensorflow as tf
 
 from ..collectives import reduce_op
-from ..process_sets import global_process_set
+from ..process_sets import global_process_set, rank_and_size
 from ._bridge import library, op_name
 from .compression import Compression
 from .ops import Average, _allreduce_group, _sparse_allreduce, _tensor
 
-__all__ = ["DistributedGradientTape"]
+__all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
 
 
 def _scale_factors(op, gradient_predivide_factor):
@@ -61,13 +61,16 @@ def allreduce_gradients(grads, prefix, compression=Compression.none, sparse_as_d
         compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, process_set:
             as in ``DistributedGradientTape``.
     Returns:
-        The list of reduced gradients, None where the input was None.
+        The list of reduced gradients, None where the input was None; the gradients unchanged
+        on a rank that is not in ``process_set``.
     Raises:
         ValueError: gradient_predivide_factor with an op other than Average.
         Engine errors as ``hvlite.tensorflow.allreduce``.
     """
     op = reduce_op(None, op)
     pre, post = _scale_factors(op, gradient_predivide_factor)
+    if rank_and_size(process_set)[0] < 0:
+        return list(grads)      # not a member of the set: local gradients, as Horovod's
     base = prefix if tf.executing_eagerly() else op_name(prefix)
     grads = list(grads)
     out = list(grads)
@@ -90,13 +93,28 @@ def allreduce_gradients(grads, prefix, compression=Compression.none, sparse_as_d
     return out
 
 
+def _key(source):
+    """A hashable identity for a variable: tf.Variable.ref(); Keras 3 variables have no ref()
+    (their id, kept valid by the layer that owns them)."""
+    return source.ref() if hasattr(source, "ref") else ("id", id(source))
+
+
 class _DistributedGradientTape(tf.GradientTape):
     """Mixed into the wrapped tape's class by ``DistributedGradientTape``."""
 
+    def register_local_source(self, source):
+        """Keep ``source``'s gradient on this rank: ``gradient`` does not reduce it (and divides
+        it by the set's size when ``scale_local_gradients``, as Horovod does)."""
+        self._hvlite_local.add(_key(source))
+
+    def _is_local(self, source):
+        return _key(source) in self._hvlite_local
+
     @library
     def gradient(self, target, sources, output_gradients=None,
-                 unconnected_gradients=tf.UnconnectedGradients.NONE):
-        """The gradients of ``target`` w.r.t. ``sources``, allreduced over every rank.
+                 unconnected_gradients=tf.UnconnectedGradients.NONE, use_generic_names=False):
+        """The gradients of ``target`` w.r.t. ``sources``, allreduced over every rank (those of
+        registered local sources stay local).
 
         Every rank must call it with the same sources, in the same order.
 
@@ -107,8 +125,31 @@ class _DistributedGradientTape(tf.GradientTape):
         """
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
         flat = tf.nest.flatten(grads)
-        reduced = allreduce_gradients(flat, "DistributedGradientTape", **self._hvlite_options)
-        return tf.nest.pack_sequence_as(grads, reduced)
+        flat_sources = tf.nest.flatten(sources)
+        local = [self._is_local(s) for s in flat_sources]
+        reduced = iter(allreduce_gradients([g for g, l in zip(flat, local) if not l],
+                                           "DistributedGradientTape", **self._hvlite_options))
+        size = rank_and_size(self._hvlite_options["process_set"])[1]
+        out = []
+        for g, is_local in zip(flat, local):
+            if not is_local:
+                out.append(next(reduced))
+            elif g is None or not self._hvlite_scale_local:
+                out.append(g)
+            elif isinstance(g, tf.IndexedSlices):
+                out.append(tf.IndexedSlices(g.values / size, g.indices, g.dense_shape))
+            else:
+                out.append(g / size)
+        return tf.nest.pack_sequence_as(grads, out)
+
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None,
+                                       use_generic_names=False):
+        """``gradient`` split into two lists of (source, gradient): local sources, the rest."""
+        grads = self.gradient(target, sources, output_gradients)
+        local, shared = [], []
+        for s, g in zip(sources, grads):
+            (local if self._is_local(s) else shared).append((s, g))
+        return local, shared
 
 
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
@@ -124,9 +165,10 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
         op: hvd.Average (default), hvd.Sum, ...
         gradient_predivide_factor: see the module docstring (op Average only).
         num_groups: split dense gradients into this many fused submissions (0: one).
-        groups, scale_local_gradients, device_*: accepted for compatibility; ``groups`` must
-            be None.
-        process_set: the global process set.
+        process_set: the process set to reduce over.
+        scale_local_gradients: divide the gradients of sources registered with
+            ``register_local_source`` by the set's size (Horovod's default).
+        groups, device_*: accepted for compatibility; ``groups`` must be None.
     Returns:
         A tape of the same class that records into the same tape.
     Raises:
@@ -142,4 +184,35 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
     tape._hvlite_options = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                                 gradient_predivide_factor=gradient_predivide_factor,
                                 num_groups=num_groups, process_set=process_set)
+    tape._hvlite_local = set()
+    tape._hvlite_scale_local = scale_local_gradients
+    return tape
+
+
+def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
+                                   compression=Compression.none, sparse_as_dense=False,
+                                   op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                                   groups=None, process_set=global_process_set,
+                                   local_layers=None, scale_local_gradients=True):
+    """``DistributedGradientTape`` whose gradients for the trainable weights of
+    ``local_layers`` (a Keras layer or a list of them) stay on this rank.
+
+    Raises:
+        ValueError: an item of ``local_layers`` is not a Keras layer. Others as
+            ``DistributedGradientTape``.
+    """
+    import keras
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("PartialDistributedGradientTape: every local layer must be a "
+                         "keras.layers.Layer")
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients)
+    for layer in local_layers:
+        for var in layer.trainable_weights:
+            tape.register_local_source(var)
     return tape

@@ -1,16 +1,22 @@
-"""Horovod's TensorFlow collectives on tf.Tensor, eagerly and inside tf.function.
+"""Horovod's TensorFlow collectives on tf.Tensor: eagerly, inside tf.function, in a TF1 graph.
 
 Contract: every function here is a collective: every rank of the process set must call it, in
 the same order, with the same name (or every rank with none), dtype and the shape rules of its
 op. Inputs are anything ``tf.convert_to_tensor`` takes (tensors, variables, NumPy arrays);
-results are new tensors. Inside a ``tf.function`` each call becomes one stateful op that runs
-at every execution, with the static shape restored where it is known. ``allreduce``,
+results are new tensors. Inside a ``tf.function`` (or a TF1 graph run by a Session) each call
+becomes one stateful op that runs at every execution, with the static shape restored where it
+is known; a gradient's collectives run after its forward op's. In a TF1 graph, collectives that
+do not depend on each other run in TensorFlow's order, which may differ between ranks: each
+blocks one of TensorFlow's threads until every rank has made it (the deadlock check reports it
+if the threads run out). ``allreduce``,
 ``grouped_allreduce``, ``allgather``, ``broadcast``, ``alltoall`` and ``reducescatter`` of
-floating-point tensors have gradients, with Horovod's semantics (the loss is the sum over ranks):
-allreduce -> allreduce of the gradient with the same op and scale factors; allgather -> this
-rank's rows of the Sum-allreduced gradient; broadcast -> the Sum-allreduced gradient on the
-root, zeros elsewhere; alltoall -> alltoall back with the received splits; reducescatter ->
-allgather of the gradient (divided by size for Average).
+floating-point tensors have gradients, with Horovod's formulas (a migrated model gets the
+gradients it got under Horovod): allreduce -> allreduce of the gradient with the same op and
+scale factors; allgather -> this rank's rows of the Average-allreduced gradient; broadcast ->
+the Average-allreduced gradient on the root, zeros elsewhere; alltoall -> alltoall back with the
+received splits; reducescatter -> allgather of the gradient times the scale factors (and times
+size for Sum). With L_k the loss on rank k, these are the gradients of sum_k L_k (allreduce,
+alltoall), of mean_k L_k (allgather, broadcast) and of size * sum_k L_k (reducescatter).
 Errors: ``TypeError`` for an unsupported dtype and ``ValueError`` for bad arguments, raised
 before anything is sent; engine errors (``MismatchError`` naming the tensor and the ranks, ...)
 are raised as such eagerly and as ``tf.errors.OpError`` with the same message in a graph.
@@ -29,7 +35,8 @@ from ._bridge import library, needs_gradient, np_dtype, op_name, run, submit_all
 from .compression import Compression
 
 __all__ = ["Sum", "Average", "Min", "Max", "Product", "Adasum", "allreduce", "grouped_allreduce",
-           "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join",
+           "allgather", "grouped_allgather", "broadcast", "alltoall", "reducescatter",
+           "grouped_reducescatter", "barrier", "join", "process_set_included_op",
            "size_op", "rank_op", "local_size_op", "local_rank_op"]
 
 Sum, Average, Min, Max, Product, Adasum = (collectives.Sum, collectives.Average,
@@ -51,6 +58,13 @@ def _tensor(value):
 def _floating(tensors):
     """True if the op on these tensors needs a gradient: floating and a tape may record."""
     return all(t.dtype.is_floating for t in tensors) and needs_gradient()
+
+
+def _after(tensors):
+    """Order a gradient's collectives after the forward op's: a TF1 graph (Session) runs
+    independent ops in any order, and each engine call blocks its thread until every rank has
+    made it, so every rank must reach them in one order (no-op eagerly)."""
+    return tf.control_dependencies([t for t in tensors if t is not None])
 
 
 def _group_names(kind, name, n, process_set=None):
@@ -88,8 +102,10 @@ def _allreduce_group(tensors, names, op, pre, post, process_set):
             if op not in (Sum, Average):
                 raise NotImplementedError("allreduce has a gradient for op Sum and Average only")
             dys = [tf.convert_to_tensor(d) for d in dys]
-            return _allreduce_group(dys, _group_names("allreduce.grad", None, len(dys), process_set), op,
-                                    pre, post, process_set)
+            with _after(ys):
+                return _allreduce_group(dys, _group_names("allreduce.grad", None, len(dys),
+                                                          process_set), op, pre, post,
+                                        process_set)
         return ys, grad
     return list(forward(*tensors))
 
@@ -104,10 +120,12 @@ def _check_sparse_op(op):
 def _sparse_allreduce(slices, op, pre, post, name, process_set):
     _check_sparse_op(op)
     values, indices = _allgather_group([_tensor(slices.values), _tensor(slices.indices)],
-                                       _group_names("allreduce.sparse", name, 2, process_set), process_set)
-    scale = pre * post / (rank_and_size(process_set)[1] if op == Average else 1)
-    if scale != 1.0:
-        values = values * tf.cast(scale, values.dtype)
+                                       _group_names("allreduce.sparse", name, 2, process_set),
+                                       process_set)
+    if op == Average:   # true division, as Horovod's: integer values become floats
+        values = values / tf.cast(rank_and_size(process_set)[1], values.dtype)
+    if pre * post != 1.0:
+        values = values * tf.cast(pre * post, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -190,24 +208,40 @@ def _allgather_raw(tensors, names, process_set):
     return outs
 
 
+def _dim0(x):
+    """Rows of ``x`` as allgather counts them (a 0-d tensor is one row), as an int64 tensor."""
+    return tf.cast(tf.size(x) if x.shape.rank == 0 else tf.shape(x)[0], tf.int64)
+
+
+def _allgather_grads(xs, ys, dys, process_set):
+    """Horovod's allgather gradient: the Average-allreduce of each output gradient, cut to this
+    rank's rows. One engine call for the gradients, one for every rank's row counts."""
+    dys = [tf.zeros_like(y) if dy is None else tf.convert_to_tensor(dy) for y, dy in zip(ys, dys)]
+    with _after(ys):
+        averaged = _allreduce_raw(dys, _group_names("allgather.grad", None, len(dys),
+                                                    process_set), Average, 1.0, 1.0, process_set)
+    rows = tf.stack([_dim0(x) for x in xs])
+    set_rank, set_size = rank_and_size(process_set)
+    with _after(averaged):
+        all_rows = _allgather_raw([rows], [op_name("allgather.grad.rows", None, process_set)],
+                                  process_set)[0]
+    before = tf.reduce_sum(tf.reshape(all_rows, [set_size, len(xs)])[:set_rank], axis=0)
+    return [tf.reshape(g[before[i]:before[i] + rows[i]], tf.shape(x))
+            for i, (x, g) in enumerate(zip(xs, averaged))]
+
+
 def _allgather_group(tensors, names, process_set):
-    if len(tensors) != 1 or not _floating(tensors):
+    if not _floating(tensors):
         return _allgather_raw(tensors, names, process_set)
 
     @tf.custom_gradient
-    def forward(x):
-        y = _allgather_raw([x], names, process_set)[0]
+    def forward(*xs):
+        ys = _allgather_raw(list(xs), names, process_set)
 
-        def grad(dy):
-            summed = _allreduce_raw([tf.convert_to_tensor(dy)], [op_name("allgather.grad", None, process_set)],
-                                    Sum, 1.0, 1.0, process_set)[0]
-            rows = tf.reshape(tf.cast(tf.size(x) if x.shape.rank == 0 else tf.shape(x)[0],
-                                      tf.int64), [1])
-            all_rows = _allgather_raw([rows], [op_name("allgather.grad.rows", None, process_set)], process_set)[0]
-            offset = tf.reduce_sum(all_rows[:rank_and_size(process_set)[0]])
-            return tf.reshape(summed[offset:offset + rows[0]], tf.shape(x))
-        return y, grad
-    return [forward(tensors[0])]
+        def grad(*dys):
+            return _allgather_grads(xs, ys, dys, process_set)
+        return ys, grad
+    return list(forward(*tensors))
 
 
 @library
@@ -226,6 +260,21 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
         As ``allreduce``.
     """
     return _allgather_group([_tensor(tensor)], [op_name("allgather", name, process_set)], process_set)[0]
+
+
+@library
+def grouped_allgather(tensors, name=None, ignore_name_scope=False,
+                      process_set=global_process_set):
+    """Allgather a list of tensors submitted together (``allgather`` of each).
+
+    Every rank must call it with the same number of tensors and dtypes, in the same order.
+    Returns the list of concatenated tensors. Raises as ``allreduce``.
+    """
+    tensors = [_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    return _allgather_group(tensors, _group_names("grouped_allgather", name, len(tensors),
+                                                  process_set), process_set)
 
 
 # ---- broadcast ----
@@ -265,9 +314,16 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
         y = _broadcast_raw([x], names, root_rank, process_set)[0]
 
         def grad(dy):
-            summed = _allreduce_raw([tf.convert_to_tensor(dy)], [op_name("broadcast.grad", None, process_set)],
-                                    Sum, 1.0, 1.0, process_set)[0]
-            return summed if _rank() == root_rank else tf.zeros_like(summed)
+            # Horovod's: the Average-allreduce of the gradient on the root, zeros elsewhere
+            with _after([y]):
+                averaged = _allreduce_raw([tf.convert_to_tensor(dy)],
+                                          [op_name("broadcast.grad", None, process_set)],
+                                          Average, 1.0, 1.0, process_set)[0]
+            if _rank() == root_rank:
+                return averaged
+            # zeros that depend on the allreduce, so a TF1 Session still runs it on this rank
+            with tf.control_dependencies([averaged]):
+                return tf.zeros_like(averaged)
         return y, grad
     return forward(tensor)
 
@@ -297,12 +353,17 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
         splits: rows for each rank (sums to dim 0); None splits dim 0 in equal parts.
         name: engine name; generated when None.
     Returns:
-        (tensor, received_splits): the rows received in rank order, and how many came from
-        each rank (int32), as Horovod's TensorFlow API returns them.
+        The rows received, in rank order; with ``splits`` given, (those rows, how many came
+        from each rank as int32), as Horovod's TensorFlow API returns them.
     Raises:
         ValueError: a 0-d tensor, or dim 0 not divisible by size when splits is None.
         Others as ``allreduce``.
     """
+    both = _alltoall(tensor, splits, name, process_set)
+    return both if splits is not None else both[0]
+
+
+def _alltoall(tensor, splits, name, process_set):
     tensor = _tensor(tensor)
     if tensor.shape.rank == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension")
@@ -322,14 +383,56 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
         out, received = _alltoall_raw(x, splits, name, process_set)
 
         def grad(dy, _):
-            back, _ = _alltoall_raw(tf.convert_to_tensor(dy), tf.cast(received, tf.int64),
-                                    op_name("alltoall.grad", None, process_set), process_set)
+            with _after([out]):
+                back, _ = _alltoall_raw(tf.convert_to_tensor(dy), tf.cast(received, tf.int64),
+                                        op_name("alltoall.grad", None, process_set),
+                                        process_set)
             return back
         return (out, received), grad
     return forward(tensor)
 
 
 # ---- reducescatter ----
+
+def _reducescatter_raw(tensors, names, op, pre, post, process_set):
+    outs = _collective(lambda a, n: collectives.reducescatter(
+        array_source(a), _output(a), n, op, pre, post, process_set), tensors, names,
+        [t.dtype for t in tensors])
+    for out, t in zip(outs, tensors):
+        dims = t.shape.as_list()
+        if dims[0] is not None:
+            dims[0] = collectives.reducescatter_rows(dims[0], process_set)
+        out.set_shape(dims)
+    return outs
+
+
+def _reducescatter_group(tensors, names, op, pre, post, process_set):
+    for t in tensors:
+        if t.shape.rank == 0:
+            raise ValueError("reducescatter needs a tensor with at least one dimension")
+    if not _floating(tensors):
+        return _reducescatter_raw(tensors, names, op, pre, post, process_set)
+
+    @tf.custom_gradient
+    def forward(*xs):
+        ys = _reducescatter_raw(list(xs), names, op, pre, post, process_set)
+
+        def grad(*dys):
+            # Horovod's: the allgather of the gradient, times size for Sum and the scale factors
+            if op not in (Sum, Average):
+                raise NotImplementedError("reducescatter has a gradient for op Sum and Average "
+                                          "only")
+            scale = pre * post * (rank_and_size(process_set)[1] if op == Sum else 1)
+            dys = [tf.zeros_like(y) if dy is None else tf.convert_to_tensor(dy)
+                   for y, dy in zip(ys, dys)]
+            if scale != 1.0:
+                dys = [dy * tf.cast(scale, dy.dtype) for dy in dys]
+            with _after(ys):
+                return _allgather_raw(dys, _group_names("reducescatter.grad", None, len(dys),
+                                                        process_set), process_set)
+        return ys, grad
+    return list(forward(*tensors))
+
 
 @library
 def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None,
@@ -349,35 +452,30 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
     Raises:
         ValueError: a 0-d tensor. Others as ``allreduce``.
     """
+    return grouped_reducescatter([tensor], compression=compression, op=op, name=name,
+                                 process_set=process_set, prescale_factor=prescale_factor,
+                                 postscale_factor=postscale_factor, _kind="reducescatter")[0]
+
+
+@library
+def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0, name=None, ignore_name_scope=False,
+                          _kind="grouped_reducescatter"):
+    """Reducescatter a list of tensors submitted together (``reducescatter`` of each).
+
+    Every rank must call it with the same list (length, dtypes, shapes), in the same order.
+    Args and Raises as ``reducescatter``. Returns the list of this rank's slices.
+    """
     op = reduce_op(None, op)
-    tensor = _tensor(tensor)
-    if tensor.shape.rank == 0:
-        raise ValueError("reducescatter needs a tensor with at least one dimension")
-    compressed, ctx = compression.compress(tensor)
-    name = op_name("reducescatter", name, process_set)
-
-    def raw(x):
-        out = _collective(lambda a, n: collectives.reducescatter(
-            array_source(a), _output(a), n, op, prescale_factor, postscale_factor, process_set),
-            [x], [name], [x.dtype])[0]
-        dims = x.shape.as_list()
-        if dims[0] is not None:
-            dims[0] = collectives.reducescatter_rows(dims[0], process_set)
-        out.set_shape(dims)
-        return out
-
-    if not _floating([compressed]):
-        return compression.decompress(raw(compressed), ctx)
-
-    @tf.custom_gradient
-    def forward(x):
-        def grad(dy):
-            full = _allgather_raw([tf.convert_to_tensor(dy)], [op_name("reducescatter.grad", None, process_set)],
-                                  process_set)[0]
-            scale = prescale_factor * postscale_factor / (rank_and_size(process_set)[1] if op == Average else 1)
-            return full * tf.cast(scale, full.dtype) if scale != 1.0 else full
-        return raw(x), grad
-    return compression.decompress(forward(compressed), ctx)
+    packed = [compression.compress(_tensor(t)) for t in tensors]
+    if not packed:
+        return []
+    names = ([op_name(_kind, name, process_set)] if _kind == "reducescatter" else
+             _group_names(_kind, name, len(packed), process_set))
+    outs = _reducescatter_group([p[0] for p in packed], names, op,
+                                prescale_factor, postscale_factor, process_set)
+    return [compression.decompress(out, ctx) for out, (_, ctx) in zip(outs, packed)]
 
 
 # ---- barrier, join, topology ops ----
@@ -400,6 +498,15 @@ def join():
         The rank that joined last, as an int32 tensor.
     """
     return tf.constant(_np.join(), tf.int32)
+
+
+def process_set_included_op(process_set_id=0):
+    """1 if this rank is in process set ``process_set_id``, else 0, as an int32 tensor.
+
+    Raises:
+        HvliteInvalidArgument: no process set has this id.
+    """
+    return tf.constant(1 if rank_and_size_by_id(process_set_id)[0] >= 0 else 0, tf.int32)
 
 
 def size_op(process_set_id=0):

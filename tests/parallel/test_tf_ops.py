@@ -136,7 +136,8 @@ def test_alltoall_reducescatter(dtype, mode):
 
     def body(x, e, r):
         out, received = hvd.alltoall(x, splits=tf.constant(splits[RANK], tf.int32))
-        out_even, received_even = hvd.alltoall(e)
+        out_even = hvd.alltoall(e)      # no splits: the tensor alone, as Horovod's
+        received_even = hvd.alltoall(e, splits=tf.fill([SIZE], 2))[1]
         scattered = [hvd.reducescatter(r, op=OPS[o]) for o in ops]
         return out, received, out_even, received_even, scattered
     out, received, out_even, received_even, scattered = in_mode(mode, body)(
@@ -194,7 +195,7 @@ def test_gradients(mode):
                 "allreduce_sum_scaled": tf.reduce_sum(hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0) * w),
                 "allgather": tf.reduce_sum(hvd.allgather(x) * tf.tile(w, [SIZE, 1])),
                 "broadcast": tf.reduce_sum(hvd.broadcast(x, root) * w),
-                "alltoall": tf.reduce_sum(hvd.alltoall(tf.tile(x, [SIZE, 1]))[0] * tf.tile(w, [SIZE, 1])),
+                "alltoall": tf.reduce_sum(hvd.alltoall(tf.tile(x, [SIZE, 1])) * tf.tile(w, [SIZE, 1])),
                 "reducescatter": tf.reduce_sum(hvd.reducescatter(tf.tile(x, [SIZE, 1]), op=hvd.Sum) * w),
             }
         return {k: tape.gradient(v, x) for k, v in losses.items()}
@@ -203,12 +204,13 @@ def test_gradients(mode):
     expected = {
         "allreduce_avg": w_sum / SIZE,
         "allreduce_sum_scaled": 2 * w_sum,
-        "allgather": w_sum,
-        "broadcast": w_sum if RANK == root else np.zeros_like(w_sum),
+        # Horovod's formulas (tests/parallel/test_tf_gradients.py checks them in detail)
+        "allgather": w_sum / SIZE,
+        "broadcast": w_sum / SIZE if RANK == root else np.zeros_like(w_sum),
         # rank d receives every rank's x (alltoall) / the sum of the x's (reducescatter) and
-        # weighs it with w_d: the gradient of x on any rank is the sum of the w's
+        # weighs it with w_d; reducescatter's gradient is scaled by size for Sum, as Horovod's
         "alltoall": w_sum,
-        "reducescatter": w_sum,
+        "reducescatter": SIZE * w_sum,
     }
     for key, value in expected.items():
         np.testing.assert_allclose(got[key].numpy(), value, rtol=1e-6, err_msg="%s grad %s" % (mode, key))
@@ -242,7 +244,7 @@ def test_objects_and_basics():
 def test_static_shapes_and_stable_names():
     @tf.function
     def step(x):
-        return hvd.allreduce(x), hvd.allgather(x), hvd.reducescatter(x), hvd.alltoall(x)[0]
+        return hvd.allreduce(x), hvd.allgather(x), hvd.reducescatter(x), hvd.alltoall(x)
     x = tf.ones([2 * SIZE, 3])
     shapes = [o.shape.as_list() for o in tf.nest.flatten(step.get_concrete_function(x).structured_outputs)]
     rows = 2 * SIZE // SIZE
@@ -268,6 +270,7 @@ def expect_mismatch(exc_type, fn, name, field, mine, odd):
     assert "'%s'" % name in msg and "ranks disagree on the %s" % field in msg, msg
     assert "%s on %s %s" % (mine, "ranks" if SIZE > 2 else "rank", others) in msg, msg
     assert "%s on rank %d" % (odd, ODD) in msg, msg
+    return info.value
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -276,7 +279,10 @@ def test_mismatched_shapes(mode):
     shape = (4,) if RANK == ODD else (3,)
     name = "tf.%s.shape" % mode
     fn = lambda: hvd.allreduce(tf.zeros(shape), name=name)  # noqa: E731
-    expect_mismatch(exc, fn if mode == "eager" else tf.function(fn), name, "shape", "[3]", "[4]")
+    error = expect_mismatch(exc, fn if mode == "eager" else tf.function(fn), name, "shape", "[3]",
+                            "[4]")
+    if mode == "eager":     # also the class Horovod's TF ops raise
+        assert isinstance(error, tf.errors.FailedPreconditionError), type(error).__mro__
     gname = "tf.%s.gather" % mode
     gather = lambda: hvd.allgather(tf.zeros((RANK + 1, 3 if RANK == ODD else 2)), name=gname)  # noqa: E731
     expect_mismatch(exc, gather if mode == "eager" else tf.function(gather), gname, "shape",

@@ -34,20 +34,24 @@ def _model_variables(model):
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Broadcast the model's and optimizer's variables from root_rank when training begins."""
 
-    def __init__(self, root_rank, device=""):
+    def __init__(self, root_rank, device="", local_variables=None):
         """Args:
             root_rank: the rank whose variables every rank takes.
             device: accepted for compatibility.
+            local_variables: variables each rank keeps (not broadcast).
         """
         super().__init__()
         self.root_rank = root_rank
+        self.local_variables = list(local_variables or [])
         self.broadcast_done = False
 
     def on_train_begin(self, logs=None):
         """Broadcast once (collective: every rank)."""
         if self.broadcast_done:
             return
-        _functions.broadcast_variables(_model_variables(self.model), self.root_rank,
+        local = {id(v) for v in self.local_variables}
+        _functions.broadcast_variables([v for v in _model_variables(self.model)
+                                        if id(v) not in local], self.root_rank,
                                        name="BroadcastGlobalVariablesCallback")
         self.broadcast_done = True
 

@@ -20,13 +20,14 @@ import keras
 import tensorflow as tf
 
 from ...collectives import reduce_op
-from ...process_sets import global_process_set
+from ...process_sets import global_process_set, rank_and_size
 from ..compression import Compression
 from .._bridge import library
-from ..gradient_tape import _scale_factors, allreduce_gradients
+from ..gradient_tape import _key, _scale_factors, allreduce_gradients
 from ..ops import Average
 
-__all__ = ["DistributedOptimizer", "is_distributed", "wrap_in_place"]
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "is_distributed",
+           "wrap_in_place"]
 
 _CLASSES = {}
 
@@ -62,8 +63,35 @@ class _DistributedMixin:
             if _in_xla_context():
                 raise ValueError("hvlite's DistributedOptimizer cannot run under XLA: compile the "
                                  "model with jit_compile=False")
-            grads = allreduce_gradients(grads, "DistributedOptimizer", **self._hvlite_options)
+            local = getattr(self, "_hvlite_local", None)
+            if local:
+                variables = (self._trainable_variables if trainable_variables is None
+                             else list(trainable_variables))
+                grads = _reduce_shared(grads, [_key(v) in local for v in variables],
+                                       self._hvlite_scale_local, self._hvlite_options)
+            else:
+                grads = allreduce_gradients(grads, "DistributedOptimizer",
+                                            **self._hvlite_options)
         return super().apply(grads, trainable_variables)
+
+
+def _reduce_shared(grads, is_local, scale_local, options):
+    """Allreduce the gradients of shared variables; keep the local ones (divided by the set's
+    size when ``scale_local``, as Horovod's PartialDistributedOptimizer does)."""
+    reduced = iter(allreduce_gradients([g for g, l in zip(grads, is_local) if not l],
+                                       "DistributedOptimizer", **options))
+    size = rank_and_size(options["process_set"])[1]
+    out = []
+    for g, local in zip(grads, is_local):
+        if not local:
+            out.append(next(reduced))
+        elif g is None or not scale_local:
+            out.append(g)
+        elif isinstance(g, tf.IndexedSlices):
+            out.append(tf.IndexedSlices(g.values / size, g.indices, g.dense_shape))
+        else:
+            out.append(g / size)
+    return out
 
 
 def _distributed_class(cls):
@@ -133,4 +161,36 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         config["name"] = name
     distributed = _distributed_class(optimizer.__class__).from_config(config)
     distributed._hvlite_options = dict(_DistributedMixin._hvlite_options, **options)
+    return distributed
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                compression=Compression.none, sparse_as_dense=False,
+                                gradient_predivide_factor=1.0, op=Average,
+                                backward_passes_per_step=1, average_aggregated_gradients=False,
+                                groups=None, process_set=global_process_set, local_layers=None,
+                                scale_local_gradients=True, num_groups=0):
+    """``DistributedOptimizer`` that keeps the gradients of ``local_layers``' trainable weights
+    on this rank (divided by the set's size when ``scale_local_gradients``, as Horovod does).
+
+    Args:
+        local_layers: a Keras layer or a list of them. Others as ``DistributedOptimizer``.
+    Raises:
+        ValueError: an item of ``local_layers`` is not a Keras layer. Others as
+            ``DistributedOptimizer``.
+    """
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("PartialDistributedOptimizer: every local layer must be a "
+                         "keras.layers.Layer")
+    distributed = DistributedOptimizer(
+        optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+        gradient_predivide_factor, op, backward_passes_per_step, average_aggregated_gradients,
+        groups, process_set, scale_local_gradients, num_groups)
+    distributed._hvlite_local = {_key(v) for layer in local_layers
+                                 for v in layer.trainable_weights}
+    distributed._hvlite_scale_local = scale_local_gradients
     return distributed
