@@ -48,7 +48,9 @@ def worker(kind, model_name, batch, iters, warmup):
 
 
 def run(cmd):
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=ROOT)
+    # In the caller's directory, not this checkout's: ranks start with `python -m`, which puts
+    # the working directory ahead of PYTHONPATH (bench/ab.py runs each side in its own).
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     for line in out.stdout.splitlines():
         line = line.split(": ", 1)[-1] if line.startswith("[") else line
         if line.startswith("{"):
