@@ -23,6 +23,7 @@ from ..handles import burst
 from ..objects import allgather_object
 from ..process_sets import rank_and_size
 from .ops import allreduce_async_
+from .parameter_names import parameter_names
 
 __all__ = ["adasum_optimizer"]
 
@@ -43,7 +44,7 @@ class _AdasumOptimizer:
         self._passes = backward_passes_per_step
         self._process_set = process_set
         self._params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
-        self._names = _names(self._params, named_parameters)
+        self._names = parameter_names(self._params, named_parameters)
         mine = [(self._names[p], tuple(p.shape), str(p.dtype)) for p in self._params]
         for r, theirs in enumerate(allgather_object(mine, name="AdasumOptimizer.check",
                                                     process_set=process_set)):
@@ -87,25 +88,6 @@ class _AdasumOptimizer:
                 p.copy_(old.add_(self._compression.decompress(delta, ctx).to(p.dtype)))
         self._passes_left = {p: self._passes for p in self._params}
         return loss
-
-
-def _names(params, named_parameters):
-    """Each parameter's name: from ``named_parameters`` (pairs, or the bound method), else its
-    position among the optimizer's parameters."""
-    if named_parameters is None:
-        return {p: "param.%d" % i for i, p in enumerate(params)}
-    if callable(named_parameters):
-        named_parameters = named_parameters()
-    named = list(named_parameters)
-    names = [n for n, _ in named]
-    if len(set(names)) != len(names):
-        raise ValueError("named_parameters has duplicate names")
-    by_param = {p: n for n, p in named}
-    missing = [i for i, p in enumerate(params) if p not in by_param]
-    if missing:
-        raise ValueError("named_parameters was given, but %d of the optimizer's parameters are "
-                         "not in it (positions %s)" % (len(missing), missing[:10]))
-    return {p: by_param[p] for p in params}
 
 
 def adasum_optimizer(optimizer, named_parameters, compression, backward_passes_per_step,

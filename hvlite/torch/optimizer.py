@@ -29,6 +29,7 @@ from ..process_sets import rank_and_size
 from .adasum_optimizer import adasum_optimizer
 from .compression import Compression
 from .ops import Adasum, Average, Sum, allreduce_async_, sparse_allreduce_async
+from .parameter_names import parameter_names
 
 __all__ = ["DistributedOptimizer"]
 
@@ -53,7 +54,7 @@ class _DistributedOptimizer:
         self._process_set = process_set
         self._params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
         #: param -> name (Horovod's attribute name; some scripts read it)
-        self._parameter_names = self._name_parameters(named_parameters)
+        self._parameter_names = parameter_names(self._params, named_parameters)
         self._groups = self._make_groups(num_groups, groups)
         self._included = rank_and_size(process_set)[0] >= 0
         if self._included:
@@ -67,22 +68,6 @@ class _DistributedOptimizer:
         self._should_synchronize = True
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient)
                        for p in self._params] if self._included else []
-
-    def _name_parameters(self, named_parameters):
-        if named_parameters is None:
-            return {p: "param.%d" % i for i, p in enumerate(self._params)}
-        if callable(named_parameters):      # model.named_parameters, not called
-            named_parameters = named_parameters()
-        named = list(named_parameters)
-        names = [n for n, _ in named]
-        if len(set(names)) != len(names):
-            raise ValueError("named_parameters has duplicate names")
-        by_param = {p: n for n, p in named}
-        unnamed = [i for i, p in enumerate(self._params) if p not in by_param]
-        if unnamed:
-            raise ValueError("named_parameters was given, but %d of the optimizer's parameters "
-                             "are not in it (positions %s)" % (len(unnamed), unnamed[:10]))
-        return {p: by_param[p] for p in self._params}
 
     def _make_groups(self, num_groups, groups):
         if groups is not None:

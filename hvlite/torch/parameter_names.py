@@ -1,0 +1,24 @@
+"""Names of an optimizer's parameters, for naming their collectives the same on every rank.
+
+Contract: ``parameter_names(params, named_parameters)`` returns {parameter: name}.
+``named_parameters`` is ``model.named_parameters()`` (pairs), the bound method itself (Horovod
+accepts it uncalled), or None (names by position: ``param.<i>``). Raises ValueError when names
+repeat or when some of ``params`` are not among the named ones.
+"""
+
+
+def parameter_names(params, named_parameters):
+    if named_parameters is None:
+        return {p: "param.%d" % i for i, p in enumerate(params)}
+    if callable(named_parameters):      # model.named_parameters, not called
+        named_parameters = named_parameters()
+    named = list(named_parameters)
+    names = [n for n, _ in named]
+    if len(set(names)) != len(names):
+        raise ValueError("named_parameters has duplicate names")
+    by_param = {p: n for n, p in named}
+    unnamed = [i for i, p in enumerate(params) if p not in by_param]
+    if unnamed:
+        raise ValueError("named_parameters was given, but %d of the optimizer's parameters are "
+                         "not in it (positions %s)" % (len(unnamed), unnamed[:10]))
+    return {p: by_param[p] for p in params}
