@@ -34,6 +34,7 @@ from ..basics import rank, size
 from ..buffers import NULL, allocate, memory, pointer
 from ..collectives import Adasum, Average, InPlace, Max, Min, Product, Source, Sum, reduce_op
 from ..dtypes import by_name
+from ..errors import HvliteInvalidArgument
 from ..handles import Group, Handle, auto_name, burst, submit_group
 from ..process_sets import rank_and_size
 from .compression import Compression
@@ -398,9 +399,19 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
 
 # ---- alltoall ----
 
+def _split_list(splits, name):
+    """Row counts as Python ints; splits given as floating-point or bool values are refused (as
+    Horovod does) before any value is converted."""
+    splits = torch.as_tensor(splits)
+    if splits.is_floating_point() or splits.is_complex() or splits.dtype == torch.bool:
+        raise HvliteInvalidArgument("alltoall%s: splits must be integers, got %s"
+                                    % (" '%s'" % name if name else "", splits.dtype))
+    return [int(s) for s in splits.reshape(-1)]
+
+
 def alltoall_async(tensor, splits=None, name=None, process_set=None):
     src = _check_tensor(tensor).contiguous().detach()
-    split_list = None if splits is None else [int(s) for s in torch.as_tensor(splits).reshape(-1)]
+    split_list = None if splits is None else _split_list(splits, name)
     finish = None if splits is None else (lambda r: (r[0], torch.from_numpy(r[1])))
     return collectives.alltoall(_source(src), _output(src.dtype), split_list, name, process_set,
                                 finish)

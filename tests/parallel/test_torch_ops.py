@@ -189,6 +189,10 @@ def test_bad_input():
         hvd.allreduce(torch.ones(2), op=99)
     with pytest.raises(TypeError, match="complex"):
         hvd.allreduce(torch.zeros(2, dtype=torch.complex64))
+    # float splits (even huge garbage values) are refused before conversion, as Horovod does
+    for splits in (torch.full((SIZE,), 1e30), torch.ones(SIZE, dtype=torch.bool)):
+        with pytest.raises(hvd.HvliteInvalidArgument, match="'torch.splits': splits must be int"):
+            hvd.alltoall(torch.zeros(SIZE), splits, name="torch.splits")
     shape = (3,) if RANK == 0 else (4,)
     with pytest.raises(hvd.MismatchError, match="'torch.bad'.*shape"):
         hvd.allreduce(torch.zeros(shape), name="torch.bad")
