@@ -48,7 +48,8 @@ from .elastic_trace import ElasticTrace, world_path
 from .elastic_world import Launch, WorldEnd, WorldSpec, run_world
 from .host_pool import HostPool, describe, place
 from .hosts import Host, interface_ipv4, is_local
-from .launch import _interfaces, knob_env
+from .job_settings import interface_names
+from .knobs import knob_env
 from .wire import new_secret
 
 __all__ = ["ELASTIC_FAILED_CODE", "NO_PROGRESS_LIMIT", "DISCOVERY_INTERVAL", "run_elastic"]
@@ -310,7 +311,7 @@ def _store_address(args, static_hosts: Optional[List[Host]]) -> Tuple[str, str]:
     """Return ``(bind, advertise)`` for the commit store: 127.0.0.1 when the hosts are fixed and
     all local, the interface's address with --network-interface, else every address (the hosts
     of later worlds are not known yet; clients authenticate)."""
-    interfaces = _interfaces(args)
+    interfaces = interface_names(args)
     if interfaces:
         address = interface_ipv4(interfaces[0])
         return address, address

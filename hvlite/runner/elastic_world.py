@@ -35,8 +35,8 @@ from .elastic_env import HOSTS_UPDATED_CODE, PEER_LOST_CODE
 from .host_check import check_hosts
 from .hosts import Host, is_local
 from .job import _LOST_GRACE_SECONDS, _end_group, _lost_first, _report_rejected, _terminate_group
-from .launch import (_OPENMPI_PASSTHROUGH, _control_address, _interfaces, _remote_hosts,
-                     _rsh_template, _settings)
+from .job_settings import (OPENMPI_PASSTHROUGH, control_address, interface_names,
+                           job_settings, remote_hosts, rsh_template)
 from .mpi_command import build_command
 from .shm_files import ShmWatcher, remove_unused
 from .wire import ENV_SECRET, new_secret
@@ -103,16 +103,16 @@ def _start_server(launch: Launch, spec: WorldSpec, secret: str
                   ) -> Tuple[Optional[ControlServer], str, Optional[WorldEnd]]:
     """Start the world's control server and check its remote hosts."""
     args = launch.args
-    remote = _remote_hosts(spec.hosts, spec.np)
+    remote = remote_hosts(spec.hosts, spec.np)
     try:
-        bind, advertise = _control_address(remote, _interfaces(args))
+        bind, advertise = control_address(remote, interface_names(args))
         server = ControlServer(secret, bind, args.heartbeat_timeout).start()
     except (OSError, ValueError) as e:
         return None, "", WorldEnd("launcher", "cannot open the control channel: %s" % e,
                                   code=1, at=time.monotonic())
     addr = "%s:%d" % (advertise, server.port)
     if remote:
-        errors = check_hosts(remote, _rsh_template(args), addr, secret, args.heartbeat_timeout,
+        errors = check_hosts(remote, rsh_template(args), addr, secret, args.heartbeat_timeout,
                              sys.executable, os.environ.get("PYTHONPATH"), server.checked_hosts,
                              args.start_timeout or 30.0)
         bad = tuple(h for h in remote if h not in server.checked_hosts())
@@ -128,7 +128,7 @@ def _command(launch: Launch, spec: WorldSpec, addr: str, secret: str
     """Return the world's launch command and the launcher's environment."""
     args = copy.copy(launch.args)
     args.np = spec.np
-    options, rank_env, launcher_vars = _settings(args, spec.hosts, launch.flavour)
+    options, rank_env, launcher_vars = job_settings(args, spec.hosts, launch.flavour)
     if args.output_filename:
         rank_env[ENV_OUTPUT_DIR] = os.path.join(os.path.abspath(args.output_filename),
                                                 "world.%d" % spec.number)
@@ -136,7 +136,7 @@ def _command(launch: Launch, spec: WorldSpec, addr: str, secret: str
     rank_env[ENV_CONTROL_ADDR] = addr
     rank_env[ENV_HEARTBEAT] = "%g" % args.heartbeat_timeout
     passthrough = [n for n in os.environ
-                   if n in _OPENMPI_PASSTHROUGH or n.startswith(("HVLITE_", "HVLRUN_"))]
+                   if n in OPENMPI_PASSTHROUGH or n.startswith(("HVLITE_", "HVLRUN_"))]
     hidden = dict(launch.hidden_env, **{ENV_SECRET: secret})
     cmd = build_command(launch.flavour, launch.mpiexec, spec.np, spec.hosts, rank_env,
                         args.mpi_args, launch.command, export_names=passthrough + sorted(hidden),

@@ -27,103 +27,27 @@ Contract:
 import argparse
 import os
 import shlex
-import shutil
-import socket
 import sys
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from . import hosts as hostlib
 from .build_info import check_build_report, find_mpiexec, load_build_info
-from .control import ENV_CONTROL_ADDR, ENV_HEARTBEAT, ENV_OUTPUT_DIR, ControlServer
+from .control import ENV_CONTROL_ADDR, ENV_HEARTBEAT, ControlServer
 from .host_check import check_hosts
 from .job import HOST_LOST_CODE, START_TIMEOUT_CODE, run_job
-from .mpi_command import (build_command, format_command, interface_options, launcher_env,
-                          query_flavour, remote_options)
-from .remote_shell import srun_template, ssh_template
+from .job_settings import (OPENMPI_PASSTHROUGH, control_address, interface_names,
+                           job_settings, remote_hosts, rsh_template)
+from .knobs import KNOBS, knob_env
+from .mpi_command import build_command, format_command, query_flavour
 from .wire import ENV_SECRET, new_secret
 
 __all__ = ["KNOBS", "START_TIMEOUT_CODE", "HOST_LOST_CODE", "DEFAULT_HEARTBEAT_TIMEOUT",
            "build_parser", "knob_env", "main", "run"]
 
-# Variables Open MPI must forward explicitly (hydra forwards the whole environment).
-_OPENMPI_PASSTHROUGH = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "OMP_NUM_THREADS")
 # Seconds of silence after which hvlrun ends the job (a cut link, a dead or frozen host), and
 # after which the processes on a host that cannot hear hvlrun end themselves. Long enough for
 # a loaded machine's scheduling hiccups and TCP's first retransmissions, short next to a job.
 DEFAULT_HEARTBEAT_TIMEOUT = 30.0
-
-
-def _number(text: str) -> str:
-    """Argparse type: a number >= 0, returned as a string (``"5"``, ``"0.5"``)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("%r is not a number" % text) from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError("%r must be a finite number >= 0" % text)
-    return str(int(value)) if value.is_integer() else repr(value)
-
-
-def _count(text: str) -> str:
-    """Argparse type: an integer >= 0, returned as a string."""
-    if not (text.isascii() and text.isdigit()):
-        raise argparse.ArgumentTypeError("%r is not an integer >= 0" % text)
-    return str(int(text))
-
-
-def _positive(text: str) -> str:
-    """Argparse type: an integer >= 1, returned as a string."""
-    value = _count(text)
-    if value == "0":
-        raise argparse.ArgumentTypeError("%r must be at least 1" % text)
-    return value
-
-
-def _mebibytes(text: str) -> str:
-    """Argparse type: a size in MiB (fractions allowed), returned as whole bytes."""
-    return str(int(float(_number(text)) * 1024 * 1024))
-
-
-# The only flag -> variable table: (option, HVLITE_* variable, argparse type, help).
-# A type of None makes an on/off switch that sets the variable to "1", e.g.
-#   ("--autotune", "HVLITE_AUTOTUNE", None, "tune fusion and cycle time at run time"),
-KNOBS = (
-    ("--fusion-threshold-mb", "HVLITE_FUSION_THRESHOLD", _mebibytes,
-     "tensor fusion buffer size in MiB (sets bytes)"),
-    ("--cycle-time-ms", "HVLITE_CYCLE_TIME", _number, "background cycle time in ms"),
-    ("--cache-capacity", "HVLITE_CACHE_CAPACITY", _count, "response cache entries (0: off)"),
-    ("--timeline-filename", "HVLITE_TIMELINE", str,
-     "rank 0 writes a Chrome trace (Perfetto, chrome://tracing) to this file"),
-    ("--timeline-mark-cycles", "HVLITE_TIMELINE_MARK_CYCLES", None,
-     "mark every engine cycle on the timeline"),
-    ("--stall-check-seconds", "HVLITE_STALL_CHECK_TIME_SECONDS", _count,
-     "warn about tensors some ranks did not submit after this many seconds"),
-    ("--stall-shutdown-seconds", "HVLITE_STALL_SHUTDOWN_TIME_SECONDS", _count,
-     "shut down after a stall of this many seconds (0: never)"),
-    ("--log-level", "HVLITE_LOG_LEVEL", str, "engine log level, e.g. warning, info, debug"),
-    ("--autotune", "HVLITE_AUTOTUNE", None,
-     "tune fusion threshold, cycle time and response-cache use on measured throughput"),
-    ("--autotune-log-file", "HVLITE_AUTOTUNE_LOG", str, "rank 0 writes every autotune sample here (CSV)"),
-    ("--autotune-warmup-samples", "HVLITE_AUTOTUNE_WARMUP_SAMPLES", _count,
-     "autotune samples discarded at the start"),
-    ("--autotune-steps-per-sample", "HVLITE_AUTOTUNE_STEPS_PER_SAMPLE", _positive,
-     "engine cycles that did work per autotune sample"),
-    ("--autotune-bayes-opt-max-samples", "HVLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", _positive,
-     "autotune samples the search scores before it settles (at most 100)"),
-    ("--autotune-gaussian-process-noise", "HVLITE_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", _number,
-     "noise variance of autotune's model, relative to the spread of its scores"),
-    ("--hierarchical-allreduce", "HVLITE_HIERARCHICAL_ALLREDUCE", None,
-     "multi-host allreduce: shared-memory reduce on each host, MPI among hosts, shm broadcast"),
-    ("--shm-disable", "HVLITE_SHM_DISABLE", None,
-     "never use the shared-memory data plane (one-host sets then use MPI)"),
-    ("--shm-chunk-mb", "HVLITE_SHM_CHUNK", _mebibytes,
-     "shared-memory pipeline step per rank in MiB (sets bytes)"),
-)
-
-
-def _dest(option: str) -> str:
-    """Return the argparse attribute name of ``option``."""
-    return option.lstrip("-").replace("-", "_")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -236,18 +160,6 @@ def _check_elastic(args: argparse.Namespace) -> None:
         raise ValueError("--blacklist-cooldown-range needs 0 <= MIN <= MAX")
 
 
-def knob_env(args: argparse.Namespace) -> Dict[str, str]:
-    """Return the ``HVLITE_*`` variables for the knob flags that were given."""
-    env = {}
-    for option, variable, kind, _ in KNOBS:
-        value = getattr(args, _dest(option))
-        if kind is None and value:
-            env[variable] = "1"
-        elif kind is not None and value is not None:
-            env[variable] = str(value)
-    return env
-
-
 def _resolve_hosts(args: argparse.Namespace) -> List[hostlib.Host]:
     """Return the host list and set ``args.np`` (ValueError on bad hosts or -np)."""
     if args.hosts is not None:
@@ -264,68 +176,6 @@ def _resolve_hosts(args: argparse.Namespace) -> List[hostlib.Host]:
     return hosts
 
 
-def _rank_env(args: argparse.Namespace, hosts: Sequence[hostlib.Host]) -> Dict[str, str]:
-    """Return the variables hvlrun sets for every rank (knobs, threads, output directory)."""
-    rank_env = knob_env(args)
-    if "OMP_NUM_THREADS" not in os.environ:
-        local = hostlib.local_rank_count(hosts, args.np)
-        rank_env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // local))
-    if args.output_filename:
-        rank_env[ENV_OUTPUT_DIR] = os.path.abspath(args.output_filename)
-    return rank_env
-
-
-def _remote_hosts(hosts: Sequence[hostlib.Host], np: int) -> List[str]:
-    """Return the names of the hosts that get a rank and are not this machine."""
-    counts = hostlib.ranks_per_host(hosts, np)
-    return [h.name for h, c in zip(hosts, counts) if c and not hostlib.is_local(h.name)]
-
-
-def _rsh_template(args: argparse.Namespace) -> str:
-    """Return the remote shell the flags and the environment ask for."""
-    if args.ssh_command:
-        return args.ssh_command
-    in_slurm = bool(os.environ.get("SLURM_JOB_ID")) and shutil.which("srun") is not None
-    if args.remote_shell == "srun" or (args.remote_shell == "auto" and in_slurm):
-        return srun_template()
-    return ssh_template(args.ssh_port, args.ssh_identity_file)
-
-
-def _interfaces(args: argparse.Namespace) -> List[str]:
-    """Return the ``--network-interface`` names (ValueError on an empty entry)."""
-    if not args.network_interface:
-        return []
-    names = [n.strip() for n in args.network_interface.split(",")]
-    if not all(names):
-        raise ValueError("empty name in --network-interface %r" % args.network_interface)
-    return names
-
-
-def _control_address(remote: Sequence[str], interfaces: Sequence[str]) -> Tuple[str, str]:
-    """Return ``(bind, advertise)`` for the control server (ValueError on a bad interface)."""
-    if not remote:
-        return "127.0.0.1", "127.0.0.1"
-    if interfaces:
-        address = hostlib.interface_ipv4(interfaces[0])
-        return address, address
-    return "0.0.0.0", socket.gethostname()
-
-
-def _settings(args: argparse.Namespace, hosts: Sequence[hostlib.Host], flavour: str
-              ) -> Tuple[List[str], Dict[str, str], Dict[str, str]]:
-    """Return the launch options, the rank variables and the launcher's variables."""
-    rank_env = _rank_env(args, hosts)
-    options, launcher_vars = [], launcher_env(flavour, os.geteuid())
-    if _remote_hosts(hosts, args.np):
-        more, env = remote_options(flavour, sys.executable, _rsh_template(args))
-        options += more
-        launcher_vars.update(env)
-    more, env = interface_options(flavour, _interfaces(args))
-    options += more
-    rank_env.update({k: v for k, v in env.items() if k not in os.environ})
-    return options, rank_env, launcher_vars
-
-
 def _start_control(args: argparse.Namespace, hosts: Sequence[hostlib.Host], secret: str
                    ) -> Tuple[Optional[ControlServer], str, int]:
     """Start the control server and check the remote hosts.
@@ -334,9 +184,9 @@ def _start_control(args: argparse.Namespace, hosts: Sequence[hostlib.Host], secr
         ``(server, address, code)``: the server and the address the ranks use, or
         ``(None, "", code)`` with the exit code after printing why.
     """
-    remote = _remote_hosts(hosts, args.np)
+    remote = remote_hosts(hosts, args.np)
     try:
-        bind, advertise = _control_address(remote, _interfaces(args))
+        bind, advertise = control_address(remote, interface_names(args))
         server = ControlServer(secret, bind, args.heartbeat_timeout).start()
     except (OSError, ValueError) as e:
         sys.stderr.write("hvlrun: cannot open the control channel: %s\n" % e)
@@ -344,7 +194,7 @@ def _start_control(args: argparse.Namespace, hosts: Sequence[hostlib.Host], secr
     addr = "%s:%d" % (advertise, server.port)
     if not remote:
         return server, addr, 0
-    errors = check_hosts(remote, _rsh_template(args), addr, secret, args.heartbeat_timeout,
+    errors = check_hosts(remote, rsh_template(args), addr, secret, args.heartbeat_timeout,
                          sys.executable, os.environ.get("PYTHONPATH"), server.checked_hosts,
                          args.start_timeout or None)
     if not errors:
@@ -367,7 +217,7 @@ def _check_usage(args: argparse.Namespace, command: Sequence[str]) -> List[hostl
     shlex.split(args.mpi_args)
     if args.ssh_command is not None:
         shlex.split(args.ssh_command)
-    _interfaces(args)
+    interface_names(args)
     if args.start_timeout is None:
         args.start_timeout = float(os.environ.get("HVLRUN_START_TIMEOUT", "30"))
     if args.heartbeat_timeout is None:
@@ -442,7 +292,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except ValueError as e:
             sys.stderr.write("hvlrun: error: %s\n" % e)
             return 2
-    options, rank_env, launcher_vars = _settings(args, hosts, flavour)
+    options, rank_env, launcher_vars = job_settings(args, hosts, flavour)
     server, secret = None, new_secret()
     if not args.dry_run:
         server, rank_env[ENV_CONTROL_ADDR], code = _start_control(args, hosts, secret)
@@ -450,7 +300,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return code
         rank_env[ENV_HEARTBEAT] = "%g" % args.heartbeat_timeout
     passthrough = [n for n in os.environ
-                   if n in _OPENMPI_PASSTHROUGH or n.startswith(("HVLITE_", "HVLRUN_"))]
+                   if n in OPENMPI_PASSTHROUGH or n.startswith(("HVLITE_", "HVLRUN_"))]
     cmd = build_command(flavour, mpiexec, args.np, hosts, rank_env, args.mpi_args, command,
                         export_names=passthrough + [ENV_SECRET], launch_options=options)
     added = dict(rank_env, **launcher_vars)

@@ -1,0 +1,89 @@
+"""What a job's parsed hvlrun flags mean for launching it: the ranks' variables, which hosts are
+remote and through which shell, the network interfaces, the control channel's address, and the
+launcher options that follow. Shared by a plain job (``launch.py``) and each elastic world
+(``elastic_world.py``).
+
+Contract: pure functions of the parsed ``args`` and the host list (plus this machine's
+environment); ValueError on a bad ``--network-interface``. Imports no engine code.
+"""
+import argparse
+import os
+import shutil
+import socket
+import sys
+from typing import Dict, List, Sequence, Tuple
+
+from . import hosts as hostlib
+from .control import ENV_OUTPUT_DIR
+from .knobs import knob_env
+from .mpi_command import interface_options, launcher_env, remote_options
+from .remote_shell import srun_template, ssh_template
+
+__all__ = ["OPENMPI_PASSTHROUGH", "rank_env", "remote_hosts", "rsh_template", "interface_names",
+           "control_address", "job_settings"]
+
+# Variables Open MPI must forward explicitly (hydra forwards the whole environment).
+OPENMPI_PASSTHROUGH = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "OMP_NUM_THREADS")
+
+
+def rank_env(args: argparse.Namespace, hosts: Sequence[hostlib.Host]) -> Dict[str, str]:
+    """Return the variables hvlrun sets for every rank (knobs, threads, output directory)."""
+    variables = knob_env(args)
+    if "OMP_NUM_THREADS" not in os.environ:
+        local = hostlib.local_rank_count(hosts, args.np)
+        variables["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // local))
+    if args.output_filename:
+        variables[ENV_OUTPUT_DIR] = os.path.abspath(args.output_filename)
+    return variables
+
+
+def remote_hosts(hosts: Sequence[hostlib.Host], np: int) -> List[str]:
+    """Return the names of the hosts that get a rank and are not this machine."""
+    counts = hostlib.ranks_per_host(hosts, np)
+    return [h.name for h, c in zip(hosts, counts) if c and not hostlib.is_local(h.name)]
+
+
+def rsh_template(args: argparse.Namespace) -> str:
+    """Return the remote shell the flags and the environment ask for."""
+    if args.ssh_command:
+        return args.ssh_command
+    in_slurm = bool(os.environ.get("SLURM_JOB_ID")) and shutil.which("srun") is not None
+    if args.remote_shell == "srun" or (args.remote_shell == "auto" and in_slurm):
+        return srun_template()
+    return ssh_template(args.ssh_port, args.ssh_identity_file)
+
+
+def interface_names(args: argparse.Namespace) -> List[str]:
+    """Return the ``--network-interface`` names (ValueError on an empty entry)."""
+    if not args.network_interface:
+        return []
+    names = [n.strip() for n in args.network_interface.split(",")]
+    if not all(names):
+        raise ValueError("empty name in --network-interface %r" % args.network_interface)
+    return names
+
+
+def control_address(remote: Sequence[str], names: Sequence[str]) -> Tuple[str, str]:
+    """Return ``(bind, advertise)`` for the control server, given the remote hosts and the
+    ``--network-interface`` names (ValueError on a bad interface)."""
+    if not remote:
+        return "127.0.0.1", "127.0.0.1"
+    if names:
+        address = hostlib.interface_ipv4(names[0])
+        return address, address
+    return "0.0.0.0", socket.gethostname()
+
+
+def job_settings(args: argparse.Namespace, hosts: Sequence[hostlib.Host], flavour: str
+                 ) -> Tuple[List[str], Dict[str, str], Dict[str, str]]:
+    """Return the launch options, the rank variables and the launcher's variables."""
+    variables = rank_env(args, hosts)
+    options, launcher_vars = [], launcher_env(flavour, os.geteuid())
+    if remote_hosts(hosts, args.np):
+        more, env = remote_options(flavour, sys.executable, rsh_template(args))
+        options += more
+        launcher_vars.update(env)
+    more, env = interface_options(flavour, interface_names(args))
+    options += more
+    variables.update({k: v for k, v in env.items() if k not in os.environ})
+    return options, variables, launcher_vars
