@@ -189,6 +189,19 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
     return tape
 
 
+def _local_layer_list(local_layers, who):
+    """``local_layers`` (None, a Keras layer or a list of them) as a list; ValueError naming
+    ``who`` when an item is not a Keras layer."""
+    import keras
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, keras.layers.Layer):
+        return [local_layers]
+    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("%s: every local layer must be a keras.layers.Layer" % who)
+    return list(local_layers)
+
+
 def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
                                    compression=Compression.none, sparse_as_dense=False,
                                    op=Average, gradient_predivide_factor=1.0, num_groups=0,
@@ -201,14 +214,7 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
         ValueError: an item of ``local_layers`` is not a Keras layer. Others as
             ``DistributedGradientTape``.
     """
-    import keras
-    if local_layers is None:
-        local_layers = []
-    elif isinstance(local_layers, keras.layers.Layer):
-        local_layers = [local_layers]
-    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
-        raise ValueError("PartialDistributedGradientTape: every local layer must be a "
-                         "keras.layers.Layer")
+    local_layers = _local_layer_list(local_layers, "PartialDistributedGradientTape")
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
                                    sparse_as_dense, op, gradient_predivide_factor, num_groups,
                                    groups, process_set, scale_local_gradients)

@@ -23,7 +23,7 @@ from ...collectives import reduce_op
 from ...process_sets import global_process_set, rank_and_size
 from ..compression import Compression
 from .._bridge import library
-from ..gradient_tape import _key, _scale_factors, allreduce_gradients
+from ..gradient_tape import _key, _local_layer_list, _scale_factors, allreduce_gradients
 from ..ops import Average
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "is_distributed",
@@ -179,13 +179,7 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
         ValueError: an item of ``local_layers`` is not a Keras layer. Others as
             ``DistributedOptimizer``.
     """
-    if local_layers is None:
-        local_layers = []
-    elif isinstance(local_layers, keras.layers.Layer):
-        local_layers = [local_layers]
-    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
-        raise ValueError("PartialDistributedOptimizer: every local layer must be a "
-                         "keras.layers.Layer")
+    local_layers = _local_layer_list(local_layers, "PartialDistributedOptimizer")
     distributed = DistributedOptimizer(
         optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
         gradient_predivide_factor, op, backward_passes_per_step, average_aggregated_gradients,
