@@ -14,6 +14,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTIPLIER = float(os.environ.get("HVLITE_TEST_TIMEOUT_MULTIPLIER", "1"))
+STOP_GRACE = 20.0   # seconds hvlrun has after SIGTERM to end a timed-out job and clean up
 
 
 def job_env(extra=None):
@@ -26,18 +27,27 @@ def job_env(extra=None):
 
 def run_job(np_, args, timeout, env=None, hvlrun_args=()):
     """Run ``hvlrun -np np_ [hvlrun_args] args...``; returns CompletedProcess (text).
-    A leading "python" means this interpreter (the venv's, whatever PATH says)."""
+    A leading "python" means this interpreter (the venv's, whatever PATH says).
+    A job past its timeout fails the test; hvlrun gets SIGTERM first (it ends its ranks and
+    removes the job's /dev/shm files, which a SIGKILL would leave behind), SIGKILL after
+    ``STOP_GRACE`` seconds."""
     if args and args[0] == "python":
         args = [sys.executable, *args[1:]]
     cmd = [sys.executable, "-m", "hvlite.runner", "-np", str(np_), *hvlrun_args, *args]
-    try:
-        return subprocess.run(cmd, cwd=ROOT, env=job_env(env), capture_output=True, text=True,
-                              timeout=timeout * MULTIPLIER, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        err = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-        pytest.fail("job timed out after %.0f s (a hang): %s\n--- stdout\n%s\n--- stderr\n%s"
-                    % (timeout * MULTIPLIER, " ".join(cmd), out[-4000:], err[-4000:]))
+    with subprocess.Popen(cmd, cwd=ROOT, env=job_env(env), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout * MULTIPLIER)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                out, err = proc.communicate(timeout=STOP_GRACE)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            pytest.fail("job timed out after %.0f s (a hang): %s\n--- stdout\n%s\n--- stderr\n%s"
+                        % (timeout * MULTIPLIER, " ".join(cmd), out[-4000:], err[-4000:]))
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def processes_here(script):

@@ -21,7 +21,9 @@ Contract:
     inherit. A wrapper that cannot reach hvlrun says so and exits 1 before starting the child.
     When hvlrun asks it to stop, or is gone (connection closed, or silent for
     ``HVLRUN_HEARTBEAT_TIMEOUT`` seconds: a cut link), the wrapper says why on stderr and ends
-    the child: SIGTERM, then SIGKILL after :data:`STOP_GRACE_SECONDS`.
+    the child: SIGTERM, then SIGKILL after :data:`STOP_GRACE_SECONDS`. The job's ``/dev/shm``
+    files the child maps at that moment (``shm_files``) are removed once no process maps them,
+    so a job whose hvlrun was killed outright (SIGKILL: it cannot clean up) leaves none behind.
   * The host the wrapper reports is ``HVLRUN_HOST`` (the name in hvlrun's host list, set by the
     host guard) or else ``socket.gethostname()``.
   * Test-only hook: ``HVLRUN_TEST_DELAY_START_RANK=R:S`` makes rank R sleep S seconds before
@@ -37,10 +39,12 @@ import subprocess
 import sys
 import threading
 import time
-from typing import BinaryIO, Callable, List, Mapping, Optional, Sequence
+from typing import BinaryIO, Callable, List, Mapping, Optional, Sequence, Set
 
 from .control import ENV_CONTROL_ADDR, ENV_HEARTBEAT, ENV_HOST, ENV_OUTPUT_DIR
 from .control_client import ControlClient, ControlError
+from .proctree import descendants
+from .shm_files import mapped_shm, remove_unused
 from .wire import ENV_SECRET
 
 __all__ = ["RANK_VARIABLES", "ENV_OUTPUT_DIR", "ENV_TEST_DELAY", "STOP_GRACE_SECONDS",
@@ -181,6 +185,7 @@ class _Stopper:
         self._proc: Optional[subprocess.Popen] = None
         self._who = "rank %d on %s" % (rank, host)
         self.reason: Optional[str] = None
+        self.shm_files: Set[str] = set()   # what the child mapped when the stop came
 
     def attach(self, proc: subprocess.Popen) -> None:
         """Watch ``proc``; end it at once if a stop came before it started."""
@@ -204,6 +209,9 @@ class _Stopper:
         with self._lock:
             proc = self._proc
         if proc is not None:
+            # hvlrun may be gone, so nobody else may remove the job's files: note them first
+            for pid in [proc.pid, *descendants(proc.pid)]:
+                self.shm_files |= mapped_shm(pid)
             threading.Thread(target=_terminate, args=(proc,), daemon=True).start()
 
 
@@ -322,6 +330,8 @@ def run_rank(command: Sequence[str]) -> int:
     if message:
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
+    if stopper.shm_files:   # the other ranks are stopping too: give them time to let go
+        remove_unused(stopper.shm_files, wait=STOP_GRACE_SECONDS + 2.0)
     return code
 
 
