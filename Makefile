@@ -18,7 +18,7 @@ STAMP  := $(VENV)/.deps-installed
 HVLITE_MPICC ?= $(CURDIR)/$(VENV)/bin/mpicc
 export HVLITE_MPICC
 
-.PHONY: setup build system-deps run run-tf test test-asan test-tsan fuzz fuzz-long bench bench-torch bench-tf clean
+.PHONY: setup build system-deps run run-tf test test-asan test-tsan sanitize-smoke fuzz fuzz-long bench bench-torch bench-tf clean
 
 setup: $(STAMP) build
 
@@ -62,6 +62,12 @@ test-asan: $(STAMP)
 
 test-tsan: $(STAMP)
 	$(PY) tools/sanitizers/run.py thread
+
+# A few minutes of each sanitizer on a sample of the suites (tools/sanitizers/run.py SMOKE); CI
+# runs it after `make test`.
+sanitize-smoke: $(STAMP)
+	$(PY) tools/sanitizers/run.py address --smoke --timeout 1200
+	$(PY) tools/sanitizers/run.py thread --smoke --timeout 1200
 
 FUZZ_SEED ?= 1000
 fuzz: setup

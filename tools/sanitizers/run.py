@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Runs test suites on a sanitizer build of the engine (`make test-asan`, `make test-tsan`).
 
-Usage: ``python tools/sanitizers/run.py {address|thread} [PYTEST_ARGS...]``; without pytest
-arguments it runs ``SUITES`` (the parallel, failure, deadlock and shared-memory suites and the
-CI fuzz run). ``address`` is AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer on),
+Usage: ``python tools/sanitizers/run.py {address|thread} [--smoke] [PYTEST_ARGS...]``; without
+pytest arguments it runs ``SUITES`` (the parallel, failure, deadlock and shared-memory suites and
+the CI fuzz run); ``--smoke`` runs ``SMOKE`` instead, a few minutes' sample that CI runs after
+``make test`` (``make sanitize-smoke``). ``address`` is AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer on),
 ``thread`` is ThreadSanitizer.
 
 Contract:
@@ -40,6 +41,15 @@ import _mpi_find  # noqa: E402  (stdlib only; finds the mpicc the build uses)
 
 SUITES = ["tests/test_spmd.py", "tests/test_failures.py", "tests/test_deadlock.py",
           "tests/test_shm.py", "tests/test_fuzz.py"]
+# Every collective and its errors, in place and out of place, at 2 ranks; a deadlock and a
+# stopped peer; the killed-rank cleanup; the fuzzer on shared memory.
+SMOKE = ["tests/test_spmd.py::test_spmd_file[tests/parallel/test_collectives.py-2]",
+         "tests/test_spmd.py::test_spmd_file[tests/parallel/test_errors.py-2]",
+         "tests/test_spmd.py::test_spmd_file[tests/parallel/test_out_of_place.py-2]",
+         "tests/test_deadlock.py::test_desync_ends_every_rank_naming_each_side[ops-sides0-2]",
+         "tests/test_deadlock.py::test_stopped_peer_ends_the_others_naming_it[mpi-env1]",
+         "tests/test_failures.py::test_signal_to_hvlrun_leaves_nothing_behind",
+         "tests/test_fuzz.py::test_fuzz[shm-2]"]
 RUNTIME = {"address": "libasan.so", "thread": "libtsan.so"}
 MULTIPLIER = {"address": "4", "thread": "6"}
 # Not copied into the tree: version control, environments, build outputs, caches.
@@ -175,6 +185,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("mode", choices=sorted(RUNTIME))
     ap.add_argument("--timeout", type=float, default=3600, help="seconds for the whole pytest run")
+    ap.add_argument("--smoke", action="store_true", help="run the short SMOKE sample (CI)")
     # Everything this parser does not know goes to pytest (files, -k, -x ...), before or after
     # --timeout.
     args, args.pytest_args = ap.parse_known_args(argv)
@@ -189,7 +200,7 @@ def main(argv=None):
     check_core(tree, env)
     built = time.monotonic()
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=10"]
-    cmd += args.pytest_args or SUITES
+    cmd += args.pytest_args or (SMOKE if args.smoke else SUITES)
     print("sanitizer %s: %s (in %s)" % (args.mode, " ".join(cmd[3:]), tree), flush=True)
     rc, printed = run_pytest(cmd, tree, env, args.timeout)
     found = report_files(reports)
