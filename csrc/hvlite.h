@@ -114,7 +114,9 @@ typedef struct {
 } hvl_backend_counters;
 
 /* Start the engine: initialise MPI if nobody has (else reuse it), start the background thread.
- * Idempotent while running. Fails with HVL_ERR_SHUT_DOWN after MPI was finalized. */
+ * Idempotent while running. Fails with HVL_ERR_SHUT_DOWN after hvlite finalized MPI: at
+ * hvl_shutdown, or when an init failed alike on every rank (rank 0's bad timeline or autotune
+ * settings), which finalizes MPI if hvlite initialised it, so its /dev/shm files go too. */
 int hvl_init(void);
 /* Stop the engine on every rank: the first rank to call it ends the job's engine; requests still
  * pending anywhere fail with HVL_ERR_SHUT_DOWN. Finalizes MPI only if hvl_init initialised it.

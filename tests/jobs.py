@@ -67,6 +67,18 @@ def processes_here(script):
     return here
 
 
+def shm_files():
+    """The MPI and hvlite files in /dev/shm now."""
+    return {os.path.join("/dev/shm", f) for f in os.listdir("/dev/shm")
+            if f.startswith(("mpich_shm_", "hvlite-"))}
+
+
+def assert_no_new_shm_files(before, out):
+    """No MPI or hvlite file in /dev/shm beyond ``before`` (the tests run one job at a time)."""
+    new = sorted(shm_files() - before)
+    assert not new, "left behind in /dev/shm: %s\n%s" % (new, out[-3000:])
+
+
 def assert_nothing_left(out, script, wait=5.0):
     """After a job whose ranks ran ``script`` and printed their shared-memory files
     (tests/scenarios/job_files.py): none of those files exists, and no process of the job is

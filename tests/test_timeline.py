@@ -9,7 +9,7 @@ import time
 import pytest
 
 import timeline_trace as tt
-from jobs import MULTIPLIER, run_job as _run_job
+from jobs import MULTIPLIER, assert_no_new_shm_files, run_job as _run_job, shm_files
 
 
 def run_job(np_, argv, env=None, **kw):
@@ -74,9 +74,11 @@ def test_timeline_survives_a_killed_rank(np_, tmp_path):
 
 def test_unwritable_timeline_fails_init_on_every_rank(tmp_path):
     path = str(tmp_path / "missing-dir" / "timeline.json")
+    before = shm_files()
     job = run_job(3, ["python", "tests/scenarios/timeline_bad_path.py"], timeout=60,
                   env={"HVLITE_TIMELINE": path})
     out = job.stdout + job.stderr
+    assert_no_new_shm_files(before, out)      # the failed init finalized MPI on every rank
     lines = [line for line in job.stdout.splitlines() if "init failed:" in line]
     assert len(lines) == 3 and "UNEXPECTED" not in out, out
     for line in lines:

@@ -226,7 +226,9 @@ static void *bg_main(void *arg)
         hvl__mark_running();       /* before init returns */
     }
     report_startup(rc);
-    if (rc != HVL_OK) { teardown(e, 0); return NULL; }
+    /* An init that failed alike on every rank ends as cleanly as a shutdown: MPI_Finalize
+     * removes MPI's /dev/shm files, which a process exiting without it leaves behind. */
+    if (rc != HVL_OK) { teardown(e, e->failed_everywhere); return NULL; }
     rc = hvl__peers_explain(e, run_cycles(e));   /* a timeout names the silent ranks it can see */
     char message[1024];
     stop_reason(rc, message, sizeof(message));
@@ -265,7 +267,8 @@ int hvl_init(void)
         thread_started = 0;
     }
     if (__atomic_load_n(&mpi_finalized_here, __ATOMIC_ACQUIRE)) {
-        rc = hvl__fail(HVL_ERR_SHUT_DOWN, "MPI was finalized by hvlite's shutdown(); it cannot be initialized again in this process");
+        rc = hvl__fail(HVL_ERR_SHUT_DOWN, "MPI was finalized by hvlite (by shutdown(), or by an init that failed on every rank); "
+                       "it cannot be initialized again in this process");
         goto out;
     }
     reset_engine(&hvl__engine);

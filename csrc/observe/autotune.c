@@ -108,6 +108,7 @@ int hvl__autotune_start(hvl_engine *e)
     HVL_CHECK_GOTO(hvl__mpi_check(MPI_Bcast(error, (int)sizeof(error), MPI_CHAR, 0, e->comm),
                                   "MPI_Bcast (autotune settings verdict)"), rc, out);
     if (error[0]) {
+        e->failed_everywhere = 1;
         rc = hvl__fail(HVL_ERR_INVALID_ARG, "autotune (rank 0's settings): %s", error);
         goto out;
     }

@@ -281,6 +281,9 @@ int hvl__timeline_startup(hvl_engine *e)
     }
     HVL_CHECK(hvl__mpi_check(MPI_Bcast(&verdict, (int)sizeof(verdict), MPI_BYTE, 0, e->comm),
                              "MPI_Bcast (timeline)"));
-    if (verdict.rc != HVL_OK) return hvl__fail(verdict.rc, "%s", verdict.message);
+    if (verdict.rc != HVL_OK) {
+        e->failed_everywhere = 1;
+        return hvl__fail(verdict.rc, "%s", verdict.message);
+    }
     return HVL_OK;
 }
