@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import hvlite as hvd
+from hvlite.runner.shm_files import mapped_shm, remove_unused
 
 ROOT = __file__.rsplit("/tests/", 1)[0]
 sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -123,8 +124,11 @@ def test_sigkill_while_recording_leaves_valid_json(tmp_path):
             assert proc.stdout.readline().strip() == "recording"
             time.sleep(rng.uniform(0.05, 0.6))
         finally:
+            # killed outside hvlrun, the process leaves MPI's /dev/shm file: remove it as hvlrun would
+            mapped = mapped_shm(proc.pid)
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=30 * MULTIPLIER)
+            remove_unused(mapped, wait=5.0)
         with open(path) as f:
             events = json.load(f)                          # strict: no repair of a missing tail
         trace = tt.load(path)
