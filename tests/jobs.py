@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from hvlite.runner.shm_files import PREFIXES, SHM_DIR
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTIPLIER = float(os.environ.get("HVLITE_TEST_TIMEOUT_MULTIPLIER", "1"))
 STOP_GRACE = 20.0   # seconds hvlrun has after SIGTERM to end a timed-out job and clean up
@@ -68,9 +70,8 @@ def processes_here(script):
 
 
 def shm_files():
-    """The MPI and hvlite files in /dev/shm now."""
-    return {os.path.join("/dev/shm", f) for f in os.listdir("/dev/shm")
-            if f.startswith(("mpich_shm_", "hvlite-"))}
+    """The MPI and hvlite files in /dev/shm now (the names hvlrun's cleanup looks after)."""
+    return {SHM_DIR + f for f in os.listdir(SHM_DIR) if f.startswith(PREFIXES)}
 
 
 def assert_no_new_shm_files(before, out):

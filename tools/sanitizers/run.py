@@ -4,8 +4,8 @@
 Usage: ``python tools/sanitizers/run.py {address|thread} [--smoke] [PYTEST_ARGS...]``; without
 pytest arguments it runs ``SUITES`` (the parallel, failure, deadlock and shared-memory suites and
 the CI fuzz run); ``--smoke`` runs ``SMOKE`` instead, a few minutes' sample that CI runs after
-``make test`` (``make sanitize-smoke``). ``address`` is AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer on),
-``thread`` is ThreadSanitizer.
+``make test`` (``make sanitize-smoke``). ``address`` is AddressSanitizer +
+UndefinedBehaviorSanitizer (LeakSanitizer on), ``thread`` is ThreadSanitizer.
 
 Contract:
 - The checkout is copied to ``build/sanitize-<mode>/tree`` (sources only: no .git, venv, build
