@@ -16,7 +16,10 @@ Contract:
     ``stop <reason>`` once :meth:`stop_all` was called (also to clients that connect later).
   * Liveness (heartbeat timeout T > 0): a wrapper or guard that has not sent its final message
     (``exit``/``done``) is lost when its connection closes or nothing authentic came from it for T
-    seconds; :meth:`lost` names the first such host (with its ranks) or rank.
+    seconds; :meth:`lost` names the first such host (with its ranks) or rank. The wording does not
+    depend on which of a host's connections closes first: a closed connection whose host still
+    has open ones is reported only once those close too (the host is gone) or
+    :data:`HOST_SETTLE_SECONDS` have passed (the one client is gone).
   * One background thread does all socket work; every query method may be called from any
     thread. ``ENV_CONTROL_ADDR``/``ENV_OUTPUT_DIR``/``ENV_HEARTBEAT``/``ENV_HOST`` are the variable
     names hvlrun sets, named here so that ``launch`` need not import the wrapper.
@@ -31,13 +34,14 @@ from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 from .wire import MAX_LINE, Rejected, Session, heartbeat_interval
 
 __all__ = ["ENV_CONTROL_ADDR", "ENV_OUTPUT_DIR", "ENV_HEARTBEAT", "ENV_HOST", "HELLO_SECONDS",
-           "Lost", "ControlServer"]
+           "HOST_SETTLE_SECONDS", "Lost", "ControlServer"]
 
 ENV_CONTROL_ADDR = "HVLRUN_CONTROL_ADDR"
 ENV_OUTPUT_DIR = "HVLRUN_OUTPUT_DIR"
 ENV_HEARTBEAT = "HVLRUN_HEARTBEAT_TIMEOUT"
 ENV_HOST = "HVLRUN_HOST"        # set by a host guard: the host's name in hvlrun's host list
 HELLO_SECONDS = 10.0
+HOST_SETTLE_SECONDS = 2.0       # a killed host's connections close within this of each other
 _MAX_BACKLOG = 65536            # bytes queued for a peer that does not read: it is stuck
 
 
@@ -68,6 +72,7 @@ class _Peer:
         self.stopped = False                 # was sent "stop"
         self.opened = self.heard = self.pinged = time.monotonic()
         self.closed_at = 0              # the server round in which the connection closed
+        self.closed_time = 0.0          # time.monotonic() when it closed
 
     def describe(self) -> str:
         if self.kind == "guard":
@@ -149,7 +154,7 @@ class ControlServer:
     def _drop(self, sel: selectors.BaseSelector, peer: _Peer) -> None:
         """Close ``peer``'s socket; its record stays (a closed unfinished client is lost)."""
         if not peer.closed:
-            peer.closed, peer.closed_at = True, self._rounds
+            peer.closed, peer.closed_at, peer.closed_time = True, self._rounds, time.monotonic()
             try:
                 sel.unregister(peer.sock)
             except (KeyError, ValueError):
@@ -277,10 +282,13 @@ class ControlServer:
         with self._lock:
             return self._rejected, sorted(self._rejected_from)
 
-    def lost(self) -> Optional[Lost]:
-        """Return the first lost client as a :class:`Lost`, or None. When every unfinished client on its
-        host is closed or has been silent for half the limit, the host is named with its ranks
-        (the host is gone, not one rank); else the rank and its host."""
+    def lost(self, settle: float = HOST_SETTLE_SECONDS) -> Optional[Lost]:
+        """Return the first lost client as a :class:`Lost`, or None. When every unfinished
+        client on its host is closed or has been silent for half the limit, the host is named
+        with its ranks (the host is gone, not one rank); else the rank and its host. A client
+        whose connection closed less than ``settle`` seconds ago while others on its host are
+        still open is not reported yet: a killed host's connections close one by one, and the
+        wording must not depend on their order (0 reports at once, for a job already over)."""
         now = time.monotonic()
         with self._lock:
             def silent(p: _Peer, limit: float) -> bool:
@@ -291,6 +299,8 @@ class ControlServer:
                 return None
             peer = next((p for p in gone if p.kind == "guard"), gone[0])
             whole = all(silent(p, self._timeout / 2) for p in live if p.host == peer.host)
+            if peer.closed and not whole and now - peer.closed_time < settle:
+                return None
             ranks = sorted(r for r, (_, host) in self._started.items() if host == peer.host)
             if (whole or peer.kind == "guard") and ranks:
                 who = "host %s (rank%s %s)" % (peer.host, "s" if len(ranks) > 1 else "",

@@ -30,7 +30,8 @@ import sys
 import time
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from .control import ENV_CONTROL_ADDR, ENV_HEARTBEAT, ENV_OUTPUT_DIR, ControlServer
+from .control import (ENV_CONTROL_ADDR, ENV_HEARTBEAT, ENV_OUTPUT_DIR, HOST_SETTLE_SECONDS,
+                      ControlServer)
 from .elastic_env import HOSTS_UPDATED_CODE, PEER_LOST_CODE
 from .host_check import check_hosts
 from .hosts import Host, is_local
@@ -181,15 +182,16 @@ class _Watch:
                                                                code - 128)
         return "rank %d on %s exited with code %d" % (rank, self.rank_host(rank), code)
 
-    def step(self) -> Optional[WorldEnd]:
-        """Look once; return how the world ended, or None while it goes on."""
+    def step(self, settle: float = HOST_SETTLE_SECONDS) -> Optional[WorldEnd]:
+        """Look once; return how the world ended, or None while it goes on. ``settle`` is
+        passed to ``ControlServer.lost`` (0 once the launcher has ended)."""
         now = time.monotonic()
         if self.caught:
             name = signal.Signals(self.caught[0]).name
             return self.end("signal", "hvlrun got %s" % name, code=128 + self.caught[0])
         exits = self.server.exits()
         codes = [c for _, c in exits]
-        failure, gone = self.failure(), self.server.lost()
+        failure, gone = self.failure(), self.server.lost(settle)
         if gone is not None and self.reform_since is None and (
                 failure is None
                 or _lost_first(gone.since, self.server.first_failure_round(), failure)):
@@ -228,7 +230,7 @@ class _Watch:
     def launcher_ended(self, rc: int) -> WorldEnd:
         """The launcher exited: classify by the reports that came."""
         self.server.wait_quiet(timeout=2.0)
-        end = self.step()
+        end = self.step(settle=0)
         if end is not None:
             return end
         exits = self.server.exits()

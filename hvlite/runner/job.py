@@ -189,7 +189,7 @@ def _exit_code(argv: Sequence[str], proc: subprocess.Popen, server: ControlServe
     server.wait_quiet(timeout=2.0)
     if rc != 0:  # remote shells the launcher left behind
         _end_group(proc, _LOST_GRACE_SECONDS)
-    gone = server.lost() if rc != 0 else None
+    gone = server.lost(settle=0) if rc != 0 else None
     failure = server.first_failure()
     if gone is not None and _lost_first(gone.since, server.first_failure_round(), failure):
         # the launcher ended the job itself because a host or rank vanished first

@@ -169,6 +169,47 @@ def test_closed_rank_is_lost_at_once(server):
     assert host == "hostC"
 
 
+@pytest.mark.parametrize("first", ["rank", "guard"])
+def test_a_killed_host_is_named_whichever_connection_closes_first(first):
+    """One wording for a killed host, whatever the order its connections close in (no
+    heartbeat here: only closed connections are lost)."""
+    server = ControlServer(SECRET, "127.0.0.1").start()
+    rank = RawClient(server.port)
+    rank.send("start 1 77 hostG")
+    guard = RawClient(server.port)
+    guard.send("guard hostG 76")
+    wait_until(lambda: server.started_ranks())
+    wait_until(lambda: sum(p.kind is not None for p in server._peers) == 2)
+    one, other = (rank, guard) if first == "rank" else (guard, rank)
+    one.sock.close()
+    if first == "rank":      # the guard is still open: not reported yet, even after a while
+        time.sleep(0.5)
+        assert server.lost() is None
+    other.sock.close()
+    wait_until(lambda: server.lost() is not None and server.lost().host == "hostG", 3)
+    who, message, _, _ = server.lost()
+    assert who == "host hostG (rank 1)" and "connection to hvlrun closed" in message, message
+    server.close()
+
+
+def test_a_closed_rank_whose_host_lives_on_is_named_alone_after_the_settle_time():
+    server = ControlServer(SECRET, "127.0.0.1").start()
+    rank = RawClient(server.port)
+    rank.send("start 4 77 hostH")
+    guard = RawClient(server.port)
+    guard.send("guard hostH 76")
+    wait_until(lambda: server.started_ranks())
+    wait_until(lambda: sum(p.kind is not None for p in server._peers) == 2)
+    rank.sock.close()
+    wait_until(lambda: any(p.closed for p in server._peers), 3)
+    assert server.lost(settle=30) is None
+    wait_until(lambda: server.lost(settle=0.2) is not None, 3)
+    who, message, _, host = server.lost(settle=0.2)
+    assert who == "rank 4 on hostH" and "connection to hvlrun closed" in message, message
+    guard.sock.close()
+    server.close()
+
+
 def test_a_vanished_client_is_the_cause_unless_a_rank_failed_first():
     """hvlrun's choice when mpiexec ended the job itself (events ordered by server round)."""
     assert _lost_first(5, None, None)
