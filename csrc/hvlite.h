@@ -34,7 +34,8 @@ typedef enum {
     HVL_ERR_IN_PROGRESS = 9,   /* hvl_wait timed out; the request is still pending */
     HVL_ERR_NOT_INITIALIZED = 10,  /* called before hvl_init (never started in this process) */
     HVL_ERR_DEADLOCK = 11,     /* every rank waits on collectives that can never complete */
-    HVL_ERR_UNSUPPORTED = 12   /* valid, but hvlite (like Horovod) does not run it (Adasum) */
+    HVL_ERR_UNSUPPORTED = 12,  /* valid, but hvlite (like Horovod) does not run it (Adasum) */
+    HVL_ERR_CUDA = 13          /* the CUDA driver failed, or could not be loaded */
 } hvl_status;
 
 typedef enum {
@@ -42,6 +43,15 @@ typedef enum {
     HVL_FLOAT16 = 6, HVL_BFLOAT16 = 7, HVL_FLOAT32 = 8, HVL_FLOAT64 = 9, HVL_BOOL = 10,
     HVL_DTYPE_COUNT = 11
 } hvl_dtype;
+
+/* Where a request's buffers live. Every rank of a set must agree on it for each tensor (a
+ * mismatch fails the tensor on every rank, naming the ranks); the device ordinal is each rank's
+ * own. Host planes run CUDA tensors through page-locked host memory (the staged path). */
+typedef enum {
+    HVL_MEMORY_HOST = 0,    /* ordinary host memory */
+    HVL_MEMORY_CUDA = 1,    /* memory of CUDA device `device` (the driver is loaded at first use) */
+    HVL_MEMORY_COUNT = 2
+} hvl_memory;
 
 typedef enum {
     HVL_ALLREDUCE = 0, HVL_ALLGATHER = 1, HVL_BROADCAST = 2, HVL_ALLTOALL = 3,
@@ -72,7 +82,13 @@ typedef enum {
  *   a member; sizes, ranks and splits below are the set's, except root_rank, a global rank.
  *   Names are unique per process set.
  * splits (alltoall only, may be NULL = equal split): nsplits == size entries, rows of dim 0
- * sent to each rank. */
+ * sent to each rank.
+ * memory, device: where input and output live (hvl_memory; device: the CUDA device's ordinal,
+ *   ignored for host memory). Engine-owned results (allgather, alltoall) are host memory.
+ * ready_event: CUDA memory only, may be NULL: a CUDA event (CUevent / cudaEvent_t) the caller
+ *   recorded on its stream after the work that writes `input`; the engine's copies wait for it
+ *   on the engine's own stream. It must stay valid until the handle completes. When the handle
+ *   completes, the engine's writes to `output` have finished (any stream may read it). */
 typedef struct {
     int op;                 /* hvl_op */
     int dtype;              /* hvl_dtype */
@@ -88,6 +104,9 @@ typedef struct {
     double postscale;       /* applied to the result (after averaging) */
     const int64_t *splits;
     int nsplits;
+    int memory;             /* hvl_memory */
+    int device;             /* CUDA device ordinal (HVL_MEMORY_CUDA) */
+    void *ready_event;      /* CUevent, or NULL (HVL_MEMORY_CUDA) */
 } hvl_request;
 
 /* Engine counters, monotonic since hvl_init. */
@@ -137,6 +156,11 @@ int hvl_mpi_threads_supported(void);   /* 1 if MPI granted MPI_THREAD_MULTIPLE *
 int hvl_mpi_built(void);
 int hvl_nccl_built(void);
 int hvl_shm_built(void);
+/* 1: the engine takes CUDA buffers (HVL_MEMORY_CUDA): always, since the driver is loaded at run
+ * time (no build flag). hvl_cuda_loaded: 1 once this process loaded the driver (its first CUDA
+ * request), 0 before and on machines without one. Cannot fail. */
+int hvl_cuda_built(void);
+int hvl_cuda_loaded(void);
 const char *hvl_mpi_vendor(void);      /* static string owned by the engine */
 
 /* Enqueue a request; *handle_out identifies it until hvl_release. Checks arguments locally:
@@ -147,7 +171,7 @@ int hvl_enqueue(const hvl_request *req, int64_t *handle_out);
 int64_t hvl_submit(int op, int dtype, int reduce_op, int root_rank, int process_set,
                    const char *name, int ndim, const int64_t *shape, const void *input,
                    void *output, double prescale, double postscale, const int64_t *splits,
-                   int nsplits);
+                   int nsplits, int memory, int device, void *ready_event);
 /* Bursts: between hvl_burst_begin() and hvl_burst_end() enqueued requests do not wake the
  * background thread; the end wakes it once, so a group submitted together is negotiated (and
  * fused) together instead of its first request alone. Calls nest (a counter). Cannot fail. */

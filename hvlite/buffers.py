@@ -25,7 +25,8 @@ Contract:
 - ``is_aligned(array)``: its data starts on a 64-byte boundary.
 - Pointers for the engine: ``address(array)`` (a C-contiguous NumPy array's data; keeps the
   array alive while held), ``pointer(int_address)`` (e.g. torch's ``data_ptr()``), ``NULL``.
-- ``Source(pointer, dtype, shape, keep)``: an input buffer as ``hvlite.collectives`` takes it;
+- ``Source(pointer, dtype, shape, keep, memory, device, event)``: an input buffer as
+  ``hvlite.collectives`` takes it (host memory unless ``memory`` says otherwise);
   ``array_source(array)`` makes one from a NumPy array (a contiguous copy if it is not).
 
 Crossover (measured on this VM): ``np.empty`` takes 0.3 us and an engine buffer viewed as an
@@ -48,6 +49,7 @@ ALIGNMENT = 64
 ENGINE_MEMORY_MIN = lib.HVL_BUFFER_CACHE_MIN
 HUGE_MIN = lib.HVL_BUFFER_HUGE_MIN     # engine buffers from here are 2 MiB-aligned huge pages
 NULL = ffi.NULL
+HOST_MEMORY, CUDA_MEMORY = lib.HVL_MEMORY_HOST, lib.HVL_MEMORY_CUDA   # where a Source lives
 
 
 def address(array):
@@ -88,11 +90,18 @@ def is_aligned(array):
 
 class Source(NamedTuple):
     """A C-contiguous input buffer: pointer, engine dtype code, shape, and what must stay
-    alive until the engine is done with the pointer."""
+    alive until the engine is done with the pointer; where it lives (``memory``:
+    ``HOST_MEMORY`` or ``CUDA_MEMORY``, ``device``: the CUDA device's ordinal) and, for device
+    memory, ``event``: None, or a callable that the submit calls once, after the output is
+    allocated, to record an event on the framework's stream and return it (a ``CUevent``
+    pointer; the engine's copies wait for it). The output lives where the input does."""
     pointer: object
     dtype: int
     shape: tuple
     keep: object
+    memory: int = HOST_MEMORY
+    device: int = -1
+    event: object = None
 
 
 def array_source(array):

@@ -8,9 +8,10 @@ Contract:
   code (``hvlite.dtypes.by_name``), the shape (a tuple; ``()`` for 0-d) and ``keep``, whatever
   must stay alive until the engine is done with the pointer (the array or tensor).
 - Output: an output allocator, any object with ``new(shape) -> (result, pointer)`` (a fresh
-  C-contiguous result of the source's dtype, and a pointer to its data) and
-  ``over(owner, shape) -> result`` (a result viewing engine memory that ``owner`` frees; the
-  results of allgather and alltoall, whose size the engine decides). ``hvlite.buffers.
+  C-contiguous result of the source's dtype, and a pointer to its data, in the source's memory)
+  and ``over(owner, shape) -> result`` (the result made from host engine memory that ``owner``
+  frees: the results of allgather and alltoall, whose size the engine decides; an allocator of
+  device tensors copies them to its device). ``hvlite.buffers.
   ArrayOutput`` is NumPy's; the adapters bring their own. ``InPlace(result, pointer)`` is the
   allocator of an in-place call: the engine writes over ``pointer`` and the result is ``result``.
 - ``allreduce``, ``broadcast``, ``reducescatter``, ``allgather`` and ``alltoall`` submit one
@@ -84,6 +85,13 @@ def reducescatter_shape(shape, process_set=None):
     return (reducescatter_rows(shape[0], process_set),) + tuple(shape[1:])
 
 
+def _where(source):
+    """The submit arguments that say where ``source`` lives; records its ready event (called
+    after the output was allocated: see ``hvlite.buffers.Source``)."""
+    event = NULL if source.event is None else source.event()
+    return {"memory": source.memory, "device": source.device, "event": event}
+
+
 def _submit(op, kind, source, output_shape, output, name, process_set, finish, **args):
     """Allocate the output, then submit; the handle's result is ``finish(result)``."""
     set_id = set_id_of(process_set)
@@ -91,7 +99,7 @@ def _submit(op, kind, source, output_shape, output, name, process_set, finish, *
     done = (lambda h: result) if finish is None else (lambda h: finish(result))
     return submit(op, name or auto_name(kind, process_set), source.dtype, source.shape,
                   source.pointer, out_pointer, (source.keep, result), done,
-                  process_set=set_id, **args)
+                  process_set=set_id, **_where(source), **args)
 
 
 def allreduce(source, output, name=None, op=Average, prescale=1.0, postscale=1.0,
@@ -127,7 +135,8 @@ def allgather(source, output, name=None, process_set=None, finish=None):
         result = output.over(owner, shape)
         return result if finish is None else finish(result)
     return submit(lib.HVL_ALLGATHER, name or auto_name("allgather", process_set), source.dtype,
-                  source.shape, source.pointer, NULL, (source.keep,), done, process_set=set_id)
+                  source.shape, source.pointer, NULL, (source.keep,), done, process_set=set_id,
+                  **_where(source))
 
 
 def alltoall(source, output, splits=None, name=None, process_set=None, finish=None):
@@ -144,4 +153,4 @@ def alltoall(source, output, splits=None, name=None, process_set=None, finish=No
         return result if finish is None else finish(result)
     return submit(lib.HVL_ALLTOALL, name or auto_name("alltoall", process_set), source.dtype,
                   source.shape, source.pointer, NULL, (source.keep,), done, splits=splits,
-                  process_set=set_id)
+                  process_set=set_id, **_where(source))

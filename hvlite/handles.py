@@ -2,7 +2,7 @@
 
 Contract:
 - ``submit(op, name, dtype, shape, in_ptr, out_ptr, keep, finish, ...) -> Handle`` enqueues one
-  request. Pointers come from ``hvlite.buffers`` (``address(numpy_array)``,
+  request (``memory``, ``device``, ``event``: where the buffers live; host memory by default). Pointers come from ``hvlite.buffers`` (``address(numpy_array)``,
   ``pointer(int_address)``, engine buffers, ``NULL``). ``keep`` holds whatever must stay alive
   until completion (the arrays); ``finish(handle)`` builds the caller's result once the engine
   is done. Raises ``HvliteError`` subclasses (e.g. ``HvliteInvalidArgument`` for a duplicate
@@ -109,12 +109,13 @@ class Group:
 
 
 def submit(op, name, dtype, shape, in_ptr, out_ptr, keep, finish, reduce_op=0, root_rank=0,
-           prescale=1.0, postscale=1.0, splits=None, process_set=0):
+           prescale=1.0, postscale=1.0, splits=None, process_set=0, memory=lib.HVL_MEMORY_HOST,
+           device=-1, event=NULL):
     """Enqueue one request; see the module docstring."""
     hid = lib.hvl_submit(op, dtype, reduce_op, root_rank, process_set, name.encode(),
                          len(shape), list(shape) or _NO_SHAPE, in_ptr, out_ptr, prescale,
                          postscale, NULL if splits is None else (splits or _NO_SHAPE),
-                         0 if splits is None else len(splits))
+                         0 if splits is None else len(splits), memory, device, event)
     if hid < 0:
         _check(-hid)
     return Handle(hid, keep, finish, name)

@@ -13,7 +13,8 @@ Rules (the reasons are in ../shared/DESIGN.md and the headers named):
 2. The error rule (csrc/util/util.h): no ``return HVL_ERR_...;`` — every error sets its message
    where it happens (hvl__fail / hvl__oom) and callers pass the status on.
 3. Private headers stay private: cache.h and coordinator.h belong to the negotiation
-   (core/negotiate.c and their own .c), shm.h to backends/, timeline_writer.h to observe/.
+   (core/negotiate.c and their own .c), shm.h to backends/, timeline_writer.h to observe/,
+   stage.h to the core files that run (or free) the staged path.
 4. A data plane is named only in backends/: nothing else mentions ``hvl__backend_<name>`` or
    includes a plane's private header.
 5. util/ and kernels/ know nothing of the engine: they include only their own headers and
@@ -32,8 +33,9 @@ PRIVATE_HEADERS = {
     "coordinator.h": ("core/negotiate.c", "core/coordinator.c"),
     "shm.h": ("backends/",),
     "timeline_writer.h": ("observe/",),
+    "stage.h": ("core/execute.c", "core/stage.c", "core/engine.c"),
 }
-LEAF_FOLDERS = {"util/": {"util.h", "hvlite.h"}, "kernels/": {"kernels.h", "half.h", "util.h", "hvlite.h"}}
+LEAF_FOLDERS = {"util/": {"util.h", "cuda_driver.h", "hvlite.h"}, "kernels/": {"kernels.h", "half.h", "util.h", "hvlite.h"}}
 
 
 def strip_c(text):

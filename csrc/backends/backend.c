@@ -3,6 +3,7 @@
  * plane's per-set state and counts what each plane ran. Only this file knows which planes were
  * compiled in. bg thread, except the counters and build facts (any thread). */
 #include <stddef.h>
+#include <string.h>
 #include "backend.h"
 
 static const hvl_backend *const registry[] = {
@@ -36,17 +37,29 @@ void hvl__planes_close(hvl_pset *ps, int clean)
     }
 }
 
-hvl_plane hvl__plane_for(const hvl_engine *e, const hvl_pset *ps, int op, int reduce_op, int dtype,
-                         int64_t bytes)
+static int pick(const hvl_engine *e, const hvl_pset *ps, int op, int reduce_op, int dtype,
+                int memory, int64_t bytes)
 {
     int adasum = op == HVL_ALLREDUCE && reduce_op == HVL_ADASUM;
     for (int i = 0; i < NPLANES; i++) {
         void *state = ps->plane_state[i];
         if (registry[i]->open && !state) continue;      /* it does not serve this set */
         if (adasum && !registry[i]->adasum) continue;
-        if (registry[i]->can_run(e, ps, state, op, dtype, bytes)) return (hvl_plane){registry[i], state, i};
+        if (registry[i]->can_run(e, ps, state, op, dtype, memory, bytes)) return i;
     }
-    return (hvl_plane){registry[NPLANES - 1], ps->plane_state[NPLANES - 1], NPLANES - 1};
+    return -1;
+}
+
+hvl_plane hvl__plane_for(const hvl_engine *e, const hvl_pset *ps, int op, int reduce_op, int dtype,
+                         int memory, int64_t bytes)
+{
+    int i = pick(e, ps, op, reduce_op, dtype, memory, bytes), staged = 0;
+    if (i < 0 && memory != HVL_MEMORY_HOST) {
+        i = pick(e, ps, op, reduce_op, dtype, HVL_MEMORY_HOST, bytes);
+        staged = 1;
+    }
+    if (i < 0) i = NPLANES - 1;
+    return (hvl_plane){registry[i], ps->plane_state[i], i, staged};
 }
 
 void hvl__plane_count(hvl_engine *e, const hvl_plane *p, int64_t bytes)
@@ -67,6 +80,14 @@ int hvl_get_backend_counters(int index, hvl_backend_counters *out)
     return HVL_OK;
 }
 
-int hvl_mpi_built(void) { return 1; }
-int hvl_nccl_built(void) { return 0; }
-int hvl_shm_built(void) { return 1; }   /* the engine is Linux-only (futex, /dev/shm) */
+/* Build facts, from the table above: a plane is built when it is listed. */
+static int listed(const char *name)
+{
+    for (int i = 0; i < NPLANES; i++)
+        if (strcmp(registry[i]->name, name) == 0) return 1;
+    return 0;
+}
+
+int hvl_mpi_built(void) { return listed("mpi"); }
+int hvl_nccl_built(void) { return listed("nccl"); }
+int hvl_shm_built(void) { return listed("shm"); }

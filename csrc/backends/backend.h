@@ -12,9 +12,13 @@
  *   communicators may be freed; otherwise peers may be gone). A plane without state leaves
  *   both NULL. A non-OK status from `open` is fatal to the engine.
  * - Choice. For each batch the registry asks, in priority order, every plane that has state for
- *   the set (or needs none) whether it `can_run` (op, dtype, bytes of the agreed batch: the same
- *   on every member, so every member picks alike); the first that accepts runs it. MPI accepts
- *   everything and comes last.
+ *   the set (or needs none) whether it `can_run` (op, dtype, memory kind, bytes of the agreed
+ *   batch: the same on every member, so every member picks alike); the first that accepts runs
+ *   it. MPI accepts everything in host memory and comes last.
+ * - Memory kinds. A plane that accepts HVL_MEMORY_CUDA gets device pointers and must not touch
+ *   them from the CPU. A batch of CUDA tensors that no plane accepts is staged: the registry
+ *   offers it again as host memory, and the engine runs it on host copies (core/stage.c), so a
+ *   host plane only ever sees host memory.
  * - Collectives run among the members of `ps` (this rank is one); ranks and counts are indexed
  *   by the rank within the set. Errors follow the engine's rule (util.h): set the message where
  *   it happens. A failed collective is fatal unless the plane agreed the failure with every
@@ -42,9 +46,10 @@ typedef struct {
     const char *name;
     int (*open)(hvl_engine *e, hvl_pset *ps, void **state);    /* optional */
     void (*close)(void *state, int clean);                      /* optional */
-    /* 1 if this plane runs `op` on `dtype` for `bytes` of payload among `ps`. */
+    /* 1 if this plane runs `op` on `dtype` in `memory` (hvl_memory) for `bytes` of payload
+     * among `ps`. */
     int (*can_run)(const hvl_engine *e, const hvl_pset *ps, const void *state, int op, int dtype,
-                   int64_t bytes);
+                   int memory, int64_t bytes);
     /* In place when src == dst. count elements. */
     int (*allreduce)(hvl_engine *e, hvl_pset *ps, void *state, const void *src, void *dst,
                      int64_t count, int dtype, int reduce_op);
@@ -68,21 +73,24 @@ typedef struct {
                   const int64_t *counts, int ntensors);
 } hvl_backend;
 
-/* The plane chosen for one batch: its backend, its state for the batch's set, its registry slot. */
+/* The plane chosen for one batch: its backend, its state for the batch's set, its registry slot,
+ * and whether the batch's device buffers go through host memory to get there. */
 typedef struct hvl_plane {
     const hvl_backend *be;
     void *state;
     int index;
+    int staged;
 } hvl_plane;
 
 /* Registry (backend.c). open: every plane's open for a new set, on its members (collective);
  * on failure the planes opened so far are closed again. close: every plane's close. */
 int hvl__planes_open(hvl_engine *e, hvl_pset *ps);
 void hvl__planes_close(hvl_pset *ps, int clean);
-/* The first plane, in priority order, that runs this batch (MPI takes every batch); an
- * Adasum allreduce goes to the first plane that has .adasum. */
+/* The first plane, in priority order, that runs this batch in its memory; failing that (CUDA
+ * memory and no device plane takes it), the first that runs it in host memory, staged (MPI takes
+ * every host batch). An Adasum allreduce goes to the first plane that has .adasum. */
 hvl_plane hvl__plane_for(const hvl_engine *e, const hvl_pset *ps, int op, int reduce_op, int dtype,
-                         int64_t bytes);
+                         int memory, int64_t bytes);
 /* Counts one collective of `bytes` run by p (any thread reads them: hvl_get_backend_counters). */
 void hvl__plane_count(hvl_engine *e, const hvl_plane *p, int64_t bytes);
 

@@ -19,10 +19,11 @@ static int finish(hvl_engine *e, int mpi_rc, MPI_Request *req, const char *what)
     return hvl__mpi_progress_wait(req, e->params.peer_timeout_s, what);
 }
 
-static int can_run(const hvl_engine *e, const hvl_pset *ps, const void *state, int op, int dtype, int64_t bytes)
+static int can_run(const hvl_engine *e, const hvl_pset *ps, const void *state, int op, int dtype,
+                   int memory, int64_t bytes)
 {
     (void)e; (void)ps; (void)state; (void)op; (void)dtype; (void)bytes;
-    return 1;
+    return memory == HVL_MEMORY_HOST;
 }
 
 static int allreduce(hvl_engine *e, hvl_pset *ps, void *state, const void *src, void *dst, int64_t count, int dtype, int reduce_op)

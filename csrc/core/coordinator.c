@@ -39,9 +39,10 @@ struct hvl_coordinator {
     int last_joined;           /* the rank that joined last (join's result) */
 };
 
-enum { F_OP, F_DTYPE, F_SHAPE, F_REDUCE, F_ROOT, F_TARGET, F_PRESCALE, F_POSTSCALE, F_COUNT };
-static const char *field_names[F_COUNT] = {"op", "dtype", "shape", "reduce op", "root rank",
+enum { F_OP, F_DTYPE, F_MEMORY, F_SHAPE, F_REDUCE, F_ROOT, F_TARGET, F_PRESCALE, F_POSTSCALE, F_COUNT };
+static const char *field_names[F_COUNT] = {"op", "dtype", "memory", "shape", "reduce op", "root rank",
                                            "process set", "prescale factor", "postscale factor"};
+static const char *memory_names[HVL_MEMORY_COUNT] = {"host (CPU) memory", "CUDA (GPU) memory"};
 
 /* The request of the first rank that submitted the tensor (the others may have joined). */
 static const hvl_desc *first_of(const record_t *rec)
@@ -98,7 +99,7 @@ static int field_applies(int f, int op)
 {
     switch (f) {
     case F_OP: return 1;
-    case F_DTYPE: case F_SHAPE: return hvl__op_is(op, HVL_OPF_DATA);
+    case F_DTYPE: case F_MEMORY: case F_SHAPE: return hvl__op_is(op, HVL_OPF_DATA);
     case F_REDUCE: case F_PRESCALE: case F_POSTSCALE: return hvl__op_is(op, HVL_OPF_REDUCES);
     case F_ROOT: return hvl__op_is(op, HVL_OPF_ROOTED);
     case F_TARGET: return op == HVL_PROCESS_SET_REMOVE;
@@ -112,6 +113,7 @@ static int same_value(int f, const hvl_desc *a, const hvl_desc *b)
     switch (f) {
     case F_OP: return a->op == b->op;
     case F_DTYPE: return a->dtype == b->dtype;
+    case F_MEMORY: return a->memory == b->memory;
     case F_REDUCE: return a->reduce_op == b->reduce_op;
     case F_ROOT: return a->root_rank == b->root_rank;
     case F_TARGET: return a->target_set == b->target_set;
@@ -136,6 +138,7 @@ static void describe(int f, const hvl_desc *q, char *out)
     switch (f) {
     case F_OP: snprintf(out, n, "%s", hvl__op_name(q->op)); break;
     case F_DTYPE: snprintf(out, n, "%s", hvl__dtype_name(q->dtype)); break;
+    case F_MEMORY: snprintf(out, n, "%s", memory_names[q->memory]); break;   /* wire.c checked it */
     case F_REDUCE: snprintf(out, n, "%s", hvl__reduce_name(q->reduce_op)); break;
     case F_ROOT: snprintf(out, n, "root %d", q->root_rank); break;
     case F_TARGET: snprintf(out, n, "process set %d", q->target_set); break;

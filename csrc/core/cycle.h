@@ -63,6 +63,7 @@ typedef struct {
     int target_set;             /* remove_process_set: the set it removes */
     int last_joined;            /* join: the rank that joined last */
     double prescale, postscale;
+    int memory;                 /* hvl_memory of its tensors (agreed) */
     hvl_pset *ps;               /* the set it runs among */
     int count;                  /* entries in this batch */
     hvl_entry **entries;        /* borrowed from the pending map */

@@ -13,6 +13,7 @@
 #include <sys/prctl.h>
 #include "cycle.h"
 #include "kernels.h"
+#include "stage.h"
 #include "timeline.h"
 #include "autotune.h"
 
@@ -103,6 +104,7 @@ static void teardown(hvl_engine *e, int clean)
     hvl__psets_destroy(e, clean);
     free(e->fusion_buf);
     free(e->scratch_buf);
+    hvl__stage_free(e);             /* pinned memory and CUDA streams, if CUDA was ever used */
     hvl_buffer_cache_trim();        /* idle result buffers; those still held are freed later */
     e->negotiation = NULL;
     e->fusion_buf = e->scratch_buf = NULL;

@@ -116,6 +116,8 @@ struct hvl_engine {
     int64_t fusion_cap;
     char *scratch_buf;          /* prescaled reducescatter input, gathered allgather blocks */
     int64_t scratch_cap;
+    char *stage_buf;            /* page-locked host copies of staged CUDA tensors (stage.c) */
+    int64_t stage_cap;
 
     hvl_counters counters;      /* written by bg with relaxed atomics, read by anyone */
     struct { int64_t collectives, bytes; } plane_counts[HVL_MAX_BACKENDS];   /* the same; by registry slot */

@@ -12,6 +12,7 @@
 #include "backend.h"
 #include "cycle.h"
 #include "kernels.h"
+#include "stage.h"
 #include "timeline.h"
 
 static int is_integer(int dtype) { return dtype <= HVL_INT64; }
@@ -238,17 +239,36 @@ static void finish_batch(hvl_engine *e, hvl_batch *b, int rc, hvl_outcome *o)
     }
 }
 
+/* A batch of CUDA tensors on a host plane: on host copies of its buffers (stage.h). The set's
+ * first member says once per set that its CUDA tensors take this path. */
+static int run_staged(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outcome *o)
+{
+    char key[64];
+    snprintf(key, sizeof(key), "staged path, set %d", b->ps->id);
+    if (e->rank == b->ps->ranks[0])
+        hvl__log_once(key, HVL_LOG_WARNING, "process set %d: CUDA tensors go through host memory (copied "
+                      "to page-locked memory on hvlite's stream, reduced on the %s plane, copied back): "
+                      "no data plane of this build runs them on the GPU", b->ps->id, p->be->name);
+    hvl_stage st;
+    int rc = hvl__stage_in(e, b, &st);
+    if (rc == HVL_OK) rc = run_batch(e, p, b, o);
+    if (rc == HVL_OK) rc = hvl__stage_out(e, b, &st);
+    hvl__stage_end(b, &st);
+    return rc;
+}
+
 /* One batch on its plane; its entries finish with the outcome. */
 static int execute_one(hvl_engine *e, hvl_batch *b)
 {
     hvl_outcome *o = calloc((size_t)b->count, sizeof(hvl_outcome));
     if (!o) return hvl__oom("a batch's outcomes");
     int data = hvl__op_is(b->op, HVL_OPF_DATA);
-    hvl_plane p = data ? hvl__plane_for(e, b->ps, b->op, b->reduce_op, b->dtype, b->bytes)
+    hvl_plane p = data ? hvl__plane_for(e, b->ps, b->op, b->reduce_op, b->dtype, b->memory, b->bytes)
                        : (hvl_plane){0};
     b->backend = data ? p.be->name : "none";
     double t0 = hvl__now();
-    int rc = hvl__peers_explain(e, run_batch(e, &p, b, o));   /* a timeout names the silent ranks */
+    int rc = p.staged ? run_staged(e, &p, b, o) : run_batch(e, &p, b, o);
+    rc = hvl__peers_explain(e, rc);          /* a timeout names the silent ranks */
     if (data) {
         hvl__count(&e->counters.collectives, 1);
         hvl__plane_count(e, &p, b->bytes);

@@ -1,5 +1,5 @@
 /* fusion.c: groups the cycle's agreed responses into batches that share one collective.
- * Allreduces with the same dtype, reduce op, scale factors and process set are packed, in agreement order,
+ * Allreduces with the same dtype, reduce op, scale factors, memory kind and process set are packed, in agreement order,
  * until the next would pass the fusion threshold (a tensor larger than it runs alone).
  * Allgathers of one dtype fuse the same way (sized by the agreed response, i.e. the first
  * rank's shape, so every rank decides alike). Other ops run one per batch. Every rank sees
@@ -13,7 +13,8 @@
 static int same_key(const hvl_desc *a, const hvl_desc *b)
 {
     return a->op == b->op && a->dtype == b->dtype && a->reduce_op == b->reduce_op &&
-           a->prescale == b->prescale && a->postscale == b->postscale && a->process_set == b->process_set;
+           a->prescale == b->prescale && a->postscale == b->postscale && a->process_set == b->process_set &&
+           a->memory == b->memory;
 }
 
 int hvl__fuse(hvl_engine *e, const hvl_response **resps, hvl_entry **entries, int n, hvl_batch_list *out)
@@ -31,7 +32,7 @@ int hvl__fuse(hvl_engine *e, const hvl_response **resps, hvl_entry **entries, in
         hvl_batch *b = &out->items[out->count++];
         *b = (hvl_batch){.op = d->op, .dtype = d->dtype, .reduce_op = d->reduce_op, .root_rank = d->root_rank,
                          .target_set = d->target_set, .last_joined = resps[i]->last_joined,
-                         .prescale = d->prescale, .postscale = d->postscale,
+                         .prescale = d->prescale, .postscale = d->postscale, .memory = d->memory,
                          .ps = hvl__pset(e, d->process_set), .entries = store};
         b->entries[b->count++] = entries[i];
         b->bytes = hvl__desc_bytes(d);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "cuda_driver.h"
 #include "cycle.h"
 #include "kernels.h"
 #include "timeline.h"
@@ -64,6 +65,22 @@ static int check_adasum(const hvl_request *q, const char *name, int set_size)
     return HVL_OK;
 }
 
+/* Host memory, or a CUDA device this process can use: the first CUDA request loads the driver
+ * (here, on the caller's thread, so that a machine without one fails at submit). */
+static int check_memory(const hvl_request *q, const char *name)
+{
+    if (q->memory == HVL_MEMORY_HOST) return HVL_OK;
+    if (q->memory != HVL_MEMORY_CUDA)
+        return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': unknown memory kind %d", name, q->memory);
+    if (q->device < 0 || q->device >= HVL_CUDA_MAX_DEVICES)
+        return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': CUDA device %d (hvlite handles 0 to %d)",
+                         name, q->device, HVL_CUDA_MAX_DEVICES - 1);
+    if (hvl__cuda_load() == HVL_OK) return HVL_OK;
+    char why[512];              /* the message is rewritten below: copy it first */
+    snprintf(why, sizeof(why), "%s", hvl_last_error());
+    return hvl__fail(HVL_ERR_CUDA, "tensor '%s' is in CUDA memory, but %s", name, why);
+}
+
 static int check_request(hvl_engine *e, const hvl_request *q, int *set_size)
 {
     const char *name = q->name ? q->name : "(null)";
@@ -79,6 +96,7 @@ static int check_request(hvl_engine *e, const hvl_request *q, int *set_size)
         return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': %d dimensions (at most %d)", name, q->ndim, HVL_MAX_DIMS);
     for (int i = 0; i < q->ndim; i++)
         if (q->shape[i] < 0) return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': negative dimension", name);
+    HVL_CHECK(check_memory(q, name));
     int reducing = hvl__op_is(q->op, HVL_OPF_REDUCES);
     if (reducing && (q->reduce_op < 0 || q->reduce_op >= HVL_REDUCE_COUNT))
         return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s': unknown reduce op %d", name, q->reduce_op);
@@ -130,10 +148,14 @@ static hvl_entry *entry_new(const hvl_request *q, int set_size)
                        .process_set = q->process_set,
                        .target_set = q->op == HVL_PROCESS_SET_REMOVE ? q->root_rank : 0,
                        .ndim = data ? q->ndim : 0, .prescale = reduces ? q->prescale : 1.0,
-                       .postscale = reduces ? q->postscale : 1.0, .name = engine_name(q)};
+                       .postscale = reduces ? q->postscale : 1.0,
+                       .memory = data ? q->memory : HVL_MEMORY_HOST, .name = engine_name(q)};
     memcpy(en->d.shape, q->shape, sizeof(int64_t) * (size_t)en->d.ndim);
     en->input = q->input;
     en->output = q->output;
+    int cuda = en->d.memory == HVL_MEMORY_CUDA;
+    en->device = cuda ? q->device : -1;
+    en->ready_event = cuda ? q->ready_event : NULL;
     en->nsplits = q->op == HVL_ALLTOALL ? set_size : q->op == HVL_PROCESS_SET_ADD ? q->nsplits : 0;
     if (en->nsplits) {
         en->splits = malloc(sizeof(int64_t) * (size_t)en->nsplits);
@@ -226,6 +248,7 @@ static hvl_entry *synthesize(const hvl_response *r)
     hvl_entry *en = calloc(1, sizeof(*en));
     if (!en || !(en->d.name = strdup(r->d.name))) { free(en); return NULL; }
     en->synthetic = 1;
+    en->device = -1;            /* host zeros, whatever memory the other ranks' tensors are in */
     char *name = en->d.name;
     en->d = r->d;
     en->d.name = name;
@@ -326,10 +349,11 @@ void hvl__queue_fail_all(hvl_engine *e, int status, const char *message)
 int64_t hvl_submit(int op, int dtype, int reduce_op, int root_rank, int process_set,
                    const char *name, int ndim, const int64_t *shape, const void *input,
                    void *output, double prescale, double postscale, const int64_t *splits,
-                   int nsplits)
+                   int nsplits, int memory, int device, void *ready_event)
 {
     hvl_request q = {op, dtype, reduce_op, root_rank, process_set, ndim, name, shape,
-                     input, output, prescale, postscale, splits, nsplits};
+                     input, output, prescale, postscale, splits, nsplits, memory, device,
+                     ready_event};
     int64_t handle = 0;
     int rc = hvl_enqueue(&q, &handle);
     return rc == HVL_OK ? handle : -rc;

@@ -30,6 +30,7 @@ typedef struct {
     int ndim;
     int64_t shape[HVL_MAX_DIMS];
     double prescale, postscale;
+    int memory;                 /* hvl_memory of the buffers (data ops; HOST otherwise) */
     char *name;                 /* the engine's name (see queue.c); owned by the holder */
 } hvl_desc;
 
@@ -54,6 +55,9 @@ typedef struct hvl_entry {
     hvl_desc d;                 /* d.name owned */
     const void *input;          /* the caller's; NULL for ops without data */
     void *output;               /* the caller's, or NULL where the engine owns the result */
+    int device;                 /* CUDA device of input/output, or -1: host memory (also a
+                                   joined rank's stand-ins, whatever d.memory says) */
+    void *ready_event;          /* the caller's CUevent (CUDA only), or NULL */
     int64_t *splits;            /* alltoall: rows to each member; add_process_set: members (owned) */
     int nsplits;
     int64_t handle;

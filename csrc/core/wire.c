@@ -17,6 +17,7 @@ void hvl__wire_put_desc(hvl_buf *b, const hvl_desc *d)
     for (int i = 0; i < d->ndim; i++) hvl__buf_i64(b, d->shape[i]);
     hvl__buf_f64(b, d->prescale);
     hvl__buf_f64(b, d->postscale);
+    hvl__buf_i32(b, d->memory);
     hvl__buf_str(b, d->name);
 }
 
@@ -47,6 +48,8 @@ int hvl__wire_get_desc(hvl_buf *b, hvl_desc *d)
     for (int i = 0; i < d->ndim && !b->bad; i++) d->shape[i] = hvl__buf_get_i64(b);
     d->prescale = hvl__buf_get_f64(b);
     d->postscale = hvl__buf_get_f64(b);
+    d->memory = hvl__buf_get_i32(b);
+    if (d->memory < 0 || d->memory >= HVL_MEMORY_COUNT) b->bad = 1;
     d->name = hvl__buf_get_str(b);
     if (!d->name) b->bad = 1;
     return b->bad ? corrupt(b, "tensor description") : HVL_OK;

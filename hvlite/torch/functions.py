@@ -50,7 +50,12 @@ class _TensorSpec:
     """Stands for a tensor in the state structure sent as an object."""
 
     def __init__(self, tensor):
-        self.shape, self.dtype = tuple(tensor.shape), tensor.dtype
+        self.shape, self.dtype, self.cuda = tuple(tensor.shape), tensor.dtype, tensor.is_cuda
+
+    def empty(self):
+        """A tensor to receive it: on this rank's current CUDA device when the root's is on
+        one (every rank's buffers must be in the same kind of memory)."""
+        return torch.empty(self.shape, dtype=self.dtype, device="cuda" if self.cuda else "cpu")
 
 
 def _split(obj, tensors):
@@ -68,7 +73,7 @@ def _split(obj, tensors):
 def _fill(obj, tensors):
     """The inverse walk: _TensorSpec -> a new tensor (appended to ``tensors``)."""
     if isinstance(obj, _TensorSpec):
-        t = torch.empty(obj.shape, dtype=obj.dtype)
+        t = obj.empty()
         tensors.append(t)
         return t
     if isinstance(obj, dict):

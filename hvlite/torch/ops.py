@@ -31,7 +31,7 @@ import torch
 from .. import buffers, collectives
 from .. import ops as _np_ops
 from ..basics import rank, size
-from ..buffers import NULL, allocate, memory, pointer
+from ..buffers import CUDA_MEMORY, NULL, allocate, memory, pointer
 from ..collectives import Adasum, Average, InPlace, Max, Min, Product, Source, Sum, reduce_op
 from ..dtypes import by_name
 from ..errors import HvliteInvalidArgument
@@ -53,9 +53,9 @@ def _engine_dtype(tensor):
 def _check_tensor(tensor):
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("hvlite.torch expects a torch.Tensor, got %s" % type(tensor).__name__)
-    if tensor.device.type != "cpu":
-        raise TypeError("hvlite.torch: %s tensors are not supported yet (the NCCL backend is not "
-                        "built); move the tensor to the CPU" % tensor.device.type)
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise TypeError("hvlite.torch: %s tensors are not supported (CPU and CUDA tensors are); "
+                        "move the tensor to one of those" % tensor.device.type)
     if tensor.is_sparse:
         raise TypeError("hvlite.torch: sparse tensors are not supported by this op")
     return tensor
@@ -65,27 +65,52 @@ def _ptr(tensor):
     return pointer(tensor.data_ptr()) if tensor.numel() else NULL
 
 
+class _ReadyEvent:
+    """Stream order of a CUDA input: called once at submit (after the output was allocated, so
+    the output's earlier uses are ordered too), it records an event on the current stream of
+    the tensor's device and returns it for the engine, whose copies wait for it on the engine's
+    own stream. Kept alive with the input until the handle completes."""
+
+    __slots__ = ("device", "event")
+
+    def __init__(self, device):
+        self.device, self.event = device, None
+
+    def __call__(self):
+        self.event = torch.cuda.Event()
+        self.event.record(torch.cuda.current_stream(self.device))
+        return pointer(self.event.cuda_event)
+
+
 def _source(tensor):
-    """The engine's view of a contiguous, detached CPU tensor."""
-    return Source(_ptr(tensor), _engine_dtype(tensor), tuple(tensor.shape), tensor)
+    """The engine's view of a contiguous, detached tensor (CPU or CUDA)."""
+    if not tensor.is_cuda:
+        return Source(_ptr(tensor), _engine_dtype(tensor), tuple(tensor.shape), tensor)
+    ready = _ReadyEvent(tensor.device)
+    return Source(_ptr(tensor), _engine_dtype(tensor), tuple(tensor.shape), (tensor, ready),
+                  CUDA_MEMORY, tensor.device.index, ready)
 
 
 class _TensorOutput:
-    """Output allocator of torch results of one dtype (see hvlite.collectives): from
-    ``buffers.ENGINE_MEMORY_MIN`` bytes a fresh result is a tensor over engine memory, which
-    the engine reuses from call to call already faulted in; below, ``torch.empty`` is cheaper
-    (2 us against 4 us) and measured no page faults (see hvlite.buffers)."""
+    """Output allocator of torch results of one dtype on one device (see hvlite.collectives).
+    On the CPU, from ``buffers.ENGINE_MEMORY_MIN`` bytes a fresh result is a tensor over engine
+    memory, which the engine reuses from call to call already faulted in; below,
+    ``torch.empty`` is cheaper (2 us against 4 us) and measured no page faults (see
+    hvlite.buffers). On a CUDA device a result is ``torch.empty`` there (the framework's own
+    allocator), and results the engine sizes (allgather, alltoall) are copied there from the
+    engine's host memory."""
 
-    __slots__ = ("dtype", "itemsize")
+    __slots__ = ("dtype", "itemsize", "device")
 
-    def __init__(self, dtype):
+    def __init__(self, dtype, device):
         self.dtype = dtype
         self.itemsize = dtype.itemsize
+        self.device = device
 
     def new(self, shape):
         nbytes = math.prod(shape) * self.itemsize
-        if nbytes < buffers.ENGINE_MEMORY_MIN:
-            out = torch.empty(shape, dtype=self.dtype)
+        if self.device.type == "cuda" or nbytes < buffers.ENGINE_MEMORY_MIN:
+            out = torch.empty(shape, dtype=self.dtype, device=self.device)
             return out, _ptr(out)
         owner = allocate(nbytes)
         return self.over(owner, shape), owner
@@ -93,17 +118,20 @@ class _TensorOutput:
     def over(self, owner, shape):
         nbytes = math.prod(shape) * self.itemsize
         if nbytes == 0:
-            return torch.empty(shape, dtype=self.dtype)
-        return torch.frombuffer(memory(owner, nbytes), dtype=self.dtype).reshape(shape)
+            return torch.empty(shape, dtype=self.dtype, device=self.device)
+        host = torch.frombuffer(memory(owner, nbytes), dtype=self.dtype).reshape(shape)
+        return host if self.device.type == "cpu" else host.to(self.device)
 
 
 _outputs = {}
 
 
-def _output(dtype):
-    output = _outputs.get(dtype)
+def _output(tensor):
+    """The output allocator for results like ``tensor`` (its dtype and device)."""
+    key = (tensor.dtype, tensor.device)
+    output = _outputs.get(key)
     if output is None:
-        output = _outputs[dtype] = _TensorOutput(dtype)
+        output = _outputs[key] = _TensorOutput(tensor.dtype, tensor.device)
     return output
 
 
@@ -131,7 +159,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                     postscale_factor=1.0, process_set=None):
     """Start an allreduce; the handle's result is a new tensor."""
     src = _check_tensor(tensor).contiguous().detach()
-    return collectives.allreduce(_source(src), _output(src.dtype), name, reduce_op(average, op),
+    return collectives.allreduce(_source(src), _output(src), name, reduce_op(average, op),
                                  prescale_factor, postscale_factor, process_set)
 
 
@@ -299,7 +327,7 @@ def sparse_allreduce_async(tensor, name=None, op=Average, process_set=None):
 def allgather_async(tensor, name=None, process_set=None):
     """Start an allgather; the result concatenates every rank's tensor along dim 0."""
     src = _check_tensor(tensor).contiguous().detach()
-    return collectives.allgather(_source(src), _output(src.dtype), name, process_set)
+    return collectives.allgather(_source(src), _output(src), name, process_set)
 
 
 def _rows(tensor):
@@ -366,7 +394,7 @@ def grouped_allgather(tensors, name=None, process_set=None):
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
     src = _check_tensor(tensor).contiguous().detach()
-    return collectives.broadcast(_source(src), _output(src.dtype), root_rank, name, process_set)
+    return collectives.broadcast(_source(src), _output(src), root_rank, name, process_set)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
@@ -413,7 +441,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     src = _check_tensor(tensor).contiguous().detach()
     split_list = None if splits is None else _split_list(splits, name)
     finish = None if splits is None else (lambda r: (r[0], torch.from_numpy(r[1])))
-    return collectives.alltoall(_source(src), _output(src.dtype), split_list, name, process_set,
+    return collectives.alltoall(_source(src), _output(src), split_list, name, process_set,
                                 finish)
 
 
@@ -447,7 +475,7 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_factor=1.0,
                         postscale_factor=1.0):
     src = _check_tensor(tensor).contiguous().detach()
-    return collectives.reducescatter(_source(src), _output(src.dtype), name, reduce_op(None, op),
+    return collectives.reducescatter(_source(src), _output(src), name, reduce_op(None, op),
                                      prescale_factor, postscale_factor, process_set)
 
 

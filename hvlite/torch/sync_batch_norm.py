@@ -28,7 +28,8 @@ class _SyncBatchNormFn(torch.autograd.Function):
         dims = [d for d in range(x.dim()) if d != 1]
         xd = x.double()
         local = torch.cat([xd.sum(dim=dims), (xd * xd).sum(dim=dims),
-                           torch.tensor([x.numel() / max(channels, 1)], dtype=torch.float64)])
+                           torch.tensor([x.numel() / max(channels, 1)], dtype=torch.float64,
+                                        device=x.device)])
         total = allreduce_async(local, op=Sum, name=name + ".stats").wait()
         count = total[-1]
         if count.item() <= 1:

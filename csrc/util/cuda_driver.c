@@ -1,0 +1,229 @@
+/* cuda_driver.c: the CUDA driver API, opened at run time (cuda_driver.h says why and what).
+ * Owns the library handle and its function table (written once under pthread_once, read-only
+ * after), and per device the engine's stream, its mark event and the retained primary context
+ * (bg thread only). The declarations follow the driver API's documented signatures; the
+ * versioned names (_v2) are the ones cuda.h maps its calls to. Nothing here knows the engine. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include "cuda_driver.h"
+#include "util.h"
+
+#ifndef CUDA_VERSION    /* the build: no toolkit. tests/unit/test_cuda_driver.py compiles this
+                           file against NVIDIA's cuda.h too, which then supplies these types */
+typedef int CUresult;                          /* 0: success */
+typedef int CUdevice;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef unsigned long long CUdeviceptr;
+#endif
+
+#define CU_SUCCESS 0                  /* CUDA_SUCCESS */
+#define CU_NOT_READY 600              /* CUDA_ERROR_NOT_READY */
+#define STREAM_NON_BLOCKING 1u        /* CU_STREAM_NON_BLOCKING */
+#define EVENT_DISABLE_TIMING 2u       /* CU_EVENT_DISABLE_TIMING */
+#define HOST_ALLOC_PORTABLE 1u        /* CU_MEMHOSTALLOC_PORTABLE */
+
+static struct {
+    CUresult (*init)(unsigned int flags);
+    CUresult (*driver_version)(int *version);
+    CUresult (*device_get)(CUdevice *dev, int ordinal);
+    CUresult (*ctx_retain)(CUcontext *ctx, CUdevice dev);
+    CUresult (*ctx_release)(CUdevice dev);
+    CUresult (*ctx_set_current)(CUcontext ctx);
+    CUresult (*stream_create)(CUstream *stream, unsigned int flags);
+    CUresult (*stream_destroy)(CUstream stream);
+    CUresult (*stream_wait_event)(CUstream stream, CUevent event, unsigned int flags);
+    CUresult (*event_create)(CUevent *event, unsigned int flags);
+    CUresult (*event_destroy)(CUevent event);
+    CUresult (*event_record)(CUevent event, CUstream stream);
+    CUresult (*event_query)(CUevent event);
+    CUresult (*copy_to_host)(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
+    CUresult (*copy_to_device)(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream);
+    CUresult (*host_alloc)(void **p, size_t bytes, unsigned int flags);
+    CUresult (*host_free)(void *p);
+    CUresult (*error_name)(CUresult rc, const char **name);
+    CUresult (*error_string)(CUresult rc, const char **text);
+} cu;
+
+/* The table above, by exported name: dlsym fills each slot. */
+#define SYMBOL(slot, name) {(void **)&cu.slot, name}
+static const struct { void **slot; const char *name; } symbols[] = {
+    SYMBOL(init, "cuInit"), SYMBOL(driver_version, "cuDriverGetVersion"),
+    SYMBOL(device_get, "cuDeviceGet"), SYMBOL(ctx_retain, "cuDevicePrimaryCtxRetain"),
+    SYMBOL(ctx_release, "cuDevicePrimaryCtxRelease_v2"), SYMBOL(ctx_set_current, "cuCtxSetCurrent"),
+    SYMBOL(stream_create, "cuStreamCreate"), SYMBOL(stream_destroy, "cuStreamDestroy_v2"),
+    SYMBOL(stream_wait_event, "cuStreamWaitEvent"), SYMBOL(event_create, "cuEventCreate"),
+    SYMBOL(event_destroy, "cuEventDestroy_v2"), SYMBOL(event_record, "cuEventRecord"),
+    SYMBOL(event_query, "cuEventQuery"), SYMBOL(copy_to_host, "cuMemcpyDtoHAsync_v2"),
+    SYMBOL(copy_to_device, "cuMemcpyHtoDAsync_v2"), SYMBOL(host_alloc, "cuMemHostAlloc"),
+    SYMBOL(host_free, "cuMemFreeHost"), SYMBOL(error_name, "cuGetErrorName"),
+    SYMBOL(error_string, "cuGetErrorString"),
+};
+#undef SYMBOL
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static int load_status = HVL_ERR_CUDA;
+static char load_error[512];
+static int driver_version;
+
+/* bg thread only: what the engine made on each device it used. */
+static struct {
+    CUcontext ctx;              /* retained primary context; NULL: device not used yet */
+    CUstream stream;
+    CUevent mark;
+} devices[HVL_CUDA_MAX_DEVICES];
+
+/* The driver's status as the engine's: HVL_ERR_CUDA with the call, the error's name and text. */
+static int check(CUresult rc, const char *what)
+{
+    if (rc == CU_SUCCESS) return HVL_OK;
+    const char *name = NULL, *text = NULL;
+    if (cu.error_name) cu.error_name(rc, &name);
+    if (cu.error_string) cu.error_string(rc, &text);
+    return hvl__fail(HVL_ERR_CUDA, "CUDA: %s failed: %s (%d): %s", what, name ? name : "CUDA error",
+                     rc, text ? text : "no description");
+}
+
+static void load(void)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        snprintf(load_error, sizeof(load_error), "the CUDA driver could not be loaded (%s): no "
+                 "NVIDIA driver on this machine", dlerror());
+        return;
+    }
+    for (size_t i = 0; i < sizeof(symbols) / sizeof(symbols[0]); i++) {
+        *symbols[i].slot = dlsym(lib, symbols[i].name);
+        if (!*symbols[i].slot) {
+            snprintf(load_error, sizeof(load_error), "the CUDA driver libcuda.so.1 has no %s: the "
+                     "driver is too old", symbols[i].name);
+            return;
+        }
+    }
+    if (check(cu.init(0), "cuInit") != HVL_OK || check(cu.driver_version(&driver_version),
+                                                       "cuDriverGetVersion") != HVL_OK) {
+        snprintf(load_error, sizeof(load_error), "%s", hvl_last_error());
+        return;
+    }
+    __atomic_store_n(&load_status, HVL_OK, __ATOMIC_RELEASE);
+}
+
+int hvl__cuda_load(void)
+{
+    pthread_once(&load_once, load);
+    return load_status == HVL_OK ? HVL_OK : hvl__fail(load_status, "%s", load_error);
+}
+
+int hvl__cuda_loaded(void)
+{
+    return __atomic_load_n(&load_status, __ATOMIC_ACQUIRE) == HVL_OK && driver_version > 0;
+}
+
+int hvl__cuda_driver_version(void) { return hvl__cuda_loaded() ? driver_version : 0; }
+
+/* First use of a device: retain its primary context, make the stream and the mark event (in
+ * that order; hvl__cuda_release frees whatever a failed set-up made). */
+static int open_device(int dev)
+{
+    CUdevice handle;
+    HVL_CHECK(check(cu.device_get(&handle, dev), "cuDeviceGet"));
+    HVL_CHECK(check(cu.ctx_retain(&devices[dev].ctx, handle), "cuDevicePrimaryCtxRetain"));
+    if (!devices[dev].ctx) return hvl__fail(HVL_ERR_CUDA, "CUDA: device %d has no context", dev);
+    HVL_CHECK(check(cu.ctx_set_current(devices[dev].ctx), "cuCtxSetCurrent"));
+    HVL_CHECK(check(cu.stream_create(&devices[dev].stream, STREAM_NON_BLOCKING), "cuStreamCreate"));
+    return check(cu.event_create(&devices[dev].mark, EVENT_DISABLE_TIMING), "cuEventCreate");
+}
+
+int hvl__cuda_use(int dev)
+{
+    HVL_CHECK(hvl__cuda_load());
+    if (dev < 0 || dev >= HVL_CUDA_MAX_DEVICES)
+        return hvl__fail(HVL_ERR_CUDA, "CUDA device %d: hvlite handles devices 0 to %d", dev,
+                         HVL_CUDA_MAX_DEVICES - 1);
+    if (!devices[dev].ctx) return open_device(dev);
+    if (!devices[dev].mark)     /* made last: a device whose set-up failed is not retried */
+        return hvl__fail(HVL_ERR_CUDA, "CUDA device %d could not be set up for hvlite earlier", dev);
+    return check(cu.ctx_set_current(devices[dev].ctx), "cuCtxSetCurrent");
+}
+
+int hvl__cuda_wait_event(int dev, void *event)
+{
+    HVL_CHECK(hvl__cuda_use(dev));
+    return check(cu.stream_wait_event(devices[dev].stream, (CUevent)event, 0), "cuStreamWaitEvent");
+}
+
+int hvl__cuda_copy_to_host(int dev, void *host, const void *device, int64_t bytes)
+{
+    HVL_CHECK(hvl__cuda_use(dev));
+    return check(cu.copy_to_host(host, (CUdeviceptr)(uintptr_t)device, (size_t)bytes, devices[dev].stream),
+                 "cuMemcpyDtoHAsync (device to host)");
+}
+
+int hvl__cuda_copy_to_device(int dev, void *device, const void *host, int64_t bytes)
+{
+    HVL_CHECK(hvl__cuda_use(dev));
+    return check(cu.copy_to_device((CUdeviceptr)(uintptr_t)device, host, (size_t)bytes, devices[dev].stream),
+                 "cuMemcpyHtoDAsync (host to device)");
+}
+
+int hvl__cuda_mark(int dev)
+{
+    HVL_CHECK(hvl__cuda_use(dev));
+    return check(cu.event_record(devices[dev].mark, devices[dev].stream), "cuEventRecord");
+}
+
+int hvl__cuda_mark_reached(int dev, int *done)
+{
+    HVL_CHECK(hvl__cuda_use(dev));
+    CUresult rc = cu.event_query(devices[dev].mark);
+    *done = rc == CU_SUCCESS;
+    return rc == CU_NOT_READY ? HVL_OK : check(rc, "cuEventQuery");
+}
+
+int hvl__cuda_host_alloc(void **out, int64_t bytes)
+{
+    *out = NULL;
+    HVL_CHECK(hvl__cuda_load());
+    return check(cu.host_alloc(out, (size_t)(bytes > 0 ? bytes : 1), HOST_ALLOC_PORTABLE),
+                 "cuMemHostAlloc (page-locked staging memory)");
+}
+
+void hvl__cuda_host_free(void *p)
+{
+    if (p && hvl__cuda_loaded()) cu.host_free(p);
+}
+
+void hvl__cuda_release(void)
+{
+    if (!hvl__cuda_loaded()) return;
+    for (int dev = 0; dev < HVL_CUDA_MAX_DEVICES; dev++) {
+        if (!devices[dev].ctx) continue;
+        CUdevice handle;
+        cu.ctx_set_current(devices[dev].ctx);
+        if (devices[dev].mark) cu.event_destroy(devices[dev].mark);
+        if (devices[dev].stream) cu.stream_destroy(devices[dev].stream);
+        if (cu.device_get(&handle, dev) == CU_SUCCESS) cu.ctx_release(handle);
+        memset(&devices[dev], 0, sizeof(devices[dev]));
+    }
+}
+
+#ifdef CUDA_VERSION
+/* Compiled against cuda.h (the test above): every slot has the type of the function dlsym fills
+ * it from, and the constants are the header's. */
+#define SAME(slot, fn) _Static_assert(__builtin_types_compatible_p(__typeof__(cu.slot), __typeof__(&fn)), #fn)
+SAME(init, cuInit); SAME(driver_version, cuDriverGetVersion); SAME(device_get, cuDeviceGet);
+SAME(ctx_retain, cuDevicePrimaryCtxRetain); SAME(ctx_release, cuDevicePrimaryCtxRelease_v2);
+SAME(ctx_set_current, cuCtxSetCurrent); SAME(stream_create, cuStreamCreate);
+SAME(stream_destroy, cuStreamDestroy_v2); SAME(stream_wait_event, cuStreamWaitEvent);
+SAME(event_create, cuEventCreate); SAME(event_destroy, cuEventDestroy_v2);
+SAME(event_record, cuEventRecord); SAME(event_query, cuEventQuery);
+SAME(copy_to_host, cuMemcpyDtoHAsync_v2); SAME(copy_to_device, cuMemcpyHtoDAsync_v2);
+SAME(host_alloc, cuMemHostAlloc); SAME(host_free, cuMemFreeHost);
+SAME(error_name, cuGetErrorName); SAME(error_string, cuGetErrorString);
+_Static_assert(CU_SUCCESS == (int)CUDA_SUCCESS && CU_NOT_READY == (int)CUDA_ERROR_NOT_READY, "codes");
+_Static_assert(STREAM_NON_BLOCKING == (unsigned)CU_STREAM_NON_BLOCKING && EVENT_DISABLE_TIMING ==
+               (unsigned)CU_EVENT_DISABLE_TIMING && HOST_ALLOC_PORTABLE == CU_MEMHOSTALLOC_PORTABLE, "flags");
+#endif

@@ -1,0 +1,49 @@
+/* cuda_driver.h: the slice of the CUDA driver API the engine uses, loaded at run time.
+ *
+ * The engine builds with no CUDA toolkit and no build flag: libcuda.so.1 (whose ABI NVIDIA keeps
+ * stable across driver versions) is opened with dlopen the first time a device buffer arrives
+ * (hvl__cuda_load), so a process that never submits one never loads CUDA. The functions below
+ * wrap the driver calls in the engine's error rule: each returns an hvl_status and sets the
+ * message (the driver's own error name and text) where the call failed.
+ *
+ * Threads: hvl__cuda_load and hvl__cuda_loaded from any thread; everything else on the
+ * background thread only (the per-device streams and events below are its own). Pointers to
+ * device memory are passed through as opaque values, never dereferenced. */
+#ifndef HVLITE_CUDA_DRIVER_H
+#define HVLITE_CUDA_DRIVER_H
+
+#include <stdint.h>
+
+#define HVL_CUDA_MAX_DEVICES 64
+
+/* Loads libcuda.so.1 and every symbol below, and initialises the driver, once per process.
+ * HVL_OK once loaded; otherwise HVL_ERR_CUDA with why (the library is missing, a symbol is
+ * missing, or cuInit failed: no GPU, no driver), the same answer on every call. */
+int hvl__cuda_load(void);
+int hvl__cuda_loaded(void);            /* 1 once hvl__cuda_load succeeded; cannot fail */
+int hvl__cuda_driver_version(void);    /* e.g. 13000 for CUDA 13.0; 0 if not loaded */
+
+/* Each call below names a device (its ordinal) and first makes that device's primary context
+ * (the one the frameworks use) current on this thread. The engine's stream on the device is
+ * made on first use, non-blocking with respect to the legacy default stream, and is the
+ * engine's until hvl__cuda_release. HVL_ERR_CUDA for a device the driver does not have. */
+int hvl__cuda_use(int dev);
+/* Work queued on the engine's stream after this waits for `event` (recorded by the framework on
+ * its own stream); the calling thread does not wait. */
+int hvl__cuda_wait_event(int dev, void *event);
+/* Asynchronous copies on the engine's stream; `host` must stay valid until the stream has
+ * done them (see the mark). */
+int hvl__cuda_copy_to_host(int dev, void *host, const void *device, int64_t bytes);
+int hvl__cuda_copy_to_device(int dev, void *device, const void *host, int64_t bytes);
+/* Marks the current end of the engine's stream (an event of its own, reused); *done = 1 once
+ * the stream has reached the mark. Neither call waits: the caller polls, bounded. */
+int hvl__cuda_mark(int dev);
+int hvl__cuda_mark_reached(int dev, int *done);
+/* Page-locked host memory that every context can copy from asynchronously; NULL-safe free. */
+int hvl__cuda_host_alloc(void **out, int64_t bytes);
+void hvl__cuda_host_free(void *p);
+/* Destroys the streams and events and releases the contexts this thread took (the engine's
+ * stop). The library stays loaded. Cannot fail. */
+void hvl__cuda_release(void);
+
+#endif /* HVLITE_CUDA_DRIVER_H */
