@@ -1,5 +1,7 @@
 """hvlite.torch collectives x torch dtypes x shapes against a torch reference on every rank;
-async and in-place forms; sparse_allreduce_async. (Gradients: test_torch_grads.py.)
+async and in-place forms; sparse_allreduce_async. (Gradients: test_torch_grads.py.) On the CPU,
+or on CUDA tensors with HVLITE_TEST_DEVICE=cuda (torch_device.py): results must come back on the
+input's device.
 SPMD: run by hvlrun."""
 import numpy as np
 import pytest
@@ -7,6 +9,7 @@ import torch
 
 import hvlite.torch as hvd
 from reference import inputs
+from torch_device import DEVICE
 
 RANK, SIZE = hvd.rank(), hvd.size()
 DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
@@ -20,7 +23,7 @@ def make(seed, rank, dtype, shape):
     """Rank ``rank``'s input: the seeded small integers of tests/parallel/reference.py."""
     kind = "bool" if dtype == torch.bool else ("uint8" if dtype == torch.uint8 else "int64")
     values = inputs(seed, rank, np.dtype(kind), shape)
-    return torch.from_numpy(np.ascontiguousarray(values)).to(dtype)
+    return torch.from_numpy(np.ascontiguousarray(values)).to(dtype).to(DEVICE)
 
 
 def everyone(seed, dtype, shape):
@@ -47,6 +50,7 @@ def reference(xs, opname, dtype):
 
 def same(got, expected, what, tol=0.0):
     assert got.shape == expected.shape and got.dtype == expected.dtype, (what, got.shape, got.dtype)
+    assert got.device == expected.device, (what, got.device, expected.device)
     if tol:
         ok = torch.allclose(got.double(), expected.double(), rtol=tol, atol=tol)
     else:
@@ -117,7 +121,7 @@ def test_grouped_and_objects_and_compression():
 
 def sparse_input(seed, rank, shape, sparse_dim):
     """A seeded sparse COO tensor; rank 1 has no non-zeros (an empty contribution)."""
-    dense = torch.from_numpy(inputs(seed, rank, np.dtype("int64"), shape)).double()
+    dense = torch.from_numpy(inputs(seed, rank, np.dtype("int64"), shape)).double().to(DEVICE)
     dense[dense.abs() < 2] = 0
     if rank == 1:
         dense.zero_()
@@ -169,7 +173,7 @@ def test_duplicate_in_flight_name_raises(op):
     RuntimeError (Horovod's tests catch either); the first request still completes. Ranks
     submit in turn, so the request is still in flight (others have not submitted) on every
     rank but the last."""
-    t = torch.ones(SIZE * 2, 3)
+    t = torch.ones(SIZE * 2, 3, device=DEVICE)
     for turn in range(SIZE):
         if RANK == turn:
             first = ASYNC_OPS[op](t, "dup." + op)
@@ -200,7 +204,7 @@ def test_bad_input():
 
 def test_in_place_ops_bump_the_autograd_version():
     """autograd must refuse a backward that would use a value an in-place collective replaced."""
-    w = torch.tensor([1.0, 2.0], requires_grad=True)
+    w = torch.tensor([1.0, 2.0], requires_grad=True, device=DEVICE)
     x = w * (RANK + 1)
     y = (x * x).sum()
     version = x._version

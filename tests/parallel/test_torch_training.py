@@ -3,7 +3,8 @@ the combined batch: DistributedOptimizer (SGD with momentum, Adam; 1 and 2 backw
 step; fp16 compression; sparse embedding gradients), broadcast_parameters and
 broadcast_optimizer_state (state created or not: created by a zero-gradient step, as in
 Horovod), SyncBatchNorm forward/backward/running stats,
-join with uneven batches, and clear errors for a model that differs across ranks.
+join with uneven batches, and clear errors for a model that differs across ranks. On the CPU,
+or on CUDA models and tensors with HVLITE_TEST_DEVICE=cuda (torch_device.py).
 SPMD: run by hvlrun."""
 import copy
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 import hvlite.torch as hvd
+from torch_device import DEVICE
 
 RANK, SIZE = hvd.rank(), hvd.size()
 PER_RANK = 4
@@ -19,11 +21,11 @@ torch.set_num_threads(1)
 
 def model_and_data(dtype=torch.float64, seed=0):
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).to(dtype)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
     g = torch.Generator().manual_seed(1234)
     x = torch.randn(8, SIZE * PER_RANK, 6, generator=g, dtype=dtype)   # 8 batches, all ranks'
     y = torch.randn(8, SIZE * PER_RANK, 3, generator=g, dtype=dtype)
-    return model, x, y
+    return model.to(dtype).to(DEVICE), x.to(DEVICE), y.to(DEVICE)
 
 
 def shard(batch):
@@ -94,9 +96,10 @@ def test_synchronize_then_clip_with_skip_synchronize():
 @pytest.mark.parametrize("sparse_as_dense", [False, True])
 def test_sparse_embedding_gradients(sparse_as_dense):
     torch.manual_seed(0)
-    emb = torch.nn.Embedding(10, 3, sparse=True).double()
+    emb = torch.nn.Embedding(10, 3, sparse=True).double().to(DEVICE)
     reference = copy.deepcopy(emb)
-    ids = torch.tensor([[1, 2, 2, 7], [3, 1, 9, 0], [5, 5, 6, 1]])[:SIZE]   # one row per rank
+    ids = torch.tensor([[1, 2, 2, 7], [3, 1, 9, 0], [5, 5, 6, 1], [2, 8, 4, 4]],
+                       device=DEVICE)[:SIZE]   # one row per rank (up to 4 ranks)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=1.0),
                                    named_parameters=emb.named_parameters(), sparse_as_dense=sparse_as_dense)
     opt.zero_grad()
@@ -139,10 +142,10 @@ def test_broadcast_parameters_and_optimizer_state():
 
 def test_sync_batch_norm_matches_combined_batch():
     torch.manual_seed(3)
-    data = torch.randn(SIZE * 4, 3, 2, 2, dtype=torch.float64)
+    data = torch.randn(SIZE * 4, 3, 2, 2, dtype=torch.float64).to(DEVICE)
     weights = torch.randn_like(data)
-    sync = hvd.SyncBatchNorm(3, momentum=0.3).double()
-    plain = torch.nn.BatchNorm2d(3, momentum=0.3).double()
+    sync = hvd.SyncBatchNorm(3, momentum=0.3).double().to(DEVICE)
+    plain = torch.nn.BatchNorm2d(3, momentum=0.3).double().to(DEVICE)
     with torch.no_grad():
         for bn in (sync, plain):
             bn.weight.copy_(torch.tensor([1.5, -0.5, 2.0]))
@@ -181,7 +184,7 @@ def test_join_with_uneven_batches():
 
 def test_model_that_differs_across_ranks_fails_everywhere():
     hidden = 8 if RANK == 0 else 9
-    model = torch.nn.Sequential(torch.nn.Linear(6, hidden), torch.nn.Linear(hidden, 3))
+    model = torch.nn.Sequential(torch.nn.Linear(6, hidden), torch.nn.Linear(hidden, 3)).to(DEVICE)
     with pytest.raises(ValueError, match="parameters differ across ranks"):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                  named_parameters=model.named_parameters())
