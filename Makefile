@@ -18,7 +18,7 @@ STAMP  := $(VENV)/.deps-installed
 HVLITE_MPICC ?= $(CURDIR)/$(VENV)/bin/mpicc
 export HVLITE_MPICC
 
-.PHONY: setup build system-deps run run-tf test test-asan test-tsan sanitize-smoke fuzz fuzz-long bench bench-torch bench-tf clean
+.PHONY: setup build system-deps run run-tf test test-gpu test-asan test-tsan sanitize-smoke fuzz fuzz-long bench bench-torch bench-tf clean
 
 setup: $(STAMP) build
 
@@ -55,6 +55,13 @@ system-deps:
 
 test: setup system-deps
 	$(PY) -m pytest -q tests
+
+# The GPU suite (tests/test_gpu.py, README "Tests"): CUDA tensors at 1, 2 and 4 ranks. On a GPU
+# machine without a package registry, build hvlite in place with that machine's Python first
+# (../shared/tools/gpu-prep writes the setup); without a GPU every test skips, saying why.
+TEST_GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+test-gpu:
+	$(TEST_GPU_PY) -m pytest -q tests/test_gpu.py
 
 # The sanitizer runs build their own engine in a copy of the tree; they need only the venv.
 test-asan: $(STAMP)

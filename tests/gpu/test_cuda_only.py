@@ -1,0 +1,106 @@
+"""What only CUDA tensors have, on every rank of a job whose ranks may share one GPU: the memory
+kind agreed across ranks, stream order, results on the input's device, join(device), Adasum on
+the staged path, elastic state of a CUDA model. (Every collective x dtype x form on CUDA
+tensors: tests/parallel/test_torch_ops.py and test_torch_training.py with
+HVLITE_TEST_DEVICE=cuda, which tests/test_gpu.py also runs.)
+SPMD: run by hvlrun, on a machine with a GPU."""
+import numpy as np
+import pytest
+import torch
+
+import hvlite.torch as hvd
+from adasum_reference import adasum, assert_close
+
+RANK, SIZE = hvd.rank(), hvd.size()
+torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+CUDA = torch.device("cuda", torch.cuda.current_device())
+
+
+def test_host_and_cuda_tensors_of_one_name_fail_on_every_rank_naming_the_ranks():
+    if SIZE < 2:
+        pytest.skip("needs two ranks to disagree")
+    x = torch.ones(8) if RANK == 0 else torch.ones(8, device=CUDA)
+    with pytest.raises(hvd.MismatchError) as raised:
+        hvd.allreduce(x, name="mixed.memory")
+    others = ",".join(str(r) for r in range(1, SIZE))
+    assert ("tensor 'mixed.memory': ranks disagree on the memory: host (CPU) memory on rank 0; "
+            "CUDA (GPU) memory on rank%s %s" % ("s" if SIZE > 2 else "", others)) in str(raised.value)
+    y = torch.full((8,), float(RANK), device=CUDA)          # the engine goes on
+    assert torch.equal(hvd.allreduce(y, op=hvd.Sum, name="after.mismatch"),
+                       torch.full((8,), float(sum(range(SIZE))), device=CUDA))
+
+
+def test_a_tensor_still_being_written_on_a_side_stream_is_reduced_after_the_write():
+    """The adapter records an event on the current stream at submit; the engine's copy waits for
+    it on its own stream. Without that, the copy would read the tensor before the long kernel on
+    the side stream wrote it."""
+    side = torch.cuda.Stream()
+    for trial in range(3):
+        x = torch.zeros(1 << 20, device=CUDA)
+        torch.cuda.synchronize()                      # test set-up only, not the engine's path
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(200_000_000)            # ~0.1 s of GPU time before the write
+            x.fill_(RANK + 1)
+            out = hvd.allreduce(x, op=hvd.Sum, name="stream.order.%d" % trial)
+        side.synchronize()
+        assert out.device == CUDA
+        assert torch.all(out == SIZE * (SIZE + 1) / 2), (trial, out[:4])
+
+
+def test_results_come_back_on_the_input_device_for_every_op():
+    x = torch.arange(SIZE * 2, dtype=torch.float32, device=CUDA).reshape(SIZE, 2)
+    results = [hvd.allreduce(x), hvd.allgather(x), hvd.broadcast(x, 0), hvd.alltoall(x),
+               hvd.reducescatter(x), hvd.grouped_allreduce([x, x])[1],
+               hvd.alltoall(x, splits=[1] * SIZE)[0]]
+    assert all(r.device == CUDA for r in results), [r.device for r in results]
+    assert torch.equal(results[1], torch.cat([x] * SIZE))
+
+
+def test_join_with_a_device_and_uneven_cuda_work():
+    for step in range(1 + RANK):
+        hvd.allreduce(torch.ones(4, device=CUDA), name="uneven.%d" % step)
+    assert hvd.join(hvd.local_rank() % torch.cuda.device_count()) == SIZE - 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64], ids=str)
+def test_adasum_on_cuda_tensors(dtype):
+    if SIZE & (SIZE - 1):
+        pytest.skip("Adasum needs a power-of-2 number of ranks")
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(33, generator=g).to(dtype) for _ in range(SIZE)]
+    got = hvd.allreduce(xs[RANK].to(CUDA), op=hvd.Adasum, name="adasum.%s" % dtype)
+    assert got.device == CUDA
+    expected = adasum([x.double().numpy().astype(str(dtype).replace("torch.", "")) for x in xs],
+                      str(dtype).replace("torch.", ""))
+    assert_close(got.cpu().numpy(), expected, "Adasum %s" % dtype)
+
+
+def test_elastic_state_of_a_cuda_model_syncs_from_rank_0():
+    torch.manual_seed(RANK)                               # every rank starts different
+    model = torch.nn.Linear(5, 3).to(CUDA)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.randn(4, 5, device=CUDA)).sum().backward()
+    opt.step()
+    state = hvd.elastic.TorchState(model, opt, step=RANK)
+    state.sync()
+    assert state.step == 0
+    for p in model.parameters():
+        assert p.device == CUDA
+        rows = hvd.allgather(p.detach().reshape(1, -1), name="elastic.same")
+        assert all(torch.equal(rows[0], row) for row in rows)
+    state.commit()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    state.restore()
+    assert all(torch.equal(hvd.broadcast(p.detach(), 0, name="restored"), p.detach())
+               for p in model.parameters())
+
+
+def test_bfloat16_and_float16_on_the_device():
+    for dtype in (torch.float16, torch.bfloat16):
+        x = torch.full((1000,), 0.5 * (RANK + 1), dtype=dtype, device=CUDA)
+        got = hvd.allreduce(x, op=hvd.Sum, name="half.%s" % dtype)
+        assert got.dtype == dtype and got.device == CUDA
+        assert torch.allclose(got.float(), torch.full((1000,), 0.5 * SIZE * (SIZE + 1) / 2,
+                                                      device=CUDA), rtol=1e-2)
