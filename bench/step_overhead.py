@@ -5,6 +5,8 @@ on a machine whose speed drifts.
     hvlrun -np 2 python bench/step_overhead.py --models mlp --pairs 400 --blocks 16
     hvlrun -np 2 python bench/step_overhead.py --smoke            # CI: a few seconds
     hvlrun -np 2 python bench/step_overhead.py --json out.json    # + the tables as JSON
+    hvlrun -np 2 python bench/step_overhead.py --device cuda --models resnet50 --batch-size 64 \
+        --planes shm                                              # on a GPU (the staged path)
 
 One job, every rank doing the same thing at the same time. Each round, on a fresh random batch
 (seeded per rank, made before the clock starts), runs four timed items in a random order (seeded
@@ -76,12 +78,22 @@ COLUMNS = ITEMS + ("dist backward", "plain backward")   # times per round, secon
 PLANES = {"shm": {"HVLITE_SHM_DISABLE": "0"}, "mpi": {"HVLITE_SHM_DISABLE": "1"}}
 
 
+def settle(device):
+    """On a GPU, wait for the work queued so far, so a time covers the work, not its queueing
+    (the benchmark's clock only; hvlite itself never synchronises the device)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def train_step(model, optimizer, x, y):
     """One training step; returns the perf_counter time at which its backward ended."""
+    device = x.device
     optimizer.zero_grad()
     F.cross_entropy(model(x), y).backward()
+    settle(device)
     backward_end = time.perf_counter()
     optimizer.step()
+    settle(device)
     return backward_end
 
 
@@ -89,10 +101,12 @@ class Subject:
     """One model twice (under DistributedOptimizer, and plain), its batches, and flat buffers of
     its gradient bytes for the reference allreduces."""
 
-    def __init__(self, name, batch_size, seed, comm, null=False):
+    def __init__(self, name, batch_size, seed, comm, null=False, device=torch.device("cpu")):
         torch.manual_seed(seed)                   # identical weights on every rank and copy
-        self.name, self.batch_size, self.comm = name, batch_size, comm
-        self.dist_model, self.make_batch = build(name)
+        self.name, self.batch_size, self.comm, self.device = name, batch_size, comm, device
+        model, make_batch = build(name)
+        self.dist_model = model.to(device)
+        self.make_batch = lambda b: tuple(t.to(device) for t in make_batch(b))
         self.plain_model = copy.deepcopy(self.dist_model)
         self.plain_opt = torch.optim.SGD(self.plain_model.parameters(), lr=0.01, momentum=0.9)
         self.dist_opt = torch.optim.SGD(self.dist_model.parameters(), lr=0.01, momentum=0.9)
@@ -101,7 +115,7 @@ class Subject:
                 self.dist_opt, named_parameters=self.dist_model.named_parameters())
         count = sum(p.numel() for p in self.dist_model.parameters() if p.requires_grad)
         self.grad_bytes = 4 * count
-        self.flat = torch.zeros(count)            # zeros: sums stay finite (and never denormal)
+        self.flat = torch.zeros(count, device=device)   # zeros: sums stay finite, never denormal
         self.flat_np = np.zeros(count, np.float32)
 
     def run(self, item, x, y):
@@ -112,6 +126,7 @@ class Subject:
             return train_step(self.plain_model, self.plain_opt, x, y)
         if item == "hvl":
             hvd.allreduce_(self.flat, op=hvd.Average, name="step_overhead." + self.name)
+            settle(self.device)
         else:
             self.comm.Allreduce(MPI.IN_PLACE, self.flat_np, op=MPI.SUM)
         return None
@@ -122,6 +137,7 @@ class Subject:
         times = np.zeros((count, len(COLUMNS)))
         for r in range(count):
             x, y = self.make_batch(self.batch_size)
+            settle(self.device)
             for i in order_rng.permutation(len(ITEMS)):
                 self.comm.Barrier()
                 t0 = time.perf_counter()
@@ -264,7 +280,11 @@ def report(subjects, planes, runs, shm_used, args, comm, load):
 
 def main():
     p = argparse.ArgumentParser(description="paired training-step communication overhead")
-    p.add_argument("--models", nargs="+", default=["mlp", "resnet"], choices=["mlp", "resnet"])
+    p.add_argument("--models", nargs="+", default=["mlp", "resnet"],
+                   choices=["mlp", "resnet", "resnet50"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cuda: models and gradients on this rank's GPU (local rank modulo the "
+                        "GPUs there are; ranks may share one)")
     p.add_argument("--planes", nargs="+", default=["shm", "mpi"], choices=sorted(PLANES))
     p.add_argument("--pairs", type=int, default=120,
                    help="timed rounds per model and plane (rounded up to a multiple of --blocks)")
@@ -288,7 +308,12 @@ def main():
     comm = MPI.COMM_WORLD
     torch.set_num_threads(1)
     hvd.init()
-    subjects = [Subject(m, args.batch_size, args.seed, comm, args.null) for m in args.models]
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+    subjects = [Subject(m, args.batch_size, args.seed, comm, args.null, device)
+                for m in args.models]
     torch.manual_seed(args.seed + 1 + comm.rank)  # batches: each rank its own data
     load = [os.getloadavg()[0]]
     runs, shm_used = measure(subjects, args.planes, args, comm)

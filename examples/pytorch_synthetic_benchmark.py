@@ -7,7 +7,9 @@ Models (built here: torchvision does not import beside this torch build):
   resnet  ResNet-34 layout (3-4-6-3 basic blocks, widths 16-128) on 32x32 images: 110 parameter
           tensors, 1.3 M parameters — many small gradients, where fusion matters;
   mlp     5 fully connected layers of width 1024: 10 parameter tensors, 4.2 M parameters — few
-          large gradients, where bandwidth matters.
+          large gradients, where bandwidth matters;
+  resnet50  ResNet-50 (3-4-6-3 bottleneck blocks, widths 64-512 times 4) on 224x224 images, 1000
+          classes: 161 parameter tensors, 25.6 M parameters — the standard GPU benchmark.
 Prints samples/s per rank and in total (median step time over --iters after --warmup steps).
 ``--json`` prints one JSON line instead (used by bench/torch_training.py).
 """
@@ -55,8 +57,52 @@ class ResNet(torch.nn.Module):
         return self.fc(F.adaptive_avg_pool2d(self.blocks(self.stem(x)), 1).flatten(1))
 
 
+class Bottleneck(torch.nn.Module):
+    """1x1 down to `width`, 3x3 (carrying the stride), 1x1 up to 4 x `width`, plus the shortcut."""
+
+    def __init__(self, cin, width, stride):
+        super().__init__()
+        cout = 4 * width
+        self.conv1 = torch.nn.Conv2d(cin, width, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(width)
+        self.conv2 = torch.nn.Conv2d(width, width, 3, stride, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(width)
+        self.conv3 = torch.nn.Conv2d(width, cout, 1, bias=False)
+        self.bn3 = torch.nn.BatchNorm2d(cout)
+        self.short = None
+        if stride != 1 or cin != cout:
+            self.short = torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                             torch.nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = F.relu(self.bn2(self.conv2(y)))
+        y = self.bn3(self.conv3(y))
+        return F.relu(y + (self.short(x) if self.short is not None else x))
+
+
+class ResNet50(torch.nn.Module):
+    def __init__(self, classes=1000):
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 7, 2, 3, bias=False),
+                                        torch.nn.BatchNorm2d(64), torch.nn.ReLU(),
+                                        torch.nn.MaxPool2d(3, 2, 1))
+        blocks, cin = [], 64
+        for i, (n, width) in enumerate(zip((3, 4, 6, 3), (64, 128, 256, 512))):
+            for j in range(n):
+                blocks.append(Bottleneck(cin, width, 2 if (j == 0 and i > 0) else 1))
+                cin = 4 * width
+        self.blocks = torch.nn.Sequential(*blocks)
+        self.fc = torch.nn.Linear(cin, classes)
+
+    def forward(self, x):
+        return self.fc(F.adaptive_avg_pool2d(self.blocks(self.stem(x)), 1).flatten(1))
+
+
 def build(name):
     """(model, input batch maker) for a model name."""
+    if name == "resnet50":
+        return ResNet50(), lambda b: (torch.randn(b, 3, 224, 224), torch.randint(0, 1000, (b,)))
     if name == "resnet":
         return ResNet(), lambda b: (torch.randn(b, 3, 32, 32), torch.randint(0, 10, (b,)))
     if name == "mlp":
@@ -65,7 +111,7 @@ def build(name):
             layers += [torch.nn.Linear(1024, 1024), torch.nn.ReLU()]
         model = torch.nn.Sequential(*layers, torch.nn.Linear(1024, 10))
         return model, lambda b: (torch.randn(b, 1024), torch.randint(0, 10, (b,)))
-    raise ValueError("unknown model %r (resnet, mlp)" % name)
+    raise ValueError("unknown model %r (resnet, resnet50, mlp)" % name)
 
 
 def step_times(model, optimizer, batch, iters, warmup):
@@ -83,7 +129,7 @@ def step_times(model, optimizer, batch, iters, warmup):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="resnet", choices=["resnet", "mlp"])
+    p.add_argument("--model", default="resnet", choices=["resnet", "resnet50", "mlp"])
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)

@@ -1,0 +1,103 @@
+"""Allreduce of CUDA tensors on hvlite's staged path, against torch.distributed gloo on the same
+CUDA tensors and the copy floor, in one run.
+
+    hvlrun -np 2 python bench/gpu_allreduce.py            # on a machine with a GPU
+    hvlrun -np 4 python bench/gpu_allreduce.py --iters 20 --json out.json
+
+Every rank uses the GPU of its local rank modulo the GPUs there are (on a one-GPU machine every
+rank shares it: NCCL refuses that, the staged path serves it). float32 Sum, in place, 4 KiB to
+256 MiB, and 160 x 100 KiB submitted as one group; each cell is the median over --iters calls of
+the slowest rank's time (an mpi4py barrier before every call, and the GPU waited for at the end
+of every call: the benchmark's clock only). Columns:
+  hvlite   ``hvlite.torch.allreduce_`` of the CUDA tensor: copied to page-locked host memory on
+           hvlite's stream, reduced on the shared-memory (one host) or MPI plane, copied back;
+  gloo     ``torch.distributed.all_reduce`` on the same CUDA tensor with the gloo backend;
+  floor    one page-locked copy of the bytes to the host and back (what any host-staged
+           allreduce must at least move on this rank);
+  ratios   hvlite / gloo and hvlite / floor.
+Times are printed, never asserted.
+"""
+import argparse
+import os
+import sys
+
+import torch
+from mpi4py import MPI
+
+import hvlite
+import hvlite.torch as hvd
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import human, init_gloo, ms, ratio, timed  # noqa: E402
+from tables import add_json_arg, print_table, write_json  # noqa: E402
+
+SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
+GROUP = (160, 100 << 10)
+
+
+def on_gpu(fn, device):
+    """fn, then wait for the device: a call's time covers the GPU work it queued."""
+    def call():
+        fn()
+        torch.cuda.synchronize(device)
+    return call
+
+
+def row(label, tensors, dist, device, comm, iters):
+    """One table row: hvlite, gloo, floor (seconds) for these tensors (one call allreduces all)."""
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+
+    def hvl():
+        if len(tensors) == 1:
+            hvd.allreduce_(tensors[0], op=hvd.Sum, name="bench.gpu")
+        else:
+            hvd.grouped_allreduce_(tensors, op=hvd.Sum, name="bench.gpu.group")
+
+    def gloo():
+        for t in tensors:
+            dist.all_reduce(t)
+    host = torch.empty(nbytes // 4, dtype=torch.float32, pin_memory=True)
+    flat = torch.zeros(nbytes // 4, device=device)
+
+    def floor():
+        host.copy_(flat, non_blocking=True)
+        flat.copy_(host, non_blocking=True)
+    cells = [timed(on_gpu(f, device), comm, iters) if f else None
+             for f in (hvl, gloo if dist else None, floor)]
+    return [label, human(nbytes)] + [ms(c) for c in cells] + [ratio(cells[0], cells[1]),
+                                                               ratio(cells[0], cells[2])]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--max-bytes", type=int, default=SIZES[-1])
+    add_json_arg(p)
+    args = p.parse_args()
+    comm = MPI.COMM_WORLD
+    hvd.init()
+    torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+    device = torch.device("cuda", torch.cuda.current_device())
+    dist = init_gloo(comm)
+    rows = []
+    for nbytes in [n for n in SIZES if n <= args.max_bytes]:
+        rows.append(row("allreduce", [torch.zeros(nbytes // 4, device=device)], dist, device,
+                        comm, args.iters))
+    count, each = GROUP
+    rows.append(row("%d x %s" % (count, human(each)),
+                    [torch.zeros(each // 4, device=device) for _ in range(count)], dist, device,
+                    comm, args.iters))
+    planes = {k: v for k, v in hvlite.engine_counters().items() if k.endswith("_collectives")}
+    if comm.rank == 0:
+        table = print_table(
+            "float32 Sum allreduce of CUDA tensors, in place, %d ranks on %d GPU(s), slowest rank "
+            "per call, median of %d calls (ms); hvlite's planes: %s"
+            % (comm.size, torch.cuda.device_count(), args.iters, planes),
+            ["case", "bytes", "hvlite", "gloo", "floor", "hvl/gloo", "hvl/floor"], rows, 2)
+        if args.json:
+            write_json(args.json, [table])
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
