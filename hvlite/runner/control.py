@@ -4,7 +4,7 @@ Contract:
   * ``hvlrun`` runs one :class:`ControlServer` (TCP, ephemeral port, bound to the address it
     gives: 127.0.0.1 when every rank is local) and passes ``HVLRUN_CONTROL_ADDR=host:port`` and
     the job secret to the processes it starts; they connect with ``control_client.ControlClient``.
-  * Every line is authenticated (``wire.py``). Rejected input (no or bad hello, bad MAC, replay,
+  * Every line is authenticated (``hvlite/protocol/wire.py``). Rejected input (no or bad hello, bad MAC, replay,
     malformed or over-long line, no authentic message within :data:`HELLO_SECONDS` of connecting)
     is dropped and counted by
     :meth:`rejected`, never acted on; a connection that has not yet sent one authentic message
@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
-from .wire import MAX_LINE, Rejected, Session, heartbeat_interval
+from ..protocol.wire import MAX_LINE, Rejected, Session, heartbeat_interval
 
 __all__ = ["ENV_CONTROL_ADDR", "ENV_OUTPUT_DIR", "ENV_HEARTBEAT", "ENV_HOST", "HELLO_SECONDS",
            "HOST_SETTLE_SECONDS", "Lost", "ControlServer"]

@@ -39,7 +39,7 @@ from .job_settings import (OPENMPI_PASSTHROUGH, control_address, interface_names
                            job_settings, remote_hosts, rsh_template)
 from .knobs import KNOBS, knob_env
 from .mpi_command import build_command, format_command, query_flavour
-from .wire import ENV_SECRET, new_secret
+from ..protocol.wire import ENV_SECRET, new_secret
 
 __all__ = ["KNOBS", "START_TIMEOUT_CODE", "HOST_LOST_CODE", "DEFAULT_HEARTBEAT_TIMEOUT",
            "build_parser", "knob_env", "main", "run"]

@@ -45,7 +45,7 @@ from .control import ENV_CONTROL_ADDR, ENV_HEARTBEAT, ENV_HOST, ENV_OUTPUT_DIR
 from .control_client import ControlClient, ControlError
 from .proctree import descendants
 from .shm_files import mapped_shm, remove_unused
-from .wire import ENV_SECRET
+from ..protocol.wire import ENV_SECRET
 
 __all__ = ["RANK_VARIABLES", "ENV_OUTPUT_DIR", "ENV_TEST_DELAY", "STOP_GRACE_SECONDS",
            "rank_from_env", "run_rank", "describe_exit", "main"]

@@ -22,7 +22,7 @@ import sys
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .control import ENV_CONTROL_ADDR, ENV_HEARTBEAT
-from .wire import ENV_SECRET
+from ..protocol.wire import ENV_SECRET
 
 __all__ = ["ENV_RSH", "MODULE", "ssh_template", "srun_template", "transport_argv",
            "guard_command", "launcher_options", "main"]

@@ -10,13 +10,13 @@ import time
 
 import pytest
 
-from hvlite.runner.commit_client import CommitClient, CommitStoreError
+from hvlite.protocol.commit_client import CommitClient, CommitStoreError
 from hvlite.runner.commit_store import CommitStore
 from hvlite.runner.discovery import DiscoveryError, discover, parse_discovery
 from hvlite.runner.elastic_trace import ElasticTrace, world_path
 from hvlite.runner.host_pool import FAILURES_TO_BLACKLIST, HostPool, describe, place
 from hvlite.runner.hosts import Host
-from hvlite.runner.wire import new_secret
+from hvlite.protocol.wire import new_secret
 
 
 def test_discovery_output_is_parsed_with_default_slots():
