@@ -64,6 +64,6 @@ setup(
     extras_require={"torch": ["torch>=2.1"], "tensorflow": ["tensorflow>=2.21", "keras>=3"],
                     "examples": ["scikit-learn"]},
     cffi_modules=["hvlite/_build.py:ffibuilder"],
-    entry_points={"console_scripts": ["hvlrun = hvlite.runner.launch:run"]},
+    entry_points={"console_scripts": ["hvlrun = hvlite.runner:run"]},
     zip_safe=False,
 )

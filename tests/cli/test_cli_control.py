@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hvlite.runner.control import ControlServer
-from hvlite.runner.control_client import ControlClient, ControlError
-from hvlite.runner.job import _lost_first
+from hvlite.runner.control.server import ControlServer
+from hvlite.runner.control.client import ControlClient, ControlError
+from hvlite.runner.world.supervise import _lost_first
 from hvlite.protocol.wire import MAX_LINE, Rejected, Session, new_secret
 
 SECRET = new_secret()

@@ -11,11 +11,11 @@ import time
 import pytest
 
 from hvlite.protocol.commit_client import CommitClient, CommitStoreError
-from hvlite.runner.commit_store import CommitStore
-from hvlite.runner.discovery import DiscoveryError, discover, parse_discovery
-from hvlite.runner.elastic_trace import ElasticTrace, world_path
-from hvlite.runner.host_pool import FAILURES_TO_BLACKLIST, HostPool, describe, place
-from hvlite.runner.hosts import Host
+from hvlite.runner.elastic.commit_store import CommitStore
+from hvlite.runner.elastic.discovery import DiscoveryError, discover, parse_discovery
+from hvlite.runner.elastic.trace import ElasticTrace, world_path
+from hvlite.runner.elastic.host_pool import FAILURES_TO_BLACKLIST, HostPool, describe, place
+from hvlite.runner.hosts.hostlist import Host
 from hvlite.protocol.wire import new_secret
 
 
@@ -199,7 +199,7 @@ class FinishedProc:
 
 
 def classify(exits, lost=None, wait=0.0):
-    from hvlite.runner.elastic_world import WorldSpec, _Watch
+    from hvlite.runner.world.run import WorldSpec, _Watch
     spec = WorldSpec(1, [Host("a", 2), Host("b", 1)], {})
     watch = _Watch(FinishedProc(), FakeServer(exits, lost), spec, 0, [], None)
     end = watch.step()
@@ -210,8 +210,8 @@ def classify(exits, lost=None, wait=0.0):
 
 
 def test_how_a_world_ended_is_told_from_its_reports():
-    from hvlite.runner.control import Lost
-    from hvlite.runner.elastic_world import PEER_LOST_WAIT_SECONDS
+    from hvlite.runner.control.server import Lost
+    from hvlite.runner.world.run import PEER_LOST_WAIT_SECONDS
     failed = classify([(2, 137)])
     assert (failed.kind, failed.hosts) == ("failed", ("b",))
     assert failed.reason == "rank 2 on b was killed by signal 9"

@@ -31,8 +31,8 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .shm_files import ShmWatcher, remove_unused
-from .control import ControlServer
+from ..procs.shm_files import ShmWatcher, remove_unused
+from ..control.server import ControlServer
 
 __all__ = ["START_TIMEOUT_CODE", "HOST_LOST_CODE", "run_job"]
 

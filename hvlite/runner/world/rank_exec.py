@@ -1,4 +1,4 @@
-"""Per-rank wrapper: ``python -m hvlite.runner.rank_exec -- command...``.
+"""Per-rank wrapper: ``python -m hvlite.runner.world.rank_exec -- command...``.
 
 Contract:
   * The rank comes from the launcher's environment: the first of ``PMI_RANK``,
@@ -41,11 +41,11 @@ import threading
 import time
 from typing import BinaryIO, Callable, List, Mapping, Optional, Sequence, Set
 
-from .control import ENV_CONTROL_ADDR, ENV_HEARTBEAT, ENV_HOST, ENV_OUTPUT_DIR
-from .control_client import ControlClient, ControlError
-from .proctree import descendants
-from .shm_files import mapped_shm, remove_unused
-from ..protocol.wire import ENV_SECRET
+from ..control.server import ENV_CONTROL_ADDR, ENV_HEARTBEAT, ENV_HOST, ENV_OUTPUT_DIR
+from ..control.client import ControlClient, ControlError
+from ..procs.proctree import descendants
+from ..procs.shm_files import mapped_shm, remove_unused
+from ...protocol.wire import ENV_SECRET
 
 __all__ = ["RANK_VARIABLES", "ENV_OUTPUT_DIR", "ENV_TEST_DELAY", "STOP_GRACE_SECONDS",
            "rank_from_env", "run_rank", "describe_exit", "main"]
@@ -336,7 +336,7 @@ def run_rank(command: Sequence[str]) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of ``python -m hvlite.runner.rank_exec [--] command...``.
+    """Entry point of ``python -m hvlite.runner.world.rank_exec [--] command...``.
 
     Args:
         argv: the arguments after the module name; ``sys.argv[1:]`` when omitted.
@@ -348,7 +348,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args and args[0] == "--":
         args = args[1:]
     if not args:
-        sys.stderr.write("usage: python -m hvlite.runner.rank_exec -- command...\n")
+        sys.stderr.write("usage: python -m hvlite.runner.world.rank_exec -- command...\n")
         return 2
     return run_rank(args)
 

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from ..protocol.wire import MAX_LINE, Rejected, Session, heartbeat_interval
+from ...protocol.wire import MAX_LINE, Rejected, Session, heartbeat_interval
 
 __all__ = ["ControlError", "ControlClient"]
 

@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
-from ..protocol.wire import MAX_LINE, Rejected, Session
+from ...protocol.wire import MAX_LINE, Rejected, Session
 
 __all__ = ["CommitInfo", "CommitStore"]
 

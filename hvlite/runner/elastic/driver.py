@@ -43,14 +43,14 @@ from typing import Callable, List, Optional, Tuple
 
 from .commit_store import CommitStore
 from .discovery import DiscoveryError, StaticHosts, discover
-from ..protocol.elastic_env import ENV_KEY, ENV_REASON, ENV_STORE, ENV_WORLD
-from .elastic_trace import ElasticTrace, world_path
-from .elastic_world import Launch, WorldEnd, WorldSpec, run_world
+from ...protocol.elastic_env import ENV_KEY, ENV_REASON, ENV_STORE, ENV_WORLD
+from .trace import ElasticTrace, world_path
+from ..world.run import Launch, WorldEnd, WorldSpec, run_world
 from .host_pool import HostPool, describe, place
-from .hosts import Host, interface_ipv4, is_local
-from .job_settings import interface_names
-from .knobs import knob_env
-from ..protocol.wire import new_secret
+from ..hosts.hostlist import Host, interface_ipv4, is_local
+from ..world.settings import interface_names
+from ..cli.knobs import knob_env
+from ...protocol.wire import new_secret
 
 __all__ = ["ELASTIC_FAILED_CODE", "NO_PROGRESS_LIMIT", "DISCOVERY_INTERVAL", "run_elastic"]
 

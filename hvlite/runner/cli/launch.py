@@ -30,16 +30,16 @@ import shlex
 import sys
 from typing import List, Optional, Sequence, Tuple
 
-from . import hosts as hostlib
+from ..hosts import hostlist as hostlib
 from .build_info import check_build_report, find_mpiexec, load_build_info
-from .control import ENV_CONTROL_ADDR, ENV_HEARTBEAT, ControlServer
-from .host_check import check_hosts
-from .job import HOST_LOST_CODE, START_TIMEOUT_CODE, run_job
-from .job_settings import (OPENMPI_PASSTHROUGH, control_address, interface_names,
+from ..control.server import ENV_CONTROL_ADDR, ENV_HEARTBEAT, ControlServer
+from ..hosts.host_check import check_hosts
+from ..world.supervise import HOST_LOST_CODE, START_TIMEOUT_CODE, run_job
+from ..world.settings import (OPENMPI_PASSTHROUGH, control_address, interface_names,
                            job_settings, remote_hosts, rsh_template)
 from .knobs import KNOBS, knob_env
-from .mpi_command import build_command, format_command, query_flavour
-from ..protocol.wire import ENV_SECRET, new_secret
+from ..world.mpi_command import build_command, format_command, query_flavour
+from ...protocol.wire import ENV_SECRET, new_secret
 
 __all__ = ["KNOBS", "START_TIMEOUT_CODE", "HOST_LOST_CODE", "DEFAULT_HEARTBEAT_TIMEOUT",
            "build_parser", "knob_env", "main", "run"]
@@ -229,8 +229,8 @@ def _check_usage(args: argparse.Namespace, command: Sequence[str]) -> List[hostl
 
 def _first_discovered(args: argparse.Namespace) -> List[hostlib.Host]:
     """The hosts of an elastic job's first world, for ``--dry-run`` (ValueError if none)."""
-    from .discovery import DiscoveryError, discover
-    from .host_pool import place
+    from ..elastic.discovery import DiscoveryError, discover
+    from ..elastic.host_pool import place
     try:
         found = discover(args.host_discovery_script, args.slots_per_host or 1)
     except DiscoveryError as e:
@@ -283,8 +283,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     mpiexec = mpiexec or "mpiexec"
     flavour = args.mpi_flavour if args.mpi_flavour != "auto" else query_flavour(mpiexec)
     if _elastic(args) and not args.dry_run:
-        from .elastic_driver import run_elastic
-        from .elastic_world import Launch
+        from ..elastic.driver import run_elastic
+        from ..world.run import Launch
         return run_elastic(Launch(args, flavour, mpiexec, command, {}), hosts)
     if not hosts:   # --dry-run of a job with a discovery script: its first world
         try:

@@ -5,7 +5,7 @@ Contract:
     launched like ``"mpich"``. :func:`flavour_from_version` maps ``mpiexec --version`` output to a
     flavour; :func:`query_flavour` runs that command once.
   * :func:`build_command` is pure: it returns the argv list and starts nothing. Every rank runs
-    ``<python> -m hvlite.runner.rank_exec -- <command...>``.
+    ``<python> -m hvlite.runner.world.rank_exec -- <command...>``.
   * hydra gets ``-genv NAME VALUE`` per variable (it also passes the whole environment by
     default); Open MPI gets ``-x NAME`` per variable, so those variables must also be set in the
     environment ``mpirun`` itself runs with (:func:`launcher_env` adds what ``mpirun`` needs).
@@ -23,13 +23,13 @@ import subprocess
 import sys
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .hosts import Host
-from .remote_shell import ENV_RSH, launcher_options
+from ..hosts.hostlist import Host
+from ..hosts.remote_shell import ENV_RSH, launcher_options
 
 __all__ = ["RANK_EXEC_MODULE", "flavour_from_version", "query_flavour", "build_command",
            "launcher_env", "format_command", "remote_options", "interface_options"]
 
-RANK_EXEC_MODULE = "hvlite.runner.rank_exec"
+RANK_EXEC_MODULE = "hvlite.runner.world.rank_exec"
 
 
 def flavour_from_version(text: str) -> str:

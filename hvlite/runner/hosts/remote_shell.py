@@ -6,7 +6,7 @@ Contract:
     ``COMMAND`` appended. ``COMMAND`` is one string the far side's shell runs, as with
     ``ssh HOST COMMAND``. :func:`ssh_template` and :func:`srun_template` build the built-in ones;
     ``hvlrun --ssh-command`` gives any other (a site wrapper, a test stand-in).
-  * ``python -m hvlite.runner.remote_shell HOST PROXY-WORDS...`` is what MPICH's mpiexec runs
+  * ``python -m hvlite.runner.hosts.remote_shell HOST PROXY-WORDS...`` is what MPICH's mpiexec runs
     for every host that is not this machine (see :func:`launcher_options`; hydra passes the proxy
     command already quoted for a remote shell). It replaces itself (exec) with the remote shell
     running the host guard (``host_guard.py``) around the proxy and feeds the job secret to the
@@ -21,15 +21,15 @@ import shlex
 import sys
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .control import ENV_CONTROL_ADDR, ENV_HEARTBEAT
-from ..protocol.wire import ENV_SECRET
+from ..control.server import ENV_CONTROL_ADDR, ENV_HEARTBEAT
+from ...protocol.wire import ENV_SECRET
 
 __all__ = ["ENV_RSH", "MODULE", "ssh_template", "srun_template", "transport_argv",
            "guard_command", "launcher_options", "main"]
 
 ENV_RSH = "HVLRUN_RSH"
-MODULE = "hvlite.runner.remote_shell"
-GUARD_MODULE = "hvlite.runner.host_guard"
+MODULE = "hvlite.runner.hosts.remote_shell"
+GUARD_MODULE = "hvlite.runner.hosts.host_guard"
 
 
 def ssh_template(port: Optional[int] = None, identity_file: Optional[str] = None,
@@ -89,7 +89,7 @@ def guard_command(host: str, control_addr: str, heartbeat_timeout: float, python
 def launcher_options(python: str) -> Tuple[List[str], Dict[str, str]]:
     """Return the mpiexec (hydra) options and environment that make it start remote proxies
     through this module: hydra's rsh launcher runs ``<launcher-exec> <extra args> HOST
-    <proxy command>``, which becomes ``python -m hvlite.runner.remote_shell HOST ...``.
+    <proxy command>``, which becomes ``python -m hvlite.runner.hosts.remote_shell HOST ...``.
     Cannot fail."""
     return (["-launcher", "rsh", "-launcher-exec", python],
             {"HYDRA_LAUNCHER_EXTRA_ARGS": "-m " + MODULE})

@@ -1,4 +1,4 @@
-"""Host guard: ``python -m hvlite.runner.host_guard --control ADDR --host NAME
+"""Host guard: ``python -m hvlite.runner.hosts.host_guard --control ADDR --host NAME
 [--heartbeat-timeout T] [--check] [-- PROXY-COMMAND...]``, run on each remote host.
 
 The remote shell (``remote_shell.py``) starts it in place of MPI's proxy. It owns everything the
@@ -30,10 +30,10 @@ import sys
 import threading
 from typing import List, Optional, Sequence
 
-from .control import ENV_HOST
-from .control_client import ControlClient, ControlError
-from .proctree import become_subreaper, kill_tree, reap_zombies
-from .shm_files import ShmWatcher, remove_unused
+from ..control.server import ENV_HOST
+from ..control.client import ControlClient, ControlError
+from ..procs.proctree import become_subreaper, kill_tree, reap_zombies
+from ..procs.shm_files import ShmWatcher, remove_unused
 
 __all__ = ["KILL_GRACE_SECONDS", "STOP_DELAY_SECONDS", "read_secret", "main"]
 
@@ -88,7 +88,7 @@ class _Guard:
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m hvlite.runner.host_guard")
+    parser = argparse.ArgumentParser(prog="python -m hvlite.runner.hosts.host_guard")
     parser.add_argument("--control", required=True, help="hvlrun's control address host:port")
     parser.add_argument("--host", required=True, help="this host's name in hvlrun's host list")
     parser.add_argument("--heartbeat-timeout", type=float, default=0.0)

@@ -30,17 +30,17 @@ import sys
 import time
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from .control import (ENV_CONTROL_ADDR, ENV_HEARTBEAT, ENV_OUTPUT_DIR, HOST_SETTLE_SECONDS,
+from ..control.server import (ENV_CONTROL_ADDR, ENV_HEARTBEAT, ENV_OUTPUT_DIR, HOST_SETTLE_SECONDS,
                       ControlServer)
-from ..protocol.elastic_env import HOSTS_UPDATED_CODE, PEER_LOST_CODE
-from .host_check import check_hosts
-from .hosts import Host, is_local
-from .job import _LOST_GRACE_SECONDS, _end_group, _lost_first, _report_rejected, _terminate_group
-from .job_settings import (OPENMPI_PASSTHROUGH, control_address, interface_names,
+from ...protocol.elastic_env import HOSTS_UPDATED_CODE, PEER_LOST_CODE
+from ..hosts.host_check import check_hosts
+from ..hosts.hostlist import Host, is_local
+from .supervise import _LOST_GRACE_SECONDS, _end_group, _lost_first, _report_rejected, _terminate_group
+from .settings import (OPENMPI_PASSTHROUGH, control_address, interface_names,
                            job_settings, remote_hosts, rsh_template)
 from .mpi_command import build_command
-from .shm_files import ShmWatcher, remove_unused
-from ..protocol.wire import ENV_SECRET, new_secret
+from ..procs.shm_files import ShmWatcher, remove_unused
+from ...protocol.wire import ENV_SECRET, new_secret
 
 __all__ = ["REFORM_GRACE_SECONDS", "PEER_LOST_WAIT_SECONDS", "WorldSpec", "WorldEnd",
            "Launch", "run_world", "rank_hosts"]

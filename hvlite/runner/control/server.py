@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
-from ..protocol.wire import MAX_LINE, Rejected, Session, heartbeat_interval
+from ...protocol.wire import MAX_LINE, Rejected, Session, heartbeat_interval
 
 __all__ = ["ENV_CONTROL_ADDR", "ENV_OUTPUT_DIR", "ENV_HEARTBEAT", "ENV_HOST", "HELLO_SECONDS",
            "HOST_SETTLE_SECONDS", "Lost", "ControlServer"]

@@ -13,11 +13,11 @@ import socket
 import sys
 from typing import Dict, List, Sequence, Tuple
 
-from . import hosts as hostlib
-from .control import ENV_OUTPUT_DIR
-from .knobs import knob_env
+from ..hosts import hostlist as hostlib
+from ..control.server import ENV_OUTPUT_DIR
+from ..cli.knobs import knob_env
 from .mpi_command import interface_options, launcher_env, remote_options
-from .remote_shell import srun_template, ssh_template
+from ..hosts.remote_shell import srun_template, ssh_template
 
 __all__ = ["OPENMPI_PASSTHROUGH", "rank_env", "remote_hosts", "rsh_template", "interface_names",
            "control_address", "job_settings"]
