@@ -5,7 +5,7 @@ Contract:
     and sequence numbers) of the control channel and of the elastic commit store.
   * ``commit_client`` is the workers' end of the commit store (the commit's transfer: request
     lines, length and SHA-256 of the bytes); the store itself is hvlrun's
-    (``hvlite/runner/commit_store.py``). The bytes are the training state as
+    (``hvlite/runner/elastic/commit_store.py``). The bytes are the training state as
     ``hvlite/elastic/codec.py`` encodes it; nobody on hvlrun's side decodes them.
   * ``elastic_env`` names what an elastic hvlrun and its workers agree on: variables and exit
     codes.

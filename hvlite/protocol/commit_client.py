@@ -1,4 +1,4 @@
-"""The workers' end of the elastic driver's commit store (``hvlite/runner/commit_store.py``).
+"""The workers' end of the elastic driver's commit store (``runner/elastic/commit_store.py``).
 
 Contract:
   * A world's rank 0 opens one :class:`CommitClient` to ``HVLRUN_ELASTIC_STORE`` with the key in

@@ -183,7 +183,7 @@ class FakeServer:
     def exits(self):
         return list(self._exits)
 
-    def lost(self):
+    def lost(self, settle=0):
         return self._lost
 
     def first_failure_round(self):
@@ -199,19 +199,21 @@ class FinishedProc:
 
 
 def classify(exits, lost=None, wait=0.0):
-    from hvlite.runner.world.run import WorldSpec, _Watch
+    from hvlite.runner.world.rules import ELASTIC
+    from hvlite.runner.world.spec import WorldSpec
+    from hvlite.runner.world.supervise import Supervisor
     spec = WorldSpec(1, [Host("a", 2), Host("b", 1)], {})
-    watch = _Watch(FinishedProc(), FakeServer(exits, lost), spec, 0, [], None)
-    end = watch.step()
+    watch = Supervisor(FinishedProc(), FakeServer(exits, lost), spec, ELASTIC, 0, [])
+    end = watch.judge()
     if end is None and wait:
         time.sleep(wait)
-        end = watch.step()
+        end = watch.judge()
     return end
 
 
 def test_how_a_world_ended_is_told_from_its_reports():
     from hvlite.runner.control.server import Lost
-    from hvlite.runner.world.run import PEER_LOST_WAIT_SECONDS
+    from hvlite.runner.world.supervise import PEER_LOST_WAIT_SECONDS
     failed = classify([(2, 137)])
     assert (failed.kind, failed.hosts) == ("failed", ("b",))
     assert failed.reason == "rank 2 on b was killed by signal 9"

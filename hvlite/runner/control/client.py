@@ -2,8 +2,9 @@
 
 Contract:
   * :meth:`ControlClient.connect` opens the TCP connection to ``host:port``, exchanges hellos
-    (``hvlite/protocol/wire.py``) and starts one background thread; it raises :class:`ControlError`, with the
-    address and the cause, when hvlrun cannot be reached or the handshake fails.
+    (``hvlite/protocol/wire.py``) and starts one background thread; it raises
+    :class:`ControlError`, with the address and the cause, when hvlrun cannot be reached or the
+    handshake fails.
   * :meth:`ControlClient.send` seals and sends one message (any thread); it returns False once
     the channel is broken, and never raises.
   * The thread sends ``ping`` every heartbeat interval and reads hvlrun's lines. ``stop <reason>``

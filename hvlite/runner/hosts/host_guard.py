@@ -7,7 +7,7 @@ job runs on its host, so that the host's part of the job ends even when hvlrun c
 Contract:
   * The first line of standard input is the job secret (read byte by byte, so the rest of the
     input stays for the proxy). The secret is never taken from the command line.
-  * It connects to hvlrun's control channel (``control_client.py``); when that fails it prints
+  * It connects to hvlrun's control channel (``control/client.py``); when that fails it prints
     ``hvlrun: host NAME cannot reach hvlrun's control channel at ADDR: <cause>`` and exits 255.
   * ``--check``: sends ``check NAME``, waits for ``checked`` and exits 0 (1 if no answer comes
     within 10 s): hvlrun's reachability check, which proves the remote shell, this Python, the
@@ -30,8 +30,8 @@ import sys
 import threading
 from typing import List, Optional, Sequence
 
-from ..control.server import ENV_HOST
 from ..control.client import ControlClient, ControlError
+from ..control.names import ENV_HOST
 from ..procs.proctree import become_subreaper, kill_tree, reap_zombies
 from ..procs.shm_files import ShmWatcher, remove_unused
 

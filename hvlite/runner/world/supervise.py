@@ -1,66 +1,65 @@
-"""Running the launch command: supervision, termination and hvlrun's exit code.
+"""The one supervision loop: watch a running world, end it, say how it ended.
+
+A plain job and every world of an elastic job run through :class:`Supervisor`; a
+:class:`~.rules.Rules` object says what differs between them (``rules.py``).
 
 Contract:
-  * The launcher (``mpiexec``) runs in its own session. The job is ended when hvlrun gets
-    SIGINT/SIGTERM, as soon as a rank reports a non-zero exit (MPICH hydra would otherwise wait
-    for the other ranks), when not every rank reported ``start`` within the start timeout, and
-    when the control server finds a host or rank lost (``ControlServer.lost``: its connection
-    closed before it reported an exit, or it was silent for the heartbeat timeout). Ending the
-    job means: ``stop`` to every wrapper and host guard (they end their processes, also on hosts
-    hvlrun cannot signal, and say why), then, 1 s later, SIGTERM to what is left of the
-    launcher's process group and SIGKILL after 5 s (1 s when a host is lost: mpiexec cannot
-    reach it and would wait).
-  * The exit code is :data:`HOST_LOST_CODE` when a host or rank was lost before any rank reported
-    a failure (the message names it and its ranks), else the first failing rank's (earliest
-    non-zero ``exit`` report), else 128+signum after SIGINT/SIGTERM, :data:`START_TIMEOUT_CODE` after a start timeout, else the
-    launcher's own code (128+signum if a signal ended it); never 0 when the launcher failed.
-  * Once the job is over, the shared-memory files its processes on this host mapped (MPI's
-    per-job files, which a killed rank never unlinks) are removed when nothing maps them any
-    more (``shm_files.py``; each host guard does the same on its host).
-  * When the launcher exits with a non-zero code on its own, every client still connected is
-    sent ``stop`` too, and what is left of its process group is ended. Control lines that failed authentication are reported in one warning at
-    the end.
-  * Signal handlers are installed only when called on the main thread, and restored after.
+  * ``Supervisor(...).run()`` watches the launcher (``mpiexec``, in its own session) and the
+    reports on the world's control server until the world is over, and returns its
+    :class:`~.spec.WorldEnd`. Every 0.1 s it judges, in this order:
+      - hvlrun got SIGINT/SIGTERM: ``signal``, code 128+signum;
+      - a host or rank was lost (``ControlServer.lost``: its connection closed before it
+        reported an exit, or it was silent for the heartbeat timeout) before any rank failed
+        (within one server round, a rank killed by a signal is taken as a consequence):
+        ``lost``, charged to its host;
+      - a rank exited with a code the rules do not agree to: ``failed``, charged to the rank's
+        host, or ``finished-failed`` once another rank had exited 0; code: the rank's;
+      - (agreed codes of an elastic world) every rank exited ``HOSTS_UPDATED_CODE``, or
+        :data:`REFORM_GRACE_SECONDS` passed since the first did: ``reform``; a rank exited
+        ``PEER_LOST_CODE`` and no cause showed within :data:`PEER_LOST_WAIT_SECONDS`:
+        ``peer-lost``;
+      - not every rank reported ``start`` within the start timeout: ``start-timeout``, charged
+        to the hosts of the ranks that did not.
+  * Ending a world: ``stop`` to every wrapper and guard (they end their processes, also on hosts
+    hvlrun cannot signal, and say why), :data:`STOP_WAIT_SECONDS` later SIGTERM to what is left
+    of the launcher's process group, SIGKILL :data:`KILL_GRACE_SECONDS` after that
+    (:data:`LOST_GRACE_SECONDS` when a host is lost: mpiexec cannot reach it and would wait).
+  * When the launcher exits, by itself or after a failure ended the world, every client gets
+    :data:`QUIET_SECONDS` to finish (after ``stop``, when the launcher's code is not 0: hosts it
+    could not reach may still run), what is left of its process group is ended, and the world
+    is judged by the reports: a signal; a host or rank lost before any failure (only when the
+    launcher failed); the failure; an agreed end; ``done`` when every rank exited 0; else
+    ``launcher`` with the launcher's code (128+signum for a signal).
+  * The job's files (``procs/shm_files.py``) get a last look while its processes still hold
+    them, just before they are ended.
 """
-
 import os
 import signal
 import subprocess
-import sys
-import threading
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
-from ..procs.shm_files import ShmWatcher, remove_unused
-from ..control.server import ControlServer
+from ...protocol.elastic_env import HOSTS_UPDATED_CODE, PEER_LOST_CODE
+from ..control.server import HOST_SETTLE_SECONDS, ControlServer, Lost
+from ..hosts.hostlist import Host, is_local
+from ..procs.shm_files import ShmWatcher
+from .rules import Rules
+from .spec import WorldEnd, WorldSpec, rank_hosts
 
-__all__ = ["START_TIMEOUT_CODE", "HOST_LOST_CODE", "run_job"]
+__all__ = ["KILL_GRACE_SECONDS", "LOST_GRACE_SECONDS", "STOP_WAIT_SECONDS", "QUIET_SECONDS",
+           "REFORM_GRACE_SECONDS", "PEER_LOST_WAIT_SECONDS", "Supervisor", "end_group",
+           "terminate_group", "lost_first"]
 
-START_TIMEOUT_CODE = 124
-HOST_LOST_CODE = 125
-_KILL_GRACE_SECONDS = 5.0
-_LOST_GRACE_SECONDS = 1.0
-_STOP_WAIT_SECONDS = 1.0
-
-
-def _terminate_group(proc: subprocess.Popen, server: ControlServer, reason: str,
-                     grace: float = _KILL_GRACE_SECONDS, shm: Optional[ShmWatcher] = None) -> int:
-    """Ask every wrapper and guard to stop; :data:`_STOP_WAIT_SECONDS` later, end what is left
-    of ``proc``'s process group; return the launcher's code. Asking first lets every rank's
-    wrapper say why its rank ends. ``shm`` takes a last look at the job's shared-memory files
-    while its processes still hold them."""
-    if shm is not None:
-        shm.look()
-    server.stop_all(reason)
-    try:
-        proc.wait(timeout=_STOP_WAIT_SECONDS)
-    except subprocess.TimeoutExpired:
-        pass
-    _end_group(proc, grace)
-    return proc.wait()
+KILL_GRACE_SECONDS = 5.0
+LOST_GRACE_SECONDS = 1.0
+STOP_WAIT_SECONDS = 1.0
+QUIET_SECONDS = 2.0
+REFORM_GRACE_SECONDS = 10.0
+PEER_LOST_WAIT_SECONDS = 2.0
+_POLL_SECONDS = 0.1
 
 
-def _end_group(proc: subprocess.Popen, grace: float) -> None:
+def end_group(proc: subprocess.Popen, grace: float) -> None:
     """SIGTERM what is left of ``proc``'s process group (the launcher, remote shells it
     started), SIGKILL it ``grace`` seconds later. Returns at once when the group is empty."""
     for signum in (signal.SIGTERM, signal.SIGKILL):
@@ -78,134 +77,24 @@ def _end_group(proc: subprocess.Popen, grace: float) -> None:
             time.sleep(0.05)
 
 
-def _say(message: str) -> None:
-    """One line on stderr; a closed stderr (the reader of hvlrun's output is gone) must not stop
-    hvlrun from ending the job, so write errors are ignored."""
+def terminate_group(proc: subprocess.Popen, server: ControlServer, reason: str,
+                    grace: float = KILL_GRACE_SECONDS, files: Optional[ShmWatcher] = None) -> int:
+    """Ask every wrapper and guard to stop; :data:`STOP_WAIT_SECONDS` later, end what is left of
+    ``proc``'s process group; return the launcher's code. Asking first lets every rank's wrapper
+    say why its rank ends. ``files`` takes a last look at the job's files first."""
+    if files is not None:
+        files.look()
+    server.stop_all(reason)
     try:
-        sys.stderr.write("hvlrun: %s\n" % message)
-        sys.stderr.flush()
-    except (OSError, ValueError):
+        proc.wait(timeout=STOP_WAIT_SECONDS)
+    except subprocess.TimeoutExpired:
         pass
+    end_group(proc, grace)
+    return proc.wait()
 
 
-def _wait_job(proc: subprocess.Popen, server: ControlServer, np: int, start_timeout: float,
-              caught: List[int], lost: List[str], shm: Optional[ShmWatcher] = None) -> Optional[int]:
-    """Wait for ``mpiexec``, ending the job on a signal, a failed rank, a lost host or rank
-    (described into ``lost``) or a start timeout.
-
-    Args:
-        proc: the running ``mpiexec``.
-        server: the control server the ranks report to.
-        np: the number of ranks.
-        start_timeout: seconds for all ranks to report ``start``; 0 waits forever.
-        caught: signal numbers hvlrun received (appended by its signal handlers).
-        lost: receives the description of a lost host or rank.
-
-    Returns:
-        ``mpiexec``'s exit code, or None after a start timeout.
-    """
-    deadline = time.monotonic() + start_timeout if start_timeout > 0 else None
-    while True:
-        try:
-            return proc.wait(timeout=0.1)
-        except subprocess.TimeoutExpired:
-            pass
-        if caught:
-            _say("got %s, stopping the job" % signal.Signals(caught[0]).name)
-            return _terminate_group(proc, server, "hvlrun got " + signal.Signals(caught[0]).name, shm=shm)
-        failure = server.first_failure()
-        if failure is not None:  # one rank failed: the job cannot go on
-            return _terminate_group(proc, server, "rank %d failed" % failure[0], shm=shm)
-        gone = server.lost()
-        if gone is not None:
-            lost.append(gone.message)
-            _say("%s; ending the job on every host" % gone.message)
-            return _terminate_group(proc, server, "lost " + gone.who, _LOST_GRACE_SECONDS, shm)
-        if deadline is None:
-            continue
-        missing = sorted(set(range(np)) - set(server.started_ranks()))
-        if not missing:
-            deadline = None
-        elif time.monotonic() > deadline:
-            _say("rank%s %s did not start within %g s" % (
-                "s" if len(missing) > 1 else "", ",".join(map(str, missing)), start_timeout))
-            _terminate_group(proc, server, "start timeout", shm=shm)
-            return None
-
-
-def run_job(argv: Sequence[str], env: Dict[str, str], server: ControlServer, np: int,
-            start_timeout: float) -> int:
-    """Run the launch command under the control server and pick hvlrun's exit code.
-
-    Args:
-        argv: the launch command (from ``mpi_command.build_command``).
-        env: the complete environment for the launcher process.
-        server: the started control server whose address is in ``env``.
-        np: the number of ranks.
-        start_timeout: seconds for every rank to report ``start``; 0 waits forever.
-
-    Returns:
-        The first failing rank's exit code; else 128+signum if hvlrun was interrupted,
-        :data:`START_TIMEOUT_CODE` after a start timeout, 127 if the launcher cannot be run,
-        or the launcher's own exit code.
-    """
-    caught: List[int] = []
-    handlers = {}
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            handlers[signum] = signal.signal(signum, lambda s, _f: caught.append(s))
-    try:
-        try:
-            proc = subprocess.Popen(list(argv), env=env, start_new_session=True)
-        except OSError as e:
-            _say("cannot run %s: %s" % (argv[0], e))
-            return 127
-        lost: List[str] = []
-        shm = ShmWatcher(os.getpid())
-        try:
-            rc = _wait_job(proc, server, np, start_timeout, caught, lost, shm)
-        finally:
-            remove_unused(shm.stop())
-    finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
-    try:
-        return _exit_code(argv, proc, server, rc, caught, lost)
-    finally:
-        _report_rejected(server)
-
-
-def _exit_code(argv: Sequence[str], proc: subprocess.Popen, server: ControlServer,
-               rc: Optional[int], caught: List[int], lost: List[str]) -> int:
-    """Pick hvlrun's exit code once the launcher ended (see the module contract)."""
-    if lost:
-        return HOST_LOST_CODE
-    if rc is None:
-        return START_TIMEOUT_CODE
-    if caught:
-        return 128 + caught[0]
-    if rc != 0:  # hosts the launcher could not reach may still run: they must stop too
-        server.stop_all("the launcher %s exited with code %d" % (os.path.basename(argv[0]), rc))
-    server.wait_quiet(timeout=2.0)
-    if rc != 0:  # remote shells the launcher left behind
-        _end_group(proc, _LOST_GRACE_SECONDS)
-    gone = server.lost(settle=0) if rc != 0 else None
-    failure = server.first_failure()
-    if gone is not None and _lost_first(gone.since, server.first_failure_round(), failure):
-        # the launcher ended the job itself because a host or rank vanished first
-        _say("%s; the job ended" % gone.message)
-        return HOST_LOST_CODE
-    if failure is not None:
-        _say("first failure: rank %d with exit code %d" % failure)
-        return failure[1]
-    if rc != 0:
-        rc = 128 - rc if rc < 0 else rc
-        _say("%s exited with code %d" % (argv[0], rc))
-    return rc
-
-
-def _lost_first(lost_round: int, failed_round: Optional[int],
-                failure: Optional[Tuple[int, int]]) -> bool:
+def lost_first(lost_round: int, failed_round: Optional[int],
+               failure: Optional[Tuple[int, int]]) -> bool:
     """Did a client vanish before the first rank reported a failure? Within one server round
     the order is unknown: a rank ended by a signal (code > 128) is then taken as a consequence
     (the launcher killing the rest), an exit with its own code as the cause."""
@@ -214,9 +103,142 @@ def _lost_first(lost_round: int, failed_round: Optional[int],
     return lost_round < failed_round or (lost_round == failed_round and failure[1] > 128)
 
 
-def _report_rejected(server: ControlServer) -> None:
-    """Warn once about control lines that failed authentication (they were not acted on)."""
-    count, sources = server.rejected()
-    if count:
-        _say("warning: dropped %d control message%s that failed authentication, from: %s"
-             % (count, "" if count == 1 else "s", "; ".join(sources[:5])))
+def _host_of(name: str, placement: Sequence[Host]) -> str:
+    """Map a host name a wrapper or guard reported to the host list's name for it."""
+    names = [h.name for h in placement]
+    if name in names:
+        return name
+    return next((n for n in names if is_local(n) and is_local(name)), name)
+
+
+class Supervisor:
+    """One world's supervision (see the module contract)."""
+
+    def __init__(self, proc: subprocess.Popen, server: ControlServer, spec: WorldSpec,
+                 rules: Rules, start_timeout: float, caught: List[int],
+                 files: Optional[ShmWatcher] = None) -> None:
+        """Args:
+            proc: the running launcher.
+            server: the world's started control server.
+            spec: the world.
+            rules: a plain job's or an elastic world's (``rules.py``).
+            start_timeout: seconds for every rank to report ``start``; 0 waits forever.
+            caught: signal numbers hvlrun received (its handlers append to it).
+            files: the watcher of the job's files on this host, if any.
+        """
+        self.proc, self.server, self.spec, self.rules = proc, server, spec, rules
+        self.caught, self.files, self.start_timeout = caught, files, start_timeout
+        self.hosts = rank_hosts(spec.hosts)
+        self.deadline = time.monotonic() + start_timeout if start_timeout > 0 else None
+        self.reform_since: Optional[float] = None
+        self.peer_lost_since: Optional[float] = None
+
+    def run(self) -> WorldEnd:
+        """Watch the world until it is over; return how it ended."""
+        while True:
+            try:
+                return self.launcher_ended(self.proc.wait(timeout=_POLL_SECONDS))
+            except subprocess.TimeoutExpired:
+                pass
+            end = self.judge()
+            if end is None:
+                continue
+            self.rules.announce(end, stopping=True)
+            grace = LOST_GRACE_SECONDS if end.kind == "lost" else KILL_GRACE_SECONDS
+            rc = terminate_group(self.proc, self.server, self.rules.stop_reason(end), grace,
+                                 self.files)
+            if end.kind in ("failed", "finished-failed"):
+                return self.launcher_ended(rc, end)     # a host lost before it is the cause
+            if self.rules.linger:
+                self.server.wait_quiet(timeout=self.rules.linger)
+                end_group(self.proc, LOST_GRACE_SECONDS)    # remote shells the launcher left
+            return end
+
+    def judge(self, settle: float = HOST_SETTLE_SECONDS) -> Optional[WorldEnd]:
+        """Judge the world while it runs: how it must end, or None while it goes on. ``settle``
+        is passed to ``ControlServer.lost``."""
+        now = time.monotonic()
+        exits = self.server.exits()
+        return (self.cause(exits, self.server.lost(settle), now)
+                or self.agreed_end(exits, now) or self.start_end(now))
+
+    def launcher_ended(self, rc: int, judged: Optional[WorldEnd] = None) -> WorldEnd:
+        """The launcher exited with ``rc``, by itself or after ``judged`` ended the world: judge
+        by the reports once every client had time to finish, and tell it."""
+        if rc != 0:   # hosts the launcher could not reach may still run: they must stop too
+            self.server.stop_all("the launcher %s exited with code %d"
+                                 % (os.path.basename(self.proc.args[0]), rc))
+        self.server.wait_quiet(timeout=QUIET_SECONDS)
+        end_group(self.proc, LOST_GRACE_SECONDS)       # remote shells the launcher left
+        now, exits = time.monotonic(), self.server.exits()
+        end = (self.cause(exits, self.server.lost(settle=0) if rc != 0 else None, now, judged)
+               or self.agreed_end(exits, now))
+        if end is None and len(exits) >= self.spec.np and all(c == 0 for _, c in exits):
+            end = WorldEnd("done", "every rank finished", at=now)
+        if end is None:
+            rc = 128 - rc if rc < 0 else rc
+            end = WorldEnd("launcher", self.rules.launcher_reason(
+                self.proc.args[0], rc, len(exits), self.spec.np), code=rc, at=now)
+        self.rules.announce(end, stopping=False)
+        return end
+
+    def cause(self, exits: List[Tuple[int, int]], gone: Optional[Lost], now: float,
+              judged: Optional[WorldEnd] = None) -> Optional[WorldEnd]:
+        """A signal, a lost host or rank (if before any failure), or a failed rank (``judged``,
+        when a failure already ended the world)."""
+        if self.caught:
+            name = signal.Signals(self.caught[0]).name
+            return WorldEnd("signal", "hvlrun got %s" % name, code=128 + self.caught[0], at=now)
+        failure = next(((r, c) for r, c in exits if c not in self.rules.agreed), None)
+        if gone is not None and self.reform_since is None and (
+                failure is None
+                or lost_first(gone.since, self.server.first_failure_round(), failure)):
+            host = _host_of(gone.host, self.spec.hosts) if gone.host else "?"
+            return WorldEnd("lost", gone.message, (host,), at=now, who=gone.who)
+        if judged is not None or failure is None:
+            return judged
+        rank, code = failure
+        reason = self.describe_rank(rank, code)
+        if any(c == 0 for _, c in exits):
+            return WorldEnd("finished-failed", reason + " after other ranks had finished",
+                            code=code, at=now, rank=rank)
+        return WorldEnd("failed", reason, (self.rank_host(rank),), code, now, rank=rank)
+
+    def agreed_end(self, exits: List[Tuple[int, int]], now: float) -> Optional[WorldEnd]:
+        """An elastic world's agreed end: the hosts changed, or a peer was lost."""
+        codes = [c for _, c in exits if c in self.rules.agreed]
+        if HOSTS_UPDATED_CODE in codes:
+            self.reform_since = self.reform_since or now
+            if len(exits) >= self.spec.np or now - self.reform_since > REFORM_GRACE_SECONDS:
+                return WorldEnd("reform", "the hosts changed", at=self.reform_since)
+        elif PEER_LOST_CODE in codes:
+            self.peer_lost_since = self.peer_lost_since or now
+            if now - self.peer_lost_since > PEER_LOST_WAIT_SECONDS:
+                rank = next(r for r, c in exits if c == PEER_LOST_CODE)
+                return WorldEnd("peer-lost", "rank %d on %s lost a peer (HorovodInternalError)"
+                                % (rank, self.rank_host(rank)), at=self.peer_lost_since)
+        return None
+
+    def start_end(self, now: float) -> Optional[WorldEnd]:
+        """Ranks that did not report ``start`` within the start timeout."""
+        if self.deadline is None:
+            return None
+        missing = sorted(set(range(self.spec.np)) - set(self.server.started_ranks()))
+        if not missing:
+            self.deadline = None
+        elif now > self.deadline:
+            return WorldEnd("start-timeout",
+                            self.rules.start_timeout_reason(missing, self.start_timeout),
+                            tuple(sorted({self.rank_host(r) for r in missing})), at=now)
+        return None
+
+    def rank_host(self, rank: int) -> str:
+        """The host a rank was placed on ("?" for a rank the world does not have)."""
+        return self.hosts[rank] if 0 <= rank < len(self.hosts) else "?"
+
+    def describe_rank(self, rank: int, code: int) -> str:
+        """``rank 2 on b exited with code 3`` (or ``was killed by signal 9``)."""
+        if code > 128:
+            return "rank %d on %s was killed by signal %d" % (rank, self.rank_host(rank),
+                                                               code - 128)
+        return "rank %d on %s exited with code %d" % (rank, self.rank_host(rank), code)
