@@ -6,6 +6,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -169,3 +170,34 @@ def test_kill_tree_ends_children_and_orphans():
     done = subprocess.run([sys.executable, "-c", KILL_TREE_CHECK], capture_output=True, text=True,
                           timeout=60, env=hvlrun_env())
     assert done.returncode == 0 and "kill_tree OK" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_jobs_temporary_files_go_once_nobody_holds_them():
+    """MPICH's proxy keeps its topology file in /tmp open for its life: the watcher of the job's
+    process tree notes it, and it is removed only once its holder is gone. A file of the same
+    name that no process of the job held is never touched."""
+    from hvlite.runner.procs.job_files import FileWatcher, remove_unused
+    ours = tempfile.mkstemp(prefix="hydra_hwloc_xmlfile_", dir="/tmp")
+    theirs = tempfile.mkstemp(prefix="hydra_hwloc_xmlfile_", dir="/tmp")
+    for fd, _ in (ours, theirs):
+        os.close(fd)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                               "f = open(sys.argv[1]); print('open', flush=True); time.sleep(60)",
+                               ours[1]], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "open\n"
+        watcher = FileWatcher(os.getpid())
+        watcher.look()
+        seen = watcher.stop()
+        assert ours[1] in seen and theirs[1] not in seen, seen
+        assert remove_unused({ours[1]}, wait=0.3) == [] and os.path.exists(ours[1])  # held
+        holder.kill()
+        holder.wait(timeout=10)
+        assert remove_unused({ours[1]}, wait=5) == [ours[1]] and not os.path.exists(ours[1])
+        assert os.path.exists(theirs[1])
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+        for _, path in (ours, theirs):
+            if os.path.exists(path):
+                os.unlink(path)

@@ -22,7 +22,7 @@ Contract:
     When hvlrun asks it to stop, or is gone (connection closed, or silent for
     ``HVLRUN_HEARTBEAT_TIMEOUT`` seconds: a cut link), the wrapper says why on stderr and ends
     the child: SIGTERM, then SIGKILL after :data:`STOP_GRACE_SECONDS`. The job's ``/dev/shm``
-    files the child maps at that moment (``shm_files``) are removed once no process maps them,
+    files the child maps at that moment (``procs/job_files.py``) are removed once no process maps them,
     so a job whose hvlrun was killed outright (SIGKILL: it cannot clean up) leaves none behind.
   * The host the wrapper reports is ``HVLRUN_HOST`` (the name in hvlrun's host list, set by the
     host guard) or else ``socket.gethostname()``.
@@ -45,7 +45,7 @@ from ...protocol.wire import ENV_SECRET
 from ..control.client import ControlClient, ControlError
 from ..control.names import ENV_CONTROL_ADDR, ENV_HEARTBEAT, ENV_HOST, ENV_OUTPUT_DIR
 from ..procs.proctree import descendants
-from ..procs.shm_files import mapped_shm, remove_unused
+from ..procs.job_files import mapped_shm, remove_unused
 
 __all__ = ["RANK_VARIABLES", "ENV_OUTPUT_DIR", "ENV_TEST_DELAY", "STOP_GRACE_SECONDS",
            "rank_from_env", "run_rank", "describe_exit", "main"]

@@ -6,7 +6,7 @@ Contract:
     check; the launch command, run in its own session), watches it with the one supervision
     loop (``supervise.py``) under the given rules (``rules.py``) and returns its
     :class:`~.spec.WorldEnd` once nothing of it is left: the shared-memory and temporary files
-    its processes on this host held are removed once nobody holds them (``procs/shm_files.py``;
+    its processes on this host held are removed once nobody holds them (``procs/job_files.py``;
     each host guard does the same on its host), and control lines that failed authentication
     are reported in one warning. It never raises for anything a world does.
   * :func:`run_job` runs a plain job: one world (number 0, on the hosts and rank count given),
@@ -31,7 +31,7 @@ from typing import Iterator, List, Sequence
 from ...protocol.wire import new_secret
 from ..control.server import ControlServer
 from ..hosts.hostlist import Host
-from ..procs.shm_files import ShmWatcher, remove_unused
+from ..procs.job_files import FileWatcher, remove_unused
 from .rules import PLAIN, Rules
 from .say import say
 from .spec import Launch, WorldEnd, WorldSpec
@@ -100,7 +100,7 @@ def run_world(launch: Launch, spec: WorldSpec, caught: List[int], rules: Rules) 
         except OSError as e:
             return _ended(rules, WorldEnd("launcher", "cannot run %s: %s" % (argv[0], e),
                                           code=127, at=time.monotonic()))
-        files = ShmWatcher(os.getpid())
+        files = FileWatcher(os.getpid())
         try:
             return Supervisor(proc, server, spec, rules, launch.args.start_timeout, caught,
                               files).run()

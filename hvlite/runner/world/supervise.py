@@ -30,7 +30,7 @@ Contract:
     is judged by the reports: a signal; a host or rank lost before any failure (only when the
     launcher failed); the failure; an agreed end; ``done`` when every rank exited 0; else
     ``launcher`` with the launcher's code (128+signum for a signal).
-  * The job's files (``procs/shm_files.py``) get a last look while its processes still hold
+  * The job's files (``procs/job_files.py``) get a last look while its processes still hold
     them, just before they are ended.
 """
 import os
@@ -42,7 +42,7 @@ from typing import List, Optional, Sequence, Tuple
 from ...protocol.elastic_env import HOSTS_UPDATED_CODE, PEER_LOST_CODE
 from ..control.server import HOST_SETTLE_SECONDS, ControlServer, Lost
 from ..hosts.hostlist import Host, is_local
-from ..procs.shm_files import ShmWatcher
+from ..procs.job_files import FileWatcher
 from .rules import Rules
 from .spec import WorldEnd, WorldSpec, rank_hosts
 
@@ -78,7 +78,7 @@ def end_group(proc: subprocess.Popen, grace: float) -> None:
 
 
 def terminate_group(proc: subprocess.Popen, server: ControlServer, reason: str,
-                    grace: float = KILL_GRACE_SECONDS, files: Optional[ShmWatcher] = None) -> int:
+                    grace: float = KILL_GRACE_SECONDS, files: Optional[FileWatcher] = None) -> int:
     """Ask every wrapper and guard to stop; :data:`STOP_WAIT_SECONDS` later, end what is left of
     ``proc``'s process group; return the launcher's code. Asking first lets every rank's wrapper
     say why its rank ends. ``files`` takes a last look at the job's files first."""
@@ -116,7 +116,7 @@ class Supervisor:
 
     def __init__(self, proc: subprocess.Popen, server: ControlServer, spec: WorldSpec,
                  rules: Rules, start_timeout: float, caught: List[int],
-                 files: Optional[ShmWatcher] = None) -> None:
+                 files: Optional[FileWatcher] = None) -> None:
         """Args:
             proc: the running launcher.
             server: the world's started control server.
