@@ -137,9 +137,11 @@ class Supervisor:
         """Watch the world until it is over; return how it ended."""
         while True:
             try:
-                return self.launcher_ended(self.proc.wait(timeout=_POLL_SECONDS))
+                rc = self.proc.wait(timeout=_POLL_SECONDS)
             except subprocess.TimeoutExpired:
-                pass
+                rc = None
+            if rc is not None:
+                return self.launcher_ended(rc)
             end = self.judge()
             if end is None:
                 continue
