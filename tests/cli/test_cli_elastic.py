@@ -183,7 +183,7 @@ class FakeServer:
     def exits(self):
         return list(self._exits)
 
-    def lost(self, settle=0):
+    def lost(self, settle=0.0):
         return self._lost
 
     def first_failure_round(self):
