@@ -9,8 +9,9 @@ module, whose names are then that conftest's:
 - In a job, hvlite is initialised at session start, after every conftest has been imported, so
   a folder whose conftest imports mpi4py first (tests/shm) has MPI owned by mpi4py; the session
   ends with hvlite shut down.
-- A failure on any rank aborts the whole job at once (the other ranks would otherwise wait in
-  the next collective), so the failing rank's report is the one that is printed.
+- A failure on any rank, or a test file that fails to import there, aborts the whole job at
+  once (the other ranks would otherwise wait in the next collective), so the failing rank's
+  report is the one that is printed.
 - Every test ends by checking that no request is left in flight on this rank.
 """
 import os
@@ -37,18 +38,25 @@ else:
         c = hvlite.engine_counters()
         assert c["tensors_submitted"] == c["tensors_done"], "requests left in flight: %r" % c
 
+    def _abort(what, report):
+        print("\n[rank %s] %s %s\n%s" % (_rank[0] if _rank else "?", what, report.nodeid,
+                                         report.longreprtext), flush=True)
+        os._exit(1)
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(item, call):
         outcome = yield
         report = outcome.get_result()
         if report.failed:
-            print("\n[rank %s] FAILED %s\n%s" % (_rank[0] if _rank else "?", item.nodeid,
-                                                report.longreprtext), flush=True)
-            os._exit(1)
+            _abort("FAILED", report)
+
+    def pytest_collectreport(report):
+        if report.failed:          # a file that fails to import on one rank only
+            _abort("ERROR collecting", report)
 
     def pytest_sessionfinish(session, exitstatus):
         hvlite.shutdown()
         assert not hvlite.is_initialized()
 
     __all__ = ["pytest_sessionstart", "_nothing_left_in_flight", "pytest_runtest_makereport",
-               "pytest_sessionfinish"]
+               "pytest_collectreport", "pytest_sessionfinish"]
