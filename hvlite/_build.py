@@ -4,7 +4,8 @@ Contract: ``ffibuilder`` compiles every ``.c`` file under ``csrc/`` (its folders
 ``backends``, ``kernels``, ``observe``, ``util``) into one extension module whose cdef is
 the part of ``csrc/hvlite.h`` between the cffi markers, so constants and prototypes come from C
 and no Python copy needs keeping in sync. MPI compile/link flags come from ``hvlite._mpi_find``
-(``HVLITE_MPICC`` -> ``mpicc`` on PATH -> the PyPI ``mpich`` wheel). Raises ``RuntimeError``
+(``HVLITE_MPICC`` -> ``mpicc`` on PATH -> the PyPI ``mpich`` wheel), without rpaths: setup.py's
+build_ext adds the loader path, once it knows where the module goes. Raises ``RuntimeError``
 when no MPI can be found, naming what was tried.
 
 ``HVLITE_SANITIZE`` (unset or empty: the normal build, unchanged) builds an instrumented engine
@@ -82,4 +83,7 @@ def make_builder():
 ffibuilder, MPI_FOUND = make_builder()
 
 if __name__ == "__main__":
-    ffibuilder.compile(verbose=True)
+    # By hand: the build in place that setup.py makes, whose build_ext puts the MPI's run-time
+    # library folders on the module's loader path (_mpi_find.rpath_args) and writes the build info.
+    import subprocess
+    sys.exit(subprocess.call([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=ROOT))

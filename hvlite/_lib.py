@@ -1,9 +1,10 @@
 """Loads the compiled engine ``hvlite._core`` and exposes its ``ffi`` and ``lib``.
 
 Contract: importing this module either gives ``ffi``/``lib`` or raises ``ImportError`` saying how
-to build the engine. The core normally finds libmpi through its rpath; when it does not (an
-editable build whose build environment is gone, a moved venv), libmpi is preloaded from the
-places the build may have used: the recorded MPI, then this Python's prefix (mpich wheel).
+to build the engine. The core normally finds libmpi through its rpath; when it does not (a
+moved venv or checkout), libmpi is preloaded from the places the build may have used: the
+recorded MPI (an absolute folder; a wheel's build records none), then this Python's prefix
+(mpich wheel).
 """
 import ctypes
 import glob
@@ -16,10 +17,11 @@ def _candidates():
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         with open(os.path.join(here, "_build_info.json")) as f:
-            bindir = json.load(f).get("mpi_bindir", "")
-        yield os.path.join(os.path.dirname(bindir), "lib")
+            bindir = json.load(f).get("mpi_bindir")
     except (OSError, ValueError):
-        pass
+        bindir = None
+    if isinstance(bindir, str) and os.path.isabs(bindir):
+        yield os.path.join(os.path.dirname(bindir), "lib")
     yield os.path.join(sys.prefix, "lib")
 
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from hvlite.runner.shm_files import PREFIXES, SHM_DIR
+from hvlite.runner.procs.job_files import PREFIXES, SHM_DIR
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTIPLIER = float(os.environ.get("HVLITE_TEST_TIMEOUT_MULTIPLIER", "1"))

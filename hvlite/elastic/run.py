@@ -29,8 +29,8 @@ from typing import Any, Callable, Optional
 from ..basics import rank
 from ..ops import barrier
 from ..errors import HvliteDeadlockError, HvliteError, HvliteInvalidArgument, MismatchError
-from ..runner.commit_client import CommitStoreError
-from ..runner.elastic_env import HOSTS_UPDATED_CODE, PEER_LOST_CODE
+from ..protocol.commit_client import CommitStoreError
+from ..protocol.elastic_env import HOSTS_UPDATED_CODE, PEER_LOST_CODE
 from .state import HostsUpdatedInterrupt, State
 from .world import current
 

@@ -32,7 +32,7 @@ import numpy as np
 from ..basics import rank
 from ..errors import HvliteError
 from ..ops import allgather, broadcast
-from ..runner.commit_client import CommitStoreError
+from ..protocol.commit_client import CommitStoreError
 from . import codec
 from .sampler import ElasticIndexSampler
 from .world import World, agree, current

@@ -2,11 +2,11 @@
 
 Contract:
   * :func:`current` returns the :class:`World` described by the variables an elastic hvlrun sets
-    (``hvlite/runner/elastic_env.py``): its number (1 for the job's first world, +1 per
+    (``hvlite/protocol/elastic_env.py``): its number (1 for the job's first world, +1 per
     re-form), why it was formed, and whether a driver manages it (``managed``). Under a plain
     ``hvlrun``/``mpirun`` the world is unmanaged (number 0): commits stay in memory, hosts never
     change, and an error ends the job as usual.
-  * Rank 0 talks to the commit store (``hvlite.runner.commit_client``), over one connection
+  * Rank 0 talks to the commit store (``hvlite.protocol.commit_client``), over one connection
     opened on first use and kept for the world's life: :meth:`World.fetch`, :meth:`World.put`,
     :meth:`World.updates`, :meth:`World.ready`. They raise ``CommitStoreError`` naming the store
     and the cause; the callers (``state.py``) turn that into an error on every rank.
@@ -18,8 +18,8 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..ops import broadcast
-from ..runner.commit_client import CommitClient
-from ..runner.elastic_env import ENV_KEY, ENV_REASON, ENV_STORE, ENV_WORLD
+from ..protocol.commit_client import CommitClient
+from ..protocol.elastic_env import ENV_KEY, ENV_REASON, ENV_STORE, ENV_WORLD
 
 __all__ = ["World", "current", "agree"]
 

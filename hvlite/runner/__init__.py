@@ -1,20 +1,20 @@
 """``hvlrun``, the hvlite job launcher.
 
 Contract: this package never imports the engine (``hvlite._core`` or any ``hvlite`` module outside
-``hvlite.runner``) and uses only relative imports, so it works before the engine is built.
+``hvlite.runner`` and ``hvlite.protocol``, the pure-Python module it shares with training code)
+and uses only relative imports, so it works before the engine is built.
 Importing the package loads nothing else: the programs run with ``python -m`` on every host
-(``rank_exec``, ``remote_shell``, ``host_guard``) load only what they use.
-Modules: ``launch`` (flags, ``main``), ``job`` (running the job, exit code), ``hosts`` (host
-lists), ``mpi_command`` (the mpiexec command per MPI flavour), ``build_info`` (build info, which
-mpiexec), ``wire`` (authenticated lines), ``control`` (hvlrun's end of the control channel),
-``control_client`` (the other end), ``remote_shell`` (reaching other hosts), ``host_check``
-(can every host be reached), ``host_guard`` (per remote host: owns the job's processes there),
-``proctree`` (finding and ending process trees), ``rank_exec`` (per-rank wrapper); elastic jobs:
-``elastic_driver`` (worlds and re-forms), ``elastic_world`` (one world), ``elastic_env`` (what
-the driver and the workers agree on), ``elastic_trace`` (the job's own timeline), ``discovery``
-(the host discovery script), ``host_pool`` (blacklist, placement), ``commit_store`` (the last
-commit, in hvlrun) and ``commit_client`` (its other end, which ``hvlite.elastic`` uses in the
-training processes: pure Python, no engine).
+(``world.rank_exec``, ``hosts.remote_shell``, ``hosts.host_guard``) load only what they use.
+
+Folders, each importing only those below it (``tests/unit/test_layers.py`` checks):
+  * ``cli``: the command line (flags, ``main``, ``--check-build``); the top.
+  * ``elastic``: elastic jobs (the driver, the commit store, host discovery, the blacklist).
+  * ``world``: running a world (the launch command, the one supervision loop, the rank wrapper).
+  * ``hosts``: host lists, reaching remote hosts, the host guard on each.
+  * ``control``: the control channel (hvlrun's server, the wrappers' and guards' client).
+  * ``procs``: a host's process trees, and the files the job's processes leave behind.
+The authenticated lines, the commit store's client and what the elastic driver and its workers
+agree on live in ``hvlite.protocol``, which ``hvlite.elastic`` imports too.
 """
 
 __all__ = ["main", "run"]
@@ -22,11 +22,11 @@ __all__ = ["main", "run"]
 
 def main(argv=None) -> int:
     """Run ``hvlrun`` with ``argv`` (``sys.argv[1:]`` when None); see ``launch.main``."""
-    from .launch import main as launch_main
+    from .cli.launch import main as launch_main
     return launch_main(argv)
 
 
 def run() -> None:
     """Console-script entry point: ``sys.exit(main())``."""
-    from .launch import run as launch_run
+    from .cli.launch import run as launch_run
     launch_run()

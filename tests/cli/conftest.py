@@ -68,6 +68,6 @@ def hvlrun():
 @pytest.fixture
 def need_mpiexec():
     """Skip the test when hvlrun would find no mpiexec (real runs need one)."""
-    from hvlite.runner.build_info import find_mpiexec, load_build_info
+    from hvlite.runner.cli.build_info import find_mpiexec, load_build_info
     if find_mpiexec(load_build_info())[0] is None:
         pytest.skip("no mpiexec available")

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from hvlite.runner.wire import MAX_LINE, Session, new_secret
+from hvlite.protocol.wire import MAX_LINE, Session, new_secret
 
 from .conftest import MULTIPLIER, REPO, hvlrun_env
 

@@ -9,14 +9,15 @@ import sys
 
 import pytest
 
-from hvlite.runner import build_info, launch, main
-from hvlite.runner.hosts import Host
-from hvlite.runner.mpi_command import (build_command, flavour_from_version, format_command,
+from hvlite.runner import main
+from hvlite.runner.cli import build_info, launch
+from hvlite.runner.hosts.hostlist import Host
+from hvlite.runner.world.mpi_command import (build_command, flavour_from_version, format_command,
                                        launcher_env)
-from hvlite.runner.rank_exec import describe_exit, rank_from_env
+from hvlite.runner.world.rank_exec import describe_exit, rank_from_env
 
 PY = "/opt/py/bin/python3"
-WRAP = [PY, "-m", "hvlite.runner.rank_exec", "--"]
+WRAP = [PY, "-m", "hvlite.runner.world.rank_exec", "--"]
 
 
 def test_mpich_command_with_hosts_env_and_mpi_args():

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from hvlite.runner.control import ControlServer
-from hvlite.runner.control_client import ControlClient, ControlError
-from hvlite.runner.job import _lost_first
-from hvlite.runner.wire import MAX_LINE, Rejected, Session, new_secret
+from hvlite.runner.control.server import ControlServer
+from hvlite.runner.control.client import ControlClient, ControlError
+from hvlite.runner.world.supervise import lost_first
+from hvlite.protocol.wire import MAX_LINE, Rejected, Session, new_secret
 
 SECRET = new_secret()
 
@@ -212,10 +212,10 @@ def test_a_closed_rank_whose_host_lives_on_is_named_alone_after_the_settle_time(
 
 def test_a_vanished_client_is_the_cause_unless_a_rank_failed_first():
     """hvlrun's choice when mpiexec ended the job itself (events ordered by server round)."""
-    assert _lost_first(5, None, None)
-    assert _lost_first(4, 5, (0, 3)) and not _lost_first(6, 5, (0, 3))
-    assert _lost_first(5, 5, (0, 143))           # same round: killed by a signal = consequence
-    assert not _lost_first(5, 5, (1, 3))         # same round: its own exit code = the cause
+    assert lost_first(5, None, None)
+    assert lost_first(4, 5, (0, 3)) and not lost_first(6, 5, (0, 3))
+    assert lost_first(5, 5, (0, 143))           # same round: killed by a signal = consequence
+    assert not lost_first(5, 5, (1, 3))         # same round: its own exit code = the cause
 
 
 def test_client_heartbeats_stop_and_check(server):
@@ -260,7 +260,9 @@ def test_client_with_wrong_secret_or_no_server_fails_clearly(server):
 
 
 def test_nothing_in_the_launcher_deserialises_network_data():
-    runner = Path(__file__).resolve().parents[2] / "hvlite" / "runner"
+    package = Path(__file__).resolve().parents[2] / "hvlite"
     pattern = re.compile(r"\b(pickle|cPickle|marshal|shelve|dill|cloudpickle|yaml)\b|\beval\(|\bexec\(")
-    offenders = [str(p) for p in runner.glob("*.py") if pattern.search(p.read_text())]
+    files = [p for part in ("runner", "protocol") for p in (package / part).rglob("*.py")]
+    assert len(files) > 20, files
+    offenders = [str(p) for p in files if pattern.search(p.read_text())]
     assert offenders == [], offenders

@@ -10,13 +10,13 @@ import time
 
 import pytest
 
-from hvlite.runner.commit_client import CommitClient, CommitStoreError
-from hvlite.runner.commit_store import CommitStore
-from hvlite.runner.discovery import DiscoveryError, discover, parse_discovery
-from hvlite.runner.elastic_trace import ElasticTrace, world_path
-from hvlite.runner.host_pool import FAILURES_TO_BLACKLIST, HostPool, describe, place
-from hvlite.runner.hosts import Host
-from hvlite.runner.wire import new_secret
+from hvlite.protocol.commit_client import CommitClient, CommitStoreError
+from hvlite.runner.elastic.commit_store import CommitStore
+from hvlite.runner.elastic.discovery import DiscoveryError, discover, parse_discovery
+from hvlite.runner.elastic.trace import ElasticTrace, world_path
+from hvlite.runner.elastic.host_pool import FAILURES_TO_BLACKLIST, HostPool, describe, place
+from hvlite.runner.hosts.hostlist import Host
+from hvlite.protocol.wire import new_secret
 
 
 def test_discovery_output_is_parsed_with_default_slots():
@@ -198,20 +198,23 @@ class FinishedProc:
         return 0        # nothing left to end
 
 
-def classify(exits, lost=None, wait=0.0):
-    from hvlite.runner.elastic_world import WorldSpec, _Watch
-    spec = WorldSpec(1, [Host("a", 2), Host("b", 1)], {})
-    watch = _Watch(FinishedProc(), FakeServer(exits, lost), spec, 0, [], None)
-    end = watch.step()
+def classify(exits, lost=None, wait=0.0, plain=False):
+    from hvlite.runner.world.rules import ELASTIC, PLAIN
+    from hvlite.runner.world.spec import WorldSpec
+    from hvlite.runner.world.supervise import Supervisor
+    spec = WorldSpec(0 if plain else 1, [Host("a", 2), Host("b", 1)], {})
+    watch = Supervisor(FinishedProc(), FakeServer(exits, lost), spec, PLAIN if plain else ELASTIC,
+                       0, [])
+    end = watch.judge()
     if end is None and wait:
         time.sleep(wait)
-        end = watch.step()
+        end = watch.judge()
     return end
 
 
 def test_how_a_world_ended_is_told_from_its_reports():
-    from hvlite.runner.control import Lost
-    from hvlite.runner.elastic_world import PEER_LOST_WAIT_SECONDS
+    from hvlite.runner.control.server import Lost
+    from hvlite.runner.world.supervise import PEER_LOST_WAIT_SECONDS
     failed = classify([(2, 137)])
     assert (failed.kind, failed.hosts) == ("failed", ("b",))
     assert failed.reason == "rank 2 on b was killed by signal 9"
@@ -224,3 +227,19 @@ def test_how_a_world_ended_is_told_from_its_reports():
     assert (done_then_failed.kind, done_then_failed.code) == ("finished-failed", 3)
     lost = classify([(0, 143)], Lost("host b (rank 2)", "host b (rank 2): gone", 4, "b"))
     assert (lost.kind, lost.hosts) == ("lost", ("b",))      # lost first: the SIGTERM follows
+
+
+def test_a_plain_job_is_judged_by_the_same_loop_with_its_own_rules():
+    """A plain job is an elastic job of one world: the same Supervisor, judged by PLAIN, where
+    the elastic codes are failures like any other and hvlrun's own words go to the wrappers."""
+    from hvlite.runner.control.server import Lost
+    from hvlite.runner.world.rules import ELASTIC, PLAIN
+    reform = classify([(0, 75)], plain=True)
+    assert (reform.kind, reform.rank, reform.code) == ("failed", 0, 75)
+    assert PLAIN.stop_reason(reform) == "rank 0 failed"
+    assert ELASTIC.stop_reason(reform) == reform.reason == "rank 0 on a exited with code 75"
+    lost = classify([(0, 143)], Lost("host b (rank 2)", "host b (rank 2): gone", 4, "b"), plain=True)
+    assert PLAIN.stop_reason(lost) == "lost host b (rank 2)"
+    assert PLAIN.start_timeout_reason([1, 2], 2) == "ranks 1,2 did not start within 2 s"
+    assert ELASTIC.start_timeout_reason([1], 2) == "rank 1 did not start in time"
+    assert (PLAIN.check_timeout(0), ELASTIC.check_timeout(0)) == (None, 30.0)

@@ -1,10 +1,10 @@
-"""Host parsing and rank placement (hvlite.runner.hosts): pure functions, no processes."""
+"""Host parsing and rank placement (hvlite.runner.hosts.hostlist): pure functions, no processes."""
 
 import socket
 
 import pytest
 
-from hvlite.runner.hosts import (Host, check_np, is_local, local_rank_count, parse_hostfile,
+from hvlite.runner.hosts.hostlist import (Host, check_np, is_local, local_rank_count, parse_hostfile,
                                  parse_hostfile_text, parse_hosts, ranks_per_host, total_slots)
 
 

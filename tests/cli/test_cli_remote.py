@@ -6,13 +6,14 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 from hvlite.runner import main
-from hvlite.runner.host_guard import read_secret
-from hvlite.runner.hosts import interface_ipv4, is_local
-from hvlite.runner.remote_shell import (guard_command, srun_template, ssh_template,
+from hvlite.runner.hosts.host_guard import read_secret
+from hvlite.runner.hosts.hostlist import interface_ipv4, is_local
+from hvlite.runner.hosts.remote_shell import (guard_command, srun_template, ssh_template,
                                         transport_argv)
 
 from .conftest import hvlrun_env
@@ -33,7 +34,7 @@ def test_ssh_is_the_default_with_port_and_identity(capsys, monkeypatch):
     assert exports["HVLRUN_RSH"] == ssh_template(2222, "/keys/id x")
     assert shlex.split(exports["HVLRUN_RSH"]) == ["ssh", "-o", "BatchMode=yes", "-o",
                                                   "ConnectTimeout=10", "-p", "2222", "-i", "/keys/id x"]
-    assert exports["HYDRA_LAUNCHER_EXTRA_ARGS"] == "-m hvlite.runner.remote_shell"
+    assert exports["HYDRA_LAUNCHER_EXTRA_ARGS"] == "-m hvlite.runner.hosts.remote_shell"
     at = argv.index("-launcher")
     assert argv[at:at + 4] == ["-launcher", "rsh", "-launcher-exec", sys.executable]
     assert "HVLRUN_SECRET" not in exports and "HVLRUN_CONTROL_ADDR" not in exports
@@ -98,16 +99,16 @@ def test_transport_and_guard_command_lines():
         transport_argv("  ", "h", "x")
     line = guard_command("h 2", "10.0.0.1:5", 30, "/opt/my py/python", "/a b",
                          ['"/bin/hydra_pmi_proxy"', "--proxy-id", "1"])
-    assert line == ("exec env PYTHONPATH='/a b' '/opt/my py/python' -m hvlite.runner.host_guard "
+    assert line == ("exec env PYTHONPATH='/a b' '/opt/my py/python' -m hvlite.runner.hosts.host_guard "
                     "--control 10.0.0.1:5 --host 'h 2' --heartbeat-timeout 30 -- "
                     '"/bin/hydra_pmi_proxy" --proxy-id 1')
     words = shlex.split(guard_command("h", "a:1", 0, "/py", None, check=True))
-    assert words == ["exec", "/py", "-m", "hvlite.runner.host_guard", "--control", "a:1",
+    assert words == ["exec", "/py", "-m", "hvlite.runner.hosts.host_guard", "--control", "a:1",
                      "--host", "h", "--heartbeat-timeout", "0", "--check"]
 
 
 def test_remote_shell_without_configuration_fails_clearly():
-    done = subprocess.run([sys.executable, "-m", "hvlite.runner.remote_shell", "h9", "proxy"],
+    done = subprocess.run([sys.executable, "-m", "hvlite.runner.hosts.remote_shell", "h9", "proxy"],
                           env=hvlrun_env(drop=["HVLRUN_RSH"]),
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 255 and "HVLRUN_RSH is not set: no way to reach host h9" in done.stderr
@@ -123,7 +124,7 @@ def test_guard_reads_one_line_of_secret_and_leaves_the_rest():
 
 
 def test_guard_without_hvlrun_says_which_host():
-    done = subprocess.run([sys.executable, "-m", "hvlite.runner.host_guard", "--control",
+    done = subprocess.run([sys.executable, "-m", "hvlite.runner.hosts.host_guard", "--control",
                            "127.0.0.1:1", "--host", "h5", "--check"], input="s" * 64 + "\n",
                           env=hvlrun_env(),
                           capture_output=True, text=True, timeout=30)
@@ -140,7 +141,7 @@ def test_interface_and_own_addresses():
 
 KILL_TREE_CHECK = r"""
 import os, signal, subprocess, sys, time
-from hvlite.runner.proctree import become_subreaper, descendants, kill_tree
+from hvlite.runner.procs.proctree import become_subreaper, descendants, kill_tree
 script = ("import os, signal, subprocess, sys, time\n"
           "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
           "if os.fork() == 0:\n"
@@ -169,3 +170,34 @@ def test_kill_tree_ends_children_and_orphans():
     done = subprocess.run([sys.executable, "-c", KILL_TREE_CHECK], capture_output=True, text=True,
                           timeout=60, env=hvlrun_env())
     assert done.returncode == 0 and "kill_tree OK" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_jobs_temporary_files_go_once_nobody_holds_them():
+    """MPICH's proxy keeps its topology file in /tmp open for its life: the watcher of the job's
+    process tree notes it, and it is removed only once its holder is gone. A file of the same
+    name that no process of the job held is never touched."""
+    from hvlite.runner.procs.job_files import FileWatcher, remove_unused
+    ours = tempfile.mkstemp(prefix="hydra_hwloc_xmlfile_", dir="/tmp")
+    theirs = tempfile.mkstemp(prefix="hydra_hwloc_xmlfile_", dir="/tmp")
+    for fd, _ in (ours, theirs):
+        os.close(fd)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                               "f = open(sys.argv[1]); print('open', flush=True); time.sleep(60)",
+                               ours[1]], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "open\n"
+        watcher = FileWatcher(os.getpid())
+        watcher.look()
+        seen = watcher.stop()
+        assert ours[1] in seen and theirs[1] not in seen, seen
+        assert remove_unused({ours[1]}, wait=0.3) == [] and os.path.exists(ours[1])  # held
+        holder.kill()
+        holder.wait(timeout=10)
+        assert remove_unused({ours[1]}, wait=5) == [ours[1]] and not os.path.exists(ours[1])
+        assert os.path.exists(theirs[1])
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+        for _, path in (ours, theirs):
+            if os.path.exists(path):
+                os.unlink(path)

@@ -146,9 +146,11 @@ def test_ranks_can_initialise_mpi(hvlrun):
 
 
 def test_check_build_without_engine_or_build_info(tmp_path):
-    # A copy of the runner alone: no engine, no _build_info.json.
-    shutil.copytree(REPO / "hvlite" / "runner", tmp_path / "hvlite" / "runner",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    # A copy of the runner alone (and the protocol it shares with training code): no engine,
+    # no _build_info.json.
+    for part in ("runner", "protocol"):
+        shutil.copytree(REPO / "hvlite" / part, tmp_path / "hvlite" / part,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "hvlite" / "__init__.py").write_text("")  # found before any installed hvlite
     env = hvlrun_env(drop=["PYTHONPATH", "HVLITE_MPIEXEC"])
     job = subprocess.run([PY, "-m", "hvlite.runner", "--check-build"], cwd=str(tmp_path), env=env,

@@ -2,7 +2,9 @@
 are all killed. Each must end every rank on every host within a bound set by hvlrun's heartbeat
 timeout, with hvlrun exiting 125 and naming the host and its ranks, and leave no process of the
 job on any host (every namespace is checked). The cut host's processes can only end by their
-own guard's decision: they run in their own session, which hvlrun's signals do not reach."""
+own guard's decision: they run in their own session, which hvlrun's signals do not reach. The
+killed host's job must leave no file behind either: MPICH's proxies keep a topology file in /tmp
+(the hosts share /tmp) that a killed proxy never removes."""
 import os
 import subprocess
 import threading
@@ -11,6 +13,7 @@ import time
 import pytest
 
 from conftest import MULTIPLIER, ROOT, hvlrun_argv, job_env
+from hvlite.runner.procs.job_files import TMP_PREFIXES
 
 LOOP = os.path.join(ROOT, "tests", "hosts", "scenarios", "loop.py")
 HEARTBEAT = 4.0 * MULTIPLIER   # seconds: hvlrun's --heartbeat-timeout in these tests
@@ -72,6 +75,26 @@ def when_empty(sim, since, limit):
     return ended
 
 
+def open_tmp_files(sim):
+    """The MPICH temporary files (/tmp/hydra_hwloc_xmlfile_*) the job's processes on every host
+    hold open: this job's, not another's."""
+    held = set()
+    for host in sim.hosts:
+        for pid in sim.pids(host):
+            try:
+                fds = os.listdir("/proc/%d/fd" % pid)
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    path = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+                except OSError:
+                    continue
+                if path.startswith(TMP_PREFIXES):
+                    held.add(path)
+    return held
+
+
 def start_looping(sim, hosts):
     job = RunningJob(sim, hosts, ["--heartbeat-timeout", HEARTBEAT, "python", LOOP], timeout=120)
     job.wait_for("looping", len(hosts.split(",")))
@@ -102,6 +125,8 @@ def test_cut_link_ends_every_rank_on_every_host(fresh_sim):
 def test_killed_host_ends_the_job(fresh_sim):
     sim = fresh_sim
     job = start_looping(sim, "h1:1,h2:1")
+    held = open_tmp_files(sim)
+    assert len(held) == 2, held          # one per host's MPI proxy (MPICH)
     killed = time.monotonic()
     sim.kill_host("h2")
     rc = job.wait()
@@ -117,3 +142,4 @@ def test_killed_host_ends_the_job(fresh_sim):
     assert hvlrun_end < HEARTBEAT, out   # noticed at once, not by silence
     assert all(t is not None and t < 10 * MULTIPLIER for t in ended.values()), \
         (ended, sim.leftovers(), out)
+    assert not [p for p in held if os.path.exists(p)], (held, out)   # nothing of the job left

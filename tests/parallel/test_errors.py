@@ -2,8 +2,6 @@
 every rank, naming the tensor and the rank groups; a duplicate in-flight name is rejected on
 the rank that reuses it; local mistakes raise TypeError/ValueError before any communication.
 The engine keeps working after each error. SPMD: run by hvlrun."""
-import time
-
 import numpy as np
 import pytest
 
@@ -69,13 +67,17 @@ def test_engine_still_works_after_errors():
 
 
 def test_duplicate_in_flight_name():
+    """Rank 0 reuses the name of its own allreduce while it is surely in flight: the others
+    submit theirs only after a barrier that rank 0 reaches once it has retried the name."""
     if RANK == 0:
         first = hvd.allreduce_async(np.ones(2, np.float32), name="dup", op=hvd.Sum)
         with pytest.raises(hvd.HvliteInvalidArgument, match="'dup' is already in flight"):
             hvd.allreduce_async(np.ones(2, np.float32), name="dup")
+        assert not hvd.poll(first)     # no other rank has submitted 'dup' yet
+        hvd.barrier()
         assert (hvd.synchronize(first) == SIZE).all()
     else:
-        time.sleep(0.3)    # keep rank 0's first 'dup' in flight while it retries the name
+        hvd.barrier()                  # rank 0 has retried the name
         assert (hvd.allreduce(np.ones(2, np.float32), name="dup", op=hvd.Sum) == SIZE).all()
     # the name is free again once the first one completed
     assert (hvd.allreduce(np.ones(2, np.float32), name="dup", op=hvd.Sum) == SIZE).all()

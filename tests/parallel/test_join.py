@@ -68,19 +68,20 @@ def test_unnamed_collectives_line_up_again_after_join():
 
 
 def test_dropped_async_handle_keeps_its_buffers_alive():
-    """The engine still reads the buffers of a handle nobody holds any more (rank 0 drops it;
-    for 3 ranks, rank 2 submits at once like rank 0)."""
+    """The engine still reads the buffers of a handle nobody holds any more: rank 0 (and, at 3
+    ranks, rank 2) drops its handle and fills memory before rank 1 submits (a barrier orders
+    it), and keeps that memory until the allreduce has completed (a second barrier)."""
     import gc
-    import time
     n = 1 << 18
     if RANK != 1:
         hvd.allreduce_async(np.ones(n), op=hvd.Sum, name="join.dropped")   # handle dropped
         gc.collect()
         junk = [np.full(n, 7.0) for _ in range(8)]   # would reuse freed memory
-        hvd.barrier()
+        hvd.barrier()                                # now rank 1 submits
+        hvd.barrier()                                # rank 1 has its result
         del junk
     else:
-        time.sleep(0.2)
+        hvd.barrier()                                # the others' handles are gone
         got = hvd.allreduce(np.ones(n), op=hvd.Sum, name="join.dropped")
         assert (got == SIZE).all(), np.unique(got)
         hvd.barrier()

@@ -5,8 +5,6 @@ interleaving; the response cache on sets; a set without the calling rank, a remo
 duplicate set, member lists that differ between ranks (errors on every rank); torch
 DistributedOptimizer on a set equals one process on the set's combined batch.
 SPMD: run by hvlrun at 2 and 3 ranks."""
-import time
-
 import numpy as np
 import pytest
 
@@ -77,20 +75,18 @@ def test_disjoint_sets_every_op_and_dtype(halves):
 
 
 def test_disjoint_sets_run_concurrently(halves):
-    """The upper set is held up for a second; meanwhile the lower set completes 30 collectives
-    (one negotiation for all sets must not make one set wait for another)."""
+    """The upper set is held up (its ranks wait in a global barrier) until the lower set has
+    completed 30 collectives, which the lower set's ranks must do before they join that barrier:
+    one negotiation for all sets must not make one set wait for another (it would end in the
+    engine's deadlock error, or the job's timeout). Then the upper set runs its own 30."""
     mine, _ = halves
-    if SIZE == 1:
-        pytest.skip("needs two ranks")
-    start = time.monotonic()
     if not IN_LOW:
-        time.sleep(1.0)
+        hvd.barrier()
     for i in range(30):
         got = hvd.allreduce(np.full(2, RANK, np.float64), op=hvd.Sum, process_set=mine, name="concurrent.%d" % i)
         assert (got == sum(mine.ranks)).all()
-    elapsed = time.monotonic() - start
     if IN_LOW:
-        assert elapsed < 0.9, "the lower set waited for the upper one: %.2f s" % elapsed
+        hvd.barrier()
     hvd.barrier()
 
 
@@ -136,8 +132,6 @@ def test_cached_responses_on_sets(halves):
 
 def test_collective_on_a_set_without_this_rank_fails_clearly(halves):
     _, other = halves
-    if not other.ranks:
-        pytest.skip("needs two ranks")
     with pytest.raises(hvd.HvliteInvalidArgument, match=r"this rank \(%d\) is not a member of process set %d"
                        % (RANK, other.process_set_id)):
         hvd.allreduce(np.ones(2), process_set=other, name="outsider")
@@ -145,8 +139,6 @@ def test_collective_on_a_set_without_this_rank_fails_clearly(halves):
 
 def test_broadcast_root_outside_the_set_fails_clearly(halves):
     mine, other = halves
-    if not other.ranks:
-        pytest.skip("needs two ranks")
     with pytest.raises(hvd.HvliteInvalidArgument, match="root rank %d is not a member" % other.ranks[0]):
         hvd.broadcast(np.ones(2), root_rank=other.ranks[0], process_set=mine, name="bad.root")
 
@@ -167,8 +159,6 @@ def test_duplicate_set_fails_on_every_rank():
 
 
 def test_member_lists_that_differ_between_ranks_fail_on_every_rank():
-    if SIZE == 1:
-        pytest.skip("needs two ranks")
     with pytest.raises(hvd.HvliteInvalidArgument, match="different member lists"):
         hvd.add_process_set([0] if RANK == 0 else [1])
     hvd.barrier()
@@ -177,7 +167,7 @@ def test_member_lists_that_differ_between_ranks_fail_on_every_rank():
 def test_torch_distributed_optimizer_on_a_set(halves):
     """Each half trains its own copy with DistributedOptimizer(process_set=...): the result
     equals one process on the half's combined batch, and differs between the halves."""
-    torch = pytest.importorskip("torch")
+    import torch
     import hvlite.torch as thvd
     torch.set_num_threads(1)
     mine, _ = halves
@@ -212,7 +202,7 @@ def test_torch_distributed_optimizer_on_a_set(halves):
 def test_tensorflow_ops_on_a_set(halves):
     """hvlite.tensorflow on a set, eagerly and in a tf.function: sums, gathers, scatters and the
     gradient of allgather use the set's members, sizes and ranks."""
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf
     import hvlite.tensorflow as tfhvd
     mine, _ = halves
     n, me = len(mine.ranks), mine.ranks.index(RANK)

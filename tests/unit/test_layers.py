@@ -11,6 +11,11 @@ relative imports resolved against the file's package:
    no imported name starting with ``_``, and no ``_`` attribute of an hvlite module it imported
    (``ops._reduce_op``). Dunder names (``__version__``) are public. Inside its own package an
    adapter may use its private names freely.
+4. Training code does not import the launcher: ``hvlite/elastic`` imports nothing of
+   ``hvlite.runner`` (what both need is ``hvlite.protocol``). ``hvlite.protocol`` imports nothing
+   of hvlite outside itself; ``hvlite.runner`` nothing outside itself and ``hvlite.protocol``.
+5. The runner's folders (``hvlite/runner/cli``, ``world``, ...) import each other without a
+   cycle, and so do its modules.
 Imports made with ``importlib`` from strings are not seen (hvlite/__init__.py loads its own API
 modules that way, and nothing else does).
 """
@@ -175,3 +180,130 @@ def test_every_neutral_module_imports_first():
         if job.returncode:
             failed.append("%s: %s" % (name, job.stderr.strip().splitlines()[-1:]))
     assert not failed, failed
+
+
+# --- hvlite/elastic, hvlite/protocol and hvlite/runner ---------------------------------------
+# 4. Training code does not import the launcher: nothing in hvlite/elastic imports hvlite.runner
+#    (what both need lives in hvlite.protocol). hvlite.protocol imports nothing of hvlite outside
+#    itself, and hvlite.runner nothing outside itself and hvlite.protocol (it must run where the
+#    engine was never built; importing the hvlite package itself loads nothing).
+# 5. The runner's folders (hvlite/runner/<folder>/) import each other without a cycle, and so do
+#    its modules.
+
+def within(module, part):
+    return module == part or module.startswith(part + ".")
+
+
+def hvlite_targets(path, source):
+    """(module, target) for every hvlite module one file imports, resolved as far as the source
+    tree knows it (``from ..runner import x`` names ``hvlite.runner.x`` if that is a module)."""
+    module, package = module_of(path)
+    for base, name, _, _ in imports(ast.parse(source, path), package):
+        target = base if name is None else base + "." + name
+        if target.split(".")[0] != "hvlite":
+            continue
+        while target != "hvlite" and not is_module(target):
+            target = target.rsplit(".", 1)[0]
+        yield module, target
+
+
+def reach_violations(path, source):
+    """Rule 4 for one file, as readable strings."""
+    found = []
+    for module, target in hvlite_targets(path, source):
+        if within(module, "hvlite.elastic") and within(target, "hvlite.runner"):
+            why = "training code does not import the runner"
+        elif within(module, "hvlite.protocol") and not within(target, "hvlite.protocol"):
+            why = "hvlite.protocol imports nothing else of hvlite"
+        elif within(module, "hvlite.runner") and not (within(target, "hvlite.runner")
+                                                     or within(target, "hvlite.protocol")):
+            why = "the runner imports nothing of hvlite but hvlite.protocol"
+        else:
+            continue
+        found.append("%s imports %s (%s)" % (os.path.relpath(path, ROOT), target, why))
+    return found
+
+
+def runner_edges(sources):
+    """{(module, imported module)} and {(folder, imported folder)} inside hvlite.runner, from
+    ``sources`` ({path: source})."""
+    modules, folders = set(), set()
+    for path, source in sources.items():
+        for module, target in hvlite_targets(path, source):
+            if module.startswith("hvlite.runner.") and target.startswith("hvlite.runner.") \
+                    and module != target:
+                modules.add((module, target))
+                a, b = module.split(".")[2], target.split(".")[2]
+                if a != b and all(os.path.isdir(os.path.join(PACKAGE_DIR, "runner", x))
+                                  for x in (a, b)):
+                    folders.add((a, b))
+    return modules, folders
+
+
+def cycle(edges):
+    """One cycle of the directed graph ``edges`` as a list of nodes, or None."""
+    graph = {}
+    for a, b in edges:
+        graph.setdefault(a, []).append(b)
+    state = {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt, stack + [nxt])
+                if found:
+                    return found
+        state[node] = "done"
+        return None
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node, [node])
+            if found:
+                return found
+    return None
+
+
+def test_training_code_and_the_runner_keep_to_their_parts():
+    found = []
+    for path in package_files():
+        with open(path) as f:
+            found += reach_violations(path, f.read())
+    assert not found, "layering rules broken:\n" + "\n".join(found)
+
+
+def test_the_runner_folders_and_modules_have_no_import_cycle():
+    sources = {}
+    for path in package_files():
+        if os.path.relpath(path, PACKAGE_DIR).startswith("runner" + os.sep):
+            with open(path) as f:
+                sources[path] = f.read()
+    modules, folders = runner_edges(sources)
+    assert {"cli", "world", "elastic"} <= {a for a, _ in folders}, folders
+    for kind, edges in (("folders", folders), ("modules", modules)):
+        found = cycle(edges)
+        assert found is None, "runner %s import in a circle: %s" % (kind, " -> ".join(found))
+
+
+@pytest.mark.parametrize("relpath,source", [
+    ("hvlite/elastic/world.py", "from ..runner.control.client import ControlClient\n"),
+    ("hvlite/elastic/run.py", "import hvlite.runner.world.spec\n"),
+    ("hvlite/elastic/state.py", "from .. import runner\n"),
+    ("hvlite/protocol/wire.py", "from ..elastic import codec\n"),
+    ("hvlite/protocol/wire.py", "from .. import basics\n"),
+    ("hvlite/runner/world/run.py", "from ...elastic.codec import decode\n"),
+    ("hvlite/runner/cli/launch.py", "from ... import ops\n"),
+])
+def test_planted_reach_violations_are_found(relpath, source):
+    assert reach_violations(os.path.join(ROOT, relpath), source), relpath
+
+
+def test_planted_runner_cycles_are_found():
+    upward = {os.path.join(ROOT, "hvlite/runner/control/server.py"): "from ..world import spec\n",
+              os.path.join(ROOT, "hvlite/runner/world/spec.py"): "from ..control import server\n"}
+    modules, folders = runner_edges(upward)
+    assert cycle(folders) in (["control", "world", "control"], ["world", "control", "world"])
+    assert cycle(modules) is not None
+    assert cycle({("a", "b"), ("b", "c")}) is None

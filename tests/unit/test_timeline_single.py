@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import hvlite as hvd
-from hvlite.runner.shm_files import mapped_shm, remove_unused
+from hvlite.runner.procs.job_files import mapped_shm, remove_unused
 
 ROOT = __file__.rsplit("/tests/", 1)[0]
 sys.path.insert(0, os.path.join(ROOT, "tests"))

@@ -1,4 +1,4 @@
-"""Per-rank wrapper: ``python -m hvlite.runner.rank_exec -- command...``.
+"""Per-rank wrapper: ``python -m hvlite.runner.world.rank_exec -- command...``.
 
 Contract:
   * The rank comes from the launcher's environment: the first of ``PMI_RANK``,
@@ -17,12 +17,12 @@ Contract:
     with code 3`` or ``... was killed by signal 9 (SIGKILL)``); the wrapper exits with the
     child's code, 128+signum for a signal, 127 if the command cannot be started.
   * With ``HVLRUN_CONTROL_ADDR`` set, ``start``/``exit`` are reported over the authenticated
-    control channel (``control.py``), whose secret (``HVLRUN_SECRET``) the child does not
+    control channel (``control/``), whose secret (``HVLRUN_SECRET``) the child does not
     inherit. A wrapper that cannot reach hvlrun says so and exits 1 before starting the child.
     When hvlrun asks it to stop, or is gone (connection closed, or silent for
     ``HVLRUN_HEARTBEAT_TIMEOUT`` seconds: a cut link), the wrapper says why on stderr and ends
     the child: SIGTERM, then SIGKILL after :data:`STOP_GRACE_SECONDS`. The job's ``/dev/shm``
-    files the child maps at that moment (``shm_files``) are removed once no process maps them,
+    files the child maps at that moment (``procs/job_files.py``) are removed once no process maps them,
     so a job whose hvlrun was killed outright (SIGKILL: it cannot clean up) leaves none behind.
   * The host the wrapper reports is ``HVLRUN_HOST`` (the name in hvlrun's host list, set by the
     host guard) or else ``socket.gethostname()``.
@@ -41,11 +41,11 @@ import threading
 import time
 from typing import BinaryIO, Callable, List, Mapping, Optional, Sequence, Set
 
-from .control import ENV_CONTROL_ADDR, ENV_HEARTBEAT, ENV_HOST, ENV_OUTPUT_DIR
-from .control_client import ControlClient, ControlError
-from .proctree import descendants
-from .shm_files import mapped_shm, remove_unused
-from .wire import ENV_SECRET
+from ...protocol.wire import ENV_SECRET
+from ..control.client import ControlClient, ControlError
+from ..control.names import ENV_CONTROL_ADDR, ENV_HEARTBEAT, ENV_HOST, ENV_OUTPUT_DIR
+from ..procs.proctree import descendants
+from ..procs.job_files import mapped_shm, remove_unused
 
 __all__ = ["RANK_VARIABLES", "ENV_OUTPUT_DIR", "ENV_TEST_DELAY", "STOP_GRACE_SECONDS",
            "rank_from_env", "run_rank", "describe_exit", "main"]
@@ -272,6 +272,39 @@ def _start_pumps(proc: subprocess.Popen, rank: int,
     return pumps
 
 
+def _spawn(command: Sequence[str], copies: Sequence[Optional[BinaryIO]]) -> subprocess.Popen:
+    """Start the child without the job secret, its output piped to this wrapper.
+
+    Raises:
+        OSError: the command cannot be run (the output copies are closed then).
+    """
+    child_env = {k: v for k, v in os.environ.items() if k != ENV_SECRET}
+    try:
+        # close_fds=False: the child needs descriptors the launcher passed on (hydra's PMI_FD);
+        # the wrapper's own files and sockets are not inheritable (PEP 446).
+        return subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                close_fds=False, env=child_env,
+                                preexec_fn=_death_signal_setter(signal.SIGKILL, os.getpid()))
+    except OSError:
+        for copy in copies:
+            if copy is not None:
+                copy.close()
+        raise
+
+
+def _tell_exit(rank: int, proc: subprocess.Popen, host: str, received: Sequence[int],
+               stopper: _Stopper) -> None:
+    """Name a child that failed in one stderr line, with who stopped it and why."""
+    message = describe_exit(rank, proc.pid, host, proc.returncode)
+    if message and received:
+        message += "; the launcher stopped it with %s" % signal.Signals(received[0]).name
+    if message and stopper.reason:
+        message += "; %s" % stopper.reason
+    if message:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+
+
 def run_rank(command: Sequence[str]) -> int:
     """Run ``command`` as this rank's child, forwarding and reporting as the module describes.
 
@@ -296,17 +329,9 @@ def run_rank(command: Sequence[str]) -> int:
     except OSError as e:
         return _fail_before_start(channel, rank, 1, "hvlrun: rank %d on %s cannot write its "
                                   "output files: %s" % (rank, host, e))
-    child_env = {k: v for k, v in os.environ.items() if k != ENV_SECRET}
     try:
-        # close_fds=False: the child needs descriptors the launcher passed on (hydra's PMI_FD);
-        # the wrapper's own files and sockets are not inheritable (PEP 446).
-        proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                close_fds=False, env=child_env,
-                                preexec_fn=_death_signal_setter(signal.SIGKILL, os.getpid()))
+        proc = _spawn(command, copies)
     except OSError as e:
-        for copy in copies:
-            if copy is not None:
-                copy.close()
         return _fail_before_start(channel, rank, 127, "hvlrun: rank %d on %s cannot run %r: %s"
                                   % (rank, host, command[0], e))
     if channel is not None:
@@ -322,21 +347,14 @@ def run_rank(command: Sequence[str]) -> int:
         channel.close()
     for pump in pumps:  # a grandchild holding the pipes open must not keep us here
         pump.join(timeout=_JOIN_SECONDS)
-    message = describe_exit(rank, proc.pid, host, returncode)
-    if message and received:
-        message += "; the launcher stopped it with %s" % signal.Signals(received[0]).name
-    if message and stopper.reason:
-        message += "; %s" % stopper.reason
-    if message:
-        sys.stderr.write(message + "\n")
-        sys.stderr.flush()
+    _tell_exit(rank, proc, host, received, stopper)
     if stopper.shm_files:   # the other ranks are stopping too: give them time to let go
         remove_unused(stopper.shm_files, wait=STOP_GRACE_SECONDS + 2.0)
     return code
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of ``python -m hvlite.runner.rank_exec [--] command...``.
+    """Entry point of ``python -m hvlite.runner.world.rank_exec [--] command...``.
 
     Args:
         argv: the arguments after the module name; ``sys.argv[1:]`` when omitted.
@@ -348,7 +366,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args and args[0] == "--":
         args = args[1:]
     if not args:
-        sys.stderr.write("usage: python -m hvlite.runner.rank_exec -- command...\n")
+        sys.stderr.write("usage: python -m hvlite.runner.world.rank_exec -- command...\n")
         return 2
     return run_rank(args)
 

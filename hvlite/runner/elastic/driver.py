@@ -20,37 +20,40 @@ Contract:
   * While a world runs, a change of the usable hosts that would give it more ranks (up to
     ``--max-np``) or that takes slots it uses makes the driver ask its workers to stop at their
     next commit (``HostsUpdatedInterrupt`` on every rank, then exit
-    :data:`~elastic_env.HOSTS_UPDATED_CODE`): nothing is lost, nothing is redone.
-  * A world that ends otherwise (a rank failed, a host lost, ranks that did not start) is ended
-    on every host; the failure is charged to its host (``host_pool.py`` blacklists hosts that
-    keep failing, or cannot be reached) and the job re-forms from the last commit.
+    ``HOSTS_UPDATED_CODE``, ``hvlite/protocol/elastic_env.py``): nothing is lost, nothing is
+    redone.
+  * Each world runs through the one supervision loop a plain job runs through
+    (``world/supervise.py``, with the elastic rules of ``world/rules.py``). A world that ends
+    otherwise (a rank failed, a host lost, ranks that did not start) is ended on every host; the
+    failure is charged to its host (``host_pool.py`` blacklists hosts that keep failing, or
+    cannot be reached) and the job re-forms from the last commit.
   * Every world, its end and each re-form (reason, old and new world, seconds from the end of the
     old world to the new world's first step) are logged as ``hvlrun: elastic: ...`` lines on
-    stderr and, with a timeline, drawn in hvlrun's own trace (``elastic_trace.py``).
+    stderr and, with a timeline, drawn in hvlrun's own trace (``trace.py``).
   * The commit lives in a private temporary directory for the job's life, removed at the end.
 """
 
 import math
 import os
 import shutil
-import signal
 import socket
-import sys
 import tempfile
 import threading
 import time
 from typing import Callable, List, Optional, Tuple
 
+from ...protocol.elastic_env import ENV_KEY, ENV_REASON, ENV_STORE, ENV_WORLD
+from ...protocol.wire import new_secret
+from ..hosts.hostlist import Host, interface_ipv4, is_local
+from ..world.rules import ELASTIC
+from ..world.run import catching_signals, run_world
+from ..world.say import say
+from ..world.settings import interface_names
+from ..world.spec import Launch, WorldEnd, WorldSpec
 from .commit_store import CommitStore
 from .discovery import DiscoveryError, StaticHosts, discover
-from .elastic_env import ENV_KEY, ENV_REASON, ENV_STORE, ENV_WORLD
-from .elastic_trace import ElasticTrace, world_path
-from .elastic_world import Launch, WorldEnd, WorldSpec, run_world
 from .host_pool import HostPool, describe, place
-from .hosts import Host, interface_ipv4, is_local
-from .job_settings import interface_names
-from .knobs import knob_env
-from .wire import new_secret
+from .trace import ElasticTrace, world_path
 
 __all__ = ["ELASTIC_FAILED_CODE", "NO_PROGRESS_LIMIT", "DISCOVERY_INTERVAL", "run_elastic"]
 
@@ -58,11 +61,6 @@ ELASTIC_FAILED_CODE = 122
 NO_PROGRESS_LIMIT = 3
 DISCOVERY_INTERVAL = 1.0
 _FAILURE_KINDS = ("failed", "lost", "peer-lost", "start-timeout", "unreachable", "launcher")
-
-
-def _say(message: str) -> None:
-    sys.stderr.write("hvlrun: elastic: %s\n" % message)
-    sys.stderr.flush()
 
 
 def _slots(hosts: List[Host]) -> int:
@@ -87,7 +85,7 @@ class _Driver:
         self.asked_reform = False
         self.last_error = ""
         self.known: List[Host] = []           # discovery's last answer
-        self.timeline = knob_env(args).get("HVLITE_TIMELINE") or os.environ.get("HVLITE_TIMELINE")
+        self.timeline = launch.knobs.get("HVLITE_TIMELINE") or os.environ.get("HVLITE_TIMELINE")
         self.trace = ElasticTrace(self.timeline, time.monotonic()) if self.timeline else None
         # for the ready log: (the last world that ran, its end, its ranks, the new world)
         self.pending_reform: Optional[Tuple[int, WorldEnd, int, WorldSpec]] = None
@@ -101,7 +99,7 @@ class _Driver:
             hosts = self.source()
         except DiscoveryError as e:
             if str(e) != self.last_error:
-                _say("warning: %s" % e)
+                say("elastic: warning: %s" % e)
             self.last_error = str(e)
             return list(self.known)
         self.last_error, self.known = "", hosts
@@ -128,14 +126,16 @@ class _Driver:
                 ",".join(blacklisted) or "none")
             if time.monotonic() > deadline or self.caught:
                 if not self.caught:
-                    _say("error: only %s for %g s, below --min-np %d (--elastic-timeout): "
-                         "ending the job%s" % (state, self.launch.args.elastic_timeout,
-                                               self.min_np, self._commit_note()))
+                    say("elastic: error: only %s for %g s, below --min-np %d "
+                        "(--elastic-timeout): ending the job%s"
+                        % (state, self.launch.args.elastic_timeout, self.min_np,
+                           self._commit_note()))
                 return None
             if not waiting:
                 waiting = True
-                _say("waiting for hosts: %s, --min-np is %d; the job ends if that lasts %g s "
-                     "(--elastic-timeout)" % (state, self.min_np, self.launch.args.elastic_timeout))
+                say("elastic: waiting for hosts: %s, --min-np is %d; the job ends if that lasts "
+                    "%g s (--elastic-timeout)"
+                    % (state, self.min_np, self.launch.args.elastic_timeout))
             self.stop.wait(min(DISCOVERY_INTERVAL, max(0.0, deadline - time.monotonic()) + 0.01))
 
     def watch_hosts(self) -> None:
@@ -155,8 +155,8 @@ class _Driver:
                 return
             self.asked_reform = True
         self.store.request_reform()
-        _say("hosts changed (usable now: %s); world %d (%s) stops at its next commit"
-             % (describe(usable), world.number, describe(world.hosts)))
+        say("elastic: hosts changed (usable now: %s); world %d (%s) stops at its next commit"
+            % (describe(usable), world.number, describe(world.hosts)))
 
     def blacklisted_out(self) -> bool:
         """True when the discovered hosts have --min-np slots but, blacklisted, no longer do."""
@@ -192,11 +192,11 @@ class _Driver:
                 return
             self.pending_reform = None
         seq, at = ready
-        _say("world %d ready: %d ranks on %s restored %s, identical on every rank; the re-form "
-             "took %.2f s (from the end of world %d to the first step of world %d)"
-             % (spec.number, spec.np, describe(spec.hosts),
-                "commit #%d" % seq if seq else "the initial state (no commit yet)",
-                at - end.at, old, spec.number))
+        say("elastic: world %d ready: %d ranks on %s restored %s, identical on every rank; the "
+            "re-form took %.2f s (from the end of world %d to the first step of world %d)"
+            % (spec.number, spec.np, describe(spec.hosts),
+               "commit #%d" % seq if seq else "the initial state (no commit yet)",
+               at - end.at, old, spec.number))
         if self.trace:
             self.trace.span("re-forms", "REFORM world %d -> %d" % (old, spec.number),
                             end.at, at, {"reason": end.reason, "old_world": old,
@@ -220,7 +220,7 @@ class _Driver:
             self.world_start = time.monotonic()
         self.store.open_world(spec.number)
         try:
-            return run_world(self.launch, spec, self.caught)
+            return run_world(self.launch, spec, self.caught, ELASTIC)
         finally:
             self.store.close_world()
             with self.lock:
@@ -242,7 +242,7 @@ class _Driver:
                     if message:
                         messages.append(message)
         for message in messages:
-            _say(message)
+            say("elastic: " + message)
             if self.trace:
                 self.trace.mark("hosts", "BLACKLIST", now, {"detail": message})
         if self.trace:
@@ -264,40 +264,43 @@ class _Driver:
                 return 128 + self.caught[0] if self.caught else ELASTIC_FAILED_CODE
             if number > 0:
                 if args.reset_limit is not None and resets >= args.reset_limit:
-                    _say("error: the job re-formed %d times (--reset-limit %d); not again after: "
-                         "%s%s" % (resets, args.reset_limit, reason, self._commit_note()))
+                    say("elastic: error: the job re-formed %d times (--reset-limit %d); not "
+                        "again after: %s%s"
+                        % (resets, args.reset_limit, reason, self._commit_note()))
                     return ELASTIC_FAILED_CODE
                 resets += 1
             number += 1
             spec = self.spec(number, hosts, reason)
             if last is None:
-                _say("world 1: %d ranks on %s (--min-np %d, --max-np %s)"
-                     % (spec.np, describe(hosts), self.min_np,
-                        "none" if self.max_np == math.inf else "%d" % self.max_np))
+                say("elastic: world 1: %d ranks on %s (--min-np %d, --max-np %s)"
+                    % (spec.np, describe(hosts), self.min_np,
+                       "none" if self.max_np == math.inf else "%d" % self.max_np))
             else:
                 old, end = last
-                _say("re-forming: world %d (%d ranks on %s) -> world %d (%d ranks on %s); reason: "
-                     "%s%s" % (old.number, old.np, describe(old.hosts), number, spec.np,
-                               describe(hosts), end.reason, self._commit_note()))
+                say("elastic: re-forming: world %d (%d ranks on %s) -> world %d (%d ranks on "
+                    "%s); reason: %s%s" % (old.number, old.np, describe(old.hosts), number,
+                                           spec.np, describe(hosts), end.reason,
+                                           self._commit_note()))
                 with self.lock:
                     self.pending_reform = (ran[0].number, ran[1], ran[0].np, spec)
             end = self.run_one(spec)
             self.account(spec, end)
             info = self.store.latest()
             progressed = info is not None and info.world == number
-            _say("world %d ended after %.1f s: %s%s" % (number, end.at - self.world_start,
-                                                         end.reason, self._commit_note()))
+            say("elastic: world %d ended after %.1f s: %s%s"
+                % (number, end.at - self.world_start, end.reason, self._commit_note()))
             if end.kind in ("done", "signal", "finished-failed") or (
                     end.kind == "launcher" and end.code == 127):
                 return end.code
             if end.kind in _FAILURE_KINDS:
                 no_progress = 0 if progressed else no_progress + 1
                 if no_progress >= NO_PROGRESS_LIMIT or (no_progress and self.blacklisted_out()):
-                    _say("error: %d world%s in a row failed before storing a commit (last: %s), "
-                         "leaving %s; not re-forming again: the program fails by itself?"
-                         % (no_progress, "s" if no_progress > 1 else "", end.reason,
-                            "too few hosts that did not fail" if no_progress < NO_PROGRESS_LIMIT
-                            else "no sign of progress"))
+                    say("elastic: error: %d world%s in a row failed before storing a commit "
+                        "(last: %s), leaving %s; not re-forming again: the program fails by "
+                        "itself?" % (no_progress, "s" if no_progress > 1 else "", end.reason,
+                                     "too few hosts that did not fail"
+                                     if no_progress < NO_PROGRESS_LIMIT
+                                     else "no sign of progress"))
                     return ELASTIC_FAILED_CODE
             else:
                 no_progress = 0
@@ -337,36 +340,39 @@ def run_elastic(launch: Launch, static_hosts: Optional[List[Host]]) -> int:
     else:
         source = StaticHosts(static_hosts or [])
     directory = tempfile.mkdtemp(prefix="hvlrun-elastic-")
-    caught: List[int] = []
-    handlers = {}
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            handlers[signum] = signal.signal(signum, lambda s, _f: caught.append(s))
     store = None
-    try:
-        bind, advertise = _store_address(args, static_hosts)
-        key = new_secret()
-        store = CommitStore(key, directory, bind).start()
-        launch = launch._replace(hidden_env=dict(launch.hidden_env, **{ENV_KEY: key}))
-        driver = _Driver(launch, source, store, advertise, caught)
-        thread = threading.Thread(target=driver.monitor, name="hvlrun-elastic", daemon=True)
-        thread.start()
+    with catching_signals() as caught:
         try:
-            return driver.run()
+            bind, advertise = _store_address(args, static_hosts)
+            key = new_secret()
+            store = CommitStore(key, directory, bind).start()
+            launch = launch._replace(hidden_env=dict(launch.hidden_env, **{ENV_KEY: key}))
+            return _drive(_Driver(launch, source, store, advertise, caught))
+        except (OSError, ValueError) as e:
+            say("elastic: error: cannot start the commit store: %s" % e)
+            return 1
         finally:
-            driver.stop.set()
-            thread.join(timeout=5)
-    except (OSError, ValueError) as e:
-        _say("error: cannot start the commit store: %s" % e)
-        return 1
+            if store is not None:
+                _close_store(store)
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _drive(driver: _Driver) -> int:
+    """Run the driver, with its monitor thread beside it; return hvlrun's exit code."""
+    thread = threading.Thread(target=driver.monitor, name="hvlrun-elastic", daemon=True)
+    thread.start()
+    try:
+        return driver.run()
     finally:
-        if store is not None:
-            rejected = store.rejected()
-            if rejected:
-                _say("warning: dropped %d commit store connection%s that failed authentication, "
-                     "from: %s" % (len(rejected), "" if len(rejected) == 1 else "s",
-                                   "; ".join(rejected[:5])))
-            store.close()
-        shutil.rmtree(directory, ignore_errors=True)
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
+        driver.stop.set()
+        thread.join(timeout=5)
+
+
+def _close_store(store: CommitStore) -> None:
+    """Close the commit store; warn once about connections that failed authentication."""
+    rejected = store.rejected()
+    if rejected:
+        say("elastic: warning: dropped %d commit store connection%s that failed "
+            "authentication, from: %s" % (len(rejected), "" if len(rejected) == 1 else "s",
+                                           "; ".join(rejected[:5])))
+    store.close()

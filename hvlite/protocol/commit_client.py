@@ -1,4 +1,4 @@
-"""The workers' end of the elastic driver's commit store (``commit_store.py``).
+"""The workers' end of the elastic driver's commit store (``runner/elastic/commit_store.py``).
 
 Contract:
   * A world's rank 0 opens one :class:`CommitClient` to ``HVLRUN_ELASTIC_STORE`` with the key in
@@ -11,7 +11,8 @@ Contract:
   * Every failure raises :class:`CommitStoreError` naming the store's address and the cause:
     hvlrun cannot be reached, the handshake or a line fails authentication, the connection
     breaks, the store refuses (e.g. the world is over), or no progress for ``timeout`` seconds.
-  * Imports nothing of the engine: it runs in training processes and in tests alike.
+  * Imports nothing of the engine: it runs in training processes (``hvlite.elastic``) and in
+    tests alike.
 """
 
 import hashlib

@@ -5,14 +5,15 @@ Contract:
     launched like ``"mpich"``. :func:`flavour_from_version` maps ``mpiexec --version`` output to a
     flavour; :func:`query_flavour` runs that command once.
   * :func:`build_command` is pure: it returns the argv list and starts nothing. Every rank runs
-    ``<python> -m hvlite.runner.rank_exec -- <command...>``.
+    ``<python> -m hvlite.runner.world.rank_exec -- <command...>``.
   * hydra gets ``-genv NAME VALUE`` per variable (it also passes the whole environment by
     default); Open MPI gets ``-x NAME`` per variable, so those variables must also be set in the
     environment ``mpirun`` itself runs with (:func:`launcher_env` adds what ``mpirun`` needs).
-  * Remote hosts: with MPICH, hydra starts each remote proxy through ``remote_shell.py`` (which
-    runs the host guard there); with Open MPI, ``plm_rsh_agent`` is the remote shell itself (no
-    guard: each rank's wrapper still stops on its own when hvlrun is lost). See
-    :func:`remote_options`. :func:`interface_options` pins MPI's traffic to named interfaces.
+  * Remote hosts: with MPICH, hydra starts each remote proxy through ``hosts/remote_shell.py``
+    (which runs the host guard there; :func:`launcher_options`); with Open MPI, ``plm_rsh_agent``
+    is the remote shell itself (no guard: each rank's wrapper still stops on its own when hvlrun
+    is lost). See :func:`remote_options`. :func:`interface_options` pins MPI's traffic to named
+    interfaces.
   * Hosts always go on the command line in the flavour's own syntax (``-hosts a:2,b:4`` or
     ``-H a:2,b:4``), because hostfile syntaxes differ between flavours; an all-localhost list
     adds no host option at all.
@@ -23,13 +24,11 @@ import subprocess
 import sys
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .hosts import Host
-from .remote_shell import ENV_RSH, launcher_options
+from ..control.names import ENV_RSH, RANK_EXEC_MODULE, REMOTE_SHELL_MODULE
+from ..hosts.hostlist import Host
 
-__all__ = ["RANK_EXEC_MODULE", "flavour_from_version", "query_flavour", "build_command",
-           "launcher_env", "format_command", "remote_options", "interface_options"]
-
-RANK_EXEC_MODULE = "hvlite.runner.rank_exec"
+__all__ = ["flavour_from_version", "query_flavour", "build_command", "launcher_env",
+           "format_command", "launcher_options", "remote_options", "interface_options"]
 
 
 def flavour_from_version(text: str) -> str:
@@ -73,6 +72,15 @@ def _host_list(hosts: Optional[Sequence[Host]]) -> Optional[str]:
     if not hosts or all(h.name == "localhost" for h in hosts):
         return None
     return ",".join("%s:%d" % (h.name, h.slots) for h in hosts)
+
+
+def launcher_options(python: str) -> Tuple[List[str], Dict[str, str]]:
+    """Return the mpiexec (hydra) options and environment that make it start remote proxies
+    through ``hosts/remote_shell.py``: hydra's rsh launcher runs ``<launcher-exec> <extra args>
+    HOST <proxy command>``, which becomes ``python -m hvlite.runner.hosts.remote_shell HOST ...``.
+    Cannot fail."""
+    return (["-launcher", "rsh", "-launcher-exec", python],
+            {"HYDRA_LAUNCHER_EXTRA_ARGS": "-m " + REMOTE_SHELL_MODULE})
 
 
 def remote_options(flavour: str, python: str, rsh_template: str) -> Tuple[List[str], Dict[str, str]]:

@@ -2,10 +2,11 @@
 
 Contract:
   * One :class:`CommitStore` per elastic job, inside hvlrun (which outlives every worker). It
-    listens on TCP; a world's rank 0 connects with ``commit_client.CommitClient``, using the
-    job's commit key (``HVLRUN_ELASTIC_KEY``). Request and answer lines are authenticated as on
-    the control channel (``wire.py``: HMAC per line, bound to the connection); bulk bytes follow
-    a line that carries their length and SHA-256, so they are authenticated too.
+    listens on TCP; a world's rank 0 connects with ``hvlite.protocol.commit_client.CommitClient``,
+    using the job's commit key (``HVLRUN_ELASTIC_KEY``). Request and answer lines are
+    authenticated as on the control channel (``hvlite/protocol/wire.py``: HMAC per line, bound to
+    the connection); bulk bytes follow a line that carries their length and SHA-256, so they are
+    authenticated too.
   * Requests: ``put <world> <nbytes> <sha256>`` + bytes -> ``stored <seq> <updates>`` or
     ``refused <why>``; ``fetch`` -> ``commit <seq> <world> <nbytes> <sha256>`` + bytes, or
     ``none``; ``updates <world>`` -> ``updates <n>`` (or ``refused``); ``ready <world> <seq>``
@@ -30,7 +31,7 @@ import threading
 import time
 from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
-from .wire import MAX_LINE, Rejected, Session
+from ...protocol.wire import MAX_LINE, Rejected, Session
 
 __all__ = ["CommitInfo", "CommitStore"]
 

@@ -21,11 +21,11 @@ import sys
 from pathlib import Path
 from typing import Mapping, Optional, Tuple
 
-from .mpi_command import query_flavour
+from ..world.mpi_command import query_flavour
 
 __all__ = ["BUILD_INFO_PATH", "load_build_info", "find_mpiexec", "check_build_report"]
 
-BUILD_INFO_PATH = Path(__file__).resolve().parent.parent / "_build_info.json"
+BUILD_INFO_PATH = Path(__file__).resolve().parents[2] / "_build_info.json"
 
 
 def load_build_info(path: Optional[Path] = None) -> Optional[dict]:

@@ -3,11 +3,12 @@
 Contract:
   * ``hvlrun`` runs one :class:`ControlServer` (TCP, ephemeral port, bound to the address it
     gives: 127.0.0.1 when every rank is local) and passes ``HVLRUN_CONTROL_ADDR=host:port`` and
-    the job secret to the processes it starts; they connect with ``control_client.ControlClient``.
-  * Every line is authenticated (``wire.py``). Rejected input (no or bad hello, bad MAC, replay,
-    malformed or over-long line, no authentic message within :data:`HELLO_SECONDS` of connecting)
-    is dropped and counted by
-    :meth:`rejected`, never acted on; a connection that has not yet sent one authentic message
+    the job secret to the processes it starts (``names.py``); they connect with
+    ``client.ControlClient``.
+  * Every line is authenticated (``hvlite/protocol/wire.py``). Rejected input (no or bad hello,
+    bad MAC, replay, malformed or over-long line, no authentic message within
+    :data:`HELLO_SECONDS` of connecting) is dropped and counted by :meth:`rejected`, never acted
+    on; a connection that has not yet sent one authentic message
     is closed on its first rejected line.
   * Client messages: ``start <rank> <pid> <host>`` and ``exit <rank> <code>`` (rank wrappers;
     code is 128+signum for a signal), ``guard <host> <pid>`` and ``done <code>`` (host guards:
@@ -21,8 +22,7 @@ Contract:
     has open ones is reported only once those close too (the host is gone) or
     :data:`HOST_SETTLE_SECONDS` have passed (the one client is gone).
   * One background thread does all socket work; every query method may be called from any
-    thread. ``ENV_CONTROL_ADDR``/``ENV_OUTPUT_DIR``/``ENV_HEARTBEAT``/``ENV_HOST`` are the variable
-    names hvlrun sets, named here so that ``launch`` need not import the wrapper.
+    thread.
 """
 
 import selectors
@@ -31,15 +31,10 @@ import threading
 import time
 from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
-from .wire import MAX_LINE, Rejected, Session, heartbeat_interval
+from ...protocol.wire import MAX_LINE, Rejected, Session, heartbeat_interval
 
-__all__ = ["ENV_CONTROL_ADDR", "ENV_OUTPUT_DIR", "ENV_HEARTBEAT", "ENV_HOST", "HELLO_SECONDS",
-           "HOST_SETTLE_SECONDS", "Lost", "ControlServer"]
+__all__ = ["HELLO_SECONDS", "HOST_SETTLE_SECONDS", "Lost", "ControlServer"]
 
-ENV_CONTROL_ADDR = "HVLRUN_CONTROL_ADDR"
-ENV_OUTPUT_DIR = "HVLRUN_OUTPUT_DIR"
-ENV_HEARTBEAT = "HVLRUN_HEARTBEAT_TIMEOUT"
-ENV_HOST = "HVLRUN_HOST"        # set by a host guard: the host's name in hvlrun's host list
 HELLO_SECONDS = 10.0
 HOST_SETTLE_SECONDS = 2.0       # a killed host's connections close within this of each other
 _MAX_BACKLOG = 65536            # bytes queued for a peer that does not read: it is stuck

@@ -15,7 +15,7 @@ Contract:
 import subprocess
 from typing import List, Sequence
 
-from .hosts import Host, parse_hostfile_text
+from ..hosts.hostlist import Host, parse_hostfile_text
 
 __all__ = ["DiscoveryError", "discover", "parse_discovery", "StaticHosts"]
 

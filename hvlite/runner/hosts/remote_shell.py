@@ -6,8 +6,9 @@ Contract:
     ``COMMAND`` appended. ``COMMAND`` is one string the far side's shell runs, as with
     ``ssh HOST COMMAND``. :func:`ssh_template` and :func:`srun_template` build the built-in ones;
     ``hvlrun --ssh-command`` gives any other (a site wrapper, a test stand-in).
-  * ``python -m hvlite.runner.remote_shell HOST PROXY-WORDS...`` is what MPICH's mpiexec runs
-    for every host that is not this machine (see :func:`launcher_options`; hydra passes the proxy
+  * ``python -m hvlite.runner.hosts.remote_shell HOST PROXY-WORDS...`` is what MPICH's mpiexec
+    runs for every host that is not this machine (``world/mpi_command.py``'s
+    ``launcher_options``; hydra passes the proxy
     command already quoted for a remote shell). It replaces itself (exec) with the remote shell
     running the host guard (``host_guard.py``) around the proxy and feeds the job secret to the
     guard's standard input through a pipe. Without ``HVLRUN_CONTROL_ADDR`` it runs the proxy
@@ -19,17 +20,13 @@ Contract:
 import os
 import shlex
 import sys
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence
 
-from .control import ENV_CONTROL_ADDR, ENV_HEARTBEAT
-from .wire import ENV_SECRET
+from ...protocol.wire import ENV_SECRET
+from ..control.names import (ENV_CONTROL_ADDR, ENV_HEARTBEAT, ENV_RSH, HOST_GUARD_MODULE,
+                            REMOTE_SHELL_MODULE)
 
-__all__ = ["ENV_RSH", "MODULE", "ssh_template", "srun_template", "transport_argv",
-           "guard_command", "launcher_options", "main"]
-
-ENV_RSH = "HVLRUN_RSH"
-MODULE = "hvlite.runner.remote_shell"
-GUARD_MODULE = "hvlite.runner.host_guard"
+__all__ = ["ssh_template", "srun_template", "transport_argv", "guard_command", "main"]
 
 
 def ssh_template(port: Optional[int] = None, identity_file: Optional[str] = None,
@@ -74,7 +71,7 @@ def guard_command(host: str, control_addr: str, heartbeat_timeout: float, python
     ``proxy_words`` are passed as they came (hydra already quoted them for a remote shell); every
     other word is quoted here. Cannot fail.
     """
-    words = [python, "-m", GUARD_MODULE, "--control", control_addr, "--host", host,
+    words = [python, "-m", HOST_GUARD_MODULE, "--control", control_addr, "--host", host,
              "--heartbeat-timeout", "%g" % heartbeat_timeout]
     if check:
         words.append("--check")
@@ -84,15 +81,6 @@ def guard_command(host: str, control_addr: str, heartbeat_timeout: float, python
     if proxy_words:
         line += " -- " + " ".join(proxy_words)
     return "exec " + line
-
-
-def launcher_options(python: str) -> Tuple[List[str], Dict[str, str]]:
-    """Return the mpiexec (hydra) options and environment that make it start remote proxies
-    through this module: hydra's rsh launcher runs ``<launcher-exec> <extra args> HOST
-    <proxy command>``, which becomes ``python -m hvlite.runner.remote_shell HOST ...``.
-    Cannot fail."""
-    return (["-launcher", "rsh", "-launcher-exec", python],
-            {"HYDRA_LAUNCHER_EXTRA_ARGS": "-m " + MODULE})
 
 
 def _remote_command(host: str, proxy_words: Sequence[str], environ: Mapping[str, str]) -> str:
@@ -118,7 +106,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point (hydra's launcher); returns only on error, with 255."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 2:
-        sys.stderr.write("usage: python -m %s HOST COMMAND...\n" % MODULE)
+        sys.stderr.write("usage: python -m %s HOST COMMAND...\n" % REMOTE_SHELL_MODULE)
         return 255
     host, proxy_words = args[0], args[1:]
     template = os.environ.get(ENV_RSH)

@@ -1,48 +1,30 @@
-"""``hvlrun``: build and run the ``mpiexec`` command for an hvlite job.
+"""``hvlrun``'s flags: the parser, and the checks argparse cannot make.
 
 Contract:
-  * ``main(argv) -> int`` parses the flags, builds the command (see ``mpi_command.py``) and, unless
-    ``--dry-run``/``--check-build``, runs it and returns the exit code of the first rank that
-    failed (else ``mpiexec``'s own code; never 0 when ``mpiexec`` failed). It never imports the
-    engine.
-  * Knob flags become ``HVLITE_*`` variables for every rank through the one table :data:`KNOBS`.
-    ``OMP_NUM_THREADS`` is set to cores / ranks on this host unless already set.
-  * Running and supervising the job, and choosing the exit code, is ``job.py``'s part.
-  * Other hosts (any host of ``-H``/``--hostfile`` that gets a rank and is not this machine)
-    are reached through a remote shell: ``--ssh-command`` if given, else ``srun`` inside a Slurm
-    allocation, else ``ssh`` (``--ssh-port``, ``--ssh-identity-file``); ``--remote-shell`` picks
-    one explicitly. Before the job starts, every such host must pass ``host_check.py``'s check
-    (else exit :data:`~job.HOST_LOST_CODE`, naming the host). ``--network-interface`` pins MPI's
-    traffic and the control channel to an interface.
-  * The control channel (``control.py``) gets a fresh secret per job, which reaches the ranks only
-    through the environment (never a command line, never ``--dry-run``/``--verbose`` output).
-    It is bound to 127.0.0.1 when every rank is local, to the interface's address with
-    ``--network-interface``, else to every address (clients still authenticate).
-  * ``--host-discovery-script``, ``--min-np`` or ``--max-np`` make the job elastic: it runs as a
-    series of worlds (``elastic_driver.py``) that survive losing and gaining workers; the other
-    elastic flags are refused without them. ``--dry-run`` then prints the first world's command.
-  * Exit code 2 means a usage error, 127 that no ``mpiexec`` could be run.
+  * :func:`build_parser` returns the parser (the knob flags come from ``knobs.py``'s one table).
+  * :func:`check_usage` checks what needs more than argparse and fills in the defaults that
+    depend on other flags or the environment (``--start-timeout``: ``$HVLRUN_START_TIMEOUT`` or
+    30; ``--heartbeat-timeout``: ``$HVLRUN_HEARTBEAT_TIMEOUT`` or
+    :data:`DEFAULT_HEARTBEAT_TIMEOUT`; ``--min-np``, ``--elastic-timeout``; ``-np`` from the host
+    list); it returns the host list, empty for an elastic job with a discovery script, and raises
+    ``ValueError`` saying what is wrong.
+  * ``--host-discovery-script``, ``--min-np`` or ``--max-np`` make the job elastic
+    (:func:`is_elastic`); the other elastic flags are refused without them.
+    :func:`first_discovered` gives a dry run the hosts of an elastic job's first world.
 """
 
 import argparse
 import os
 import shlex
-import sys
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence
 
-from . import hosts as hostlib
-from .build_info import check_build_report, find_mpiexec, load_build_info
-from .control import ENV_CONTROL_ADDR, ENV_HEARTBEAT, ControlServer
-from .host_check import check_hosts
-from .job import HOST_LOST_CODE, START_TIMEOUT_CODE, run_job
-from .job_settings import (OPENMPI_PASSTHROUGH, control_address, interface_names,
-                           job_settings, remote_hosts, rsh_template)
-from .knobs import KNOBS, knob_env
-from .mpi_command import build_command, format_command, query_flavour
-from .wire import ENV_SECRET, new_secret
+from ..control.names import ENV_HEARTBEAT
+from ..hosts import hostlist as hostlib
+from ..world.settings import interface_names
+from .knobs import KNOBS
 
-__all__ = ["KNOBS", "START_TIMEOUT_CODE", "HOST_LOST_CODE", "DEFAULT_HEARTBEAT_TIMEOUT",
-           "build_parser", "knob_env", "main", "run"]
+__all__ = ["DEFAULT_HEARTBEAT_TIMEOUT", "build_parser", "is_elastic", "check_usage",
+           "first_discovered"]
 
 # Seconds of silence after which hvlrun ends the job (a cut link, a dead or frozen host), and
 # after which the processes on a host that cannot hear hvlrun end themselves. Long enough for
@@ -123,7 +105,8 @@ def _add_elastic_flags(parser: argparse.ArgumentParser) -> None:
                               "MAX per blacklisting (default: for the rest of the job)")
 
 
-def _elastic(args: argparse.Namespace) -> bool:
+def is_elastic(args: argparse.Namespace) -> bool:
+    """True when the flags make the job elastic."""
     return bool(args.host_discovery_script) or args.min_np is not None or args.max_np is not None
 
 
@@ -133,7 +116,7 @@ _ELASTIC_ONLY = ("slots_per_host", "elastic_timeout", "reset_limit", "blacklist_
 def _check_elastic(args: argparse.Namespace) -> None:
     """Check the elastic flags; fill in --min-np and --elastic-timeout (ValueError if they do
     not fit together, or if an elastic-only flag is given to a job that is not elastic)."""
-    if not _elastic(args):
+    if not is_elastic(args):
         given = [n for n in _ELASTIC_ONLY if getattr(args, n) is not None]
         if given:
             raise ValueError("--%s only applies to elastic jobs (--host-discovery-script, "
@@ -176,38 +159,7 @@ def _resolve_hosts(args: argparse.Namespace) -> List[hostlib.Host]:
     return hosts
 
 
-def _start_control(args: argparse.Namespace, hosts: Sequence[hostlib.Host], secret: str
-                   ) -> Tuple[Optional[ControlServer], str, int]:
-    """Start the control server and check the remote hosts.
-
-    Returns:
-        ``(server, address, code)``: the server and the address the ranks use, or
-        ``(None, "", code)`` with the exit code after printing why.
-    """
-    remote = remote_hosts(hosts, args.np)
-    try:
-        bind, advertise = control_address(remote, interface_names(args))
-        server = ControlServer(secret, bind, args.heartbeat_timeout).start()
-    except (OSError, ValueError) as e:
-        sys.stderr.write("hvlrun: cannot open the control channel: %s\n" % e)
-        return None, "", 1
-    addr = "%s:%d" % (advertise, server.port)
-    if not remote:
-        return server, addr, 0
-    errors = check_hosts(remote, rsh_template(args), addr, secret, args.heartbeat_timeout,
-                         sys.executable, os.environ.get("PYTHONPATH"), server.checked_hosts,
-                         args.start_timeout or None)
-    if not errors:
-        return server, addr, 0
-    for message in errors:
-        sys.stderr.write("hvlrun: %s\n" % message)
-    sys.stderr.write("hvlrun: not starting the job: %d of %d host%s cannot be reached\n"
-                     % (len(errors), len(remote), "" if len(remote) == 1 else "s"))
-    server.close()
-    return None, "", HOST_LOST_CODE
-
-
-def _check_usage(args: argparse.Namespace, command: Sequence[str]) -> List[hostlib.Host]:
+def check_usage(args: argparse.Namespace, command: Sequence[str]) -> List[hostlib.Host]:
     """Validate what needs more than argparse; return the host list (ValueError if bad).
     An elastic job with a discovery script has no host list yet (empty list)."""
     if not command:
@@ -227,10 +179,10 @@ def _check_usage(args: argparse.Namespace, command: Sequence[str]) -> List[hostl
     return hosts
 
 
-def _first_discovered(args: argparse.Namespace) -> List[hostlib.Host]:
+def first_discovered(args: argparse.Namespace) -> List[hostlib.Host]:
     """The hosts of an elastic job's first world, for ``--dry-run`` (ValueError if none)."""
-    from .discovery import DiscoveryError, discover
-    from .host_pool import place
+    from ..elastic.discovery import DiscoveryError, discover
+    from ..elastic.host_pool import place
     try:
         found = discover(args.host_discovery_script, args.slots_per_host or 1)
     except DiscoveryError as e:
@@ -241,83 +193,3 @@ def _first_discovered(args: argparse.Namespace) -> List[hostlib.Host]:
                          % (hostlib.total_slots(found), args.min_np))
     args.np = want
     return place(found, want)
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run ``hvlrun``.
-
-    Args:
-        argv: the arguments; ``sys.argv[1:]`` when omitted.
-
-    Returns:
-        The exit code: 0, the first failing rank's code, mpiexec's code, 2 for usage errors,
-        127 when mpiexec cannot be run, :data:`START_TIMEOUT_CODE` after a start timeout,
-        :data:`HOST_LOST_CODE` when a host cannot be reached or stops answering.
-    """
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else 2
-    try:
-        info = load_build_info()
-    except ValueError as e:
-        sys.stderr.write("hvlrun: warning: ignoring build info: %s\n" % e)
-        info = None
-    mpiexec, how = find_mpiexec(info)
-    if args.check_build:
-        sys.stdout.write(check_build_report(info, mpiexec, how, dict(os.environ, **knob_env(args))))
-        return 0
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if args.module:
-        command = [sys.executable, "-m"] + args.module
-    try:
-        hosts = _check_usage(args, command)
-    except ValueError as e:
-        parser.print_usage(sys.stderr)
-        sys.stderr.write("hvlrun: error: %s\n" % e)
-        return 2
-    if mpiexec is None and not args.dry_run:
-        sys.stderr.write("hvlrun: no mpiexec found; set HVLITE_MPIEXEC or put it on PATH\n")
-        return 127
-    mpiexec = mpiexec or "mpiexec"
-    flavour = args.mpi_flavour if args.mpi_flavour != "auto" else query_flavour(mpiexec)
-    if _elastic(args) and not args.dry_run:
-        from .elastic_driver import run_elastic
-        from .elastic_world import Launch
-        return run_elastic(Launch(args, flavour, mpiexec, command, {}), hosts)
-    if not hosts:   # --dry-run of a job with a discovery script: its first world
-        try:
-            hosts = _first_discovered(args)
-        except ValueError as e:
-            sys.stderr.write("hvlrun: error: %s\n" % e)
-            return 2
-    options, rank_env, launcher_vars = job_settings(args, hosts, flavour)
-    server, secret = None, new_secret()
-    if not args.dry_run:
-        server, rank_env[ENV_CONTROL_ADDR], code = _start_control(args, hosts, secret)
-        if server is None:
-            return code
-        rank_env[ENV_HEARTBEAT] = "%g" % args.heartbeat_timeout
-    passthrough = [n for n in os.environ
-                   if n in OPENMPI_PASSTHROUGH or n.startswith(("HVLITE_", "HVLRUN_"))]
-    cmd = build_command(flavour, mpiexec, args.np, hosts, rank_env, args.mpi_args, command,
-                        export_names=passthrough + [ENV_SECRET], launch_options=options)
-    added = dict(rank_env, **launcher_vars)
-    if args.dry_run or args.verbose:
-        stream = sys.stdout if args.dry_run else sys.stderr
-        stream.write(format_command(cmd, added))
-        stream.flush()
-    if server is None:
-        return 0
-    try:
-        # The secret travels in the environment only: hydra forwards it to every rank.
-        env = dict(os.environ, **added, **{ENV_SECRET: secret})
-        return run_job(cmd, env, server, args.np, args.start_timeout)
-    finally:
-        server.close()
-
-
-def run() -> None:
-    """Console-script entry point: ``sys.exit(main())``."""
-    sys.exit(main())

@@ -5,7 +5,8 @@ rank of a world; the worker side (``hvlite.elastic``) reads them and exits with 
 so that the driver can tell an agreed re-form from a failure.
 
   * ``HVLRUN_ELASTIC_WORLD``: the world's number, 1 for the job's first, +1 per re-form.
-  * ``HVLRUN_ELASTIC_STORE``: ``host:port`` of the driver's commit store (``commit_store.py``).
+  * ``HVLRUN_ELASTIC_STORE``: ``host:port`` of the driver's commit store
+    (``hvlite/runner/elastic/commit_store.py``).
   * ``HVLRUN_ELASTIC_KEY``: the commit store's secret (environment only, never a command line).
   * ``HVLRUN_ELASTIC_REASON``: why this world was formed, in words (for the workers' logs).
 """

@@ -2,8 +2,9 @@
 
 Contract:
   * :meth:`ControlClient.connect` opens the TCP connection to ``host:port``, exchanges hellos
-    (``wire.py``) and starts one background thread; it raises :class:`ControlError`, with the
-    address and the cause, when hvlrun cannot be reached or the handshake fails.
+    (``hvlite/protocol/wire.py``) and starts one background thread; it raises
+    :class:`ControlError`, with the address and the cause, when hvlrun cannot be reached or the
+    handshake fails.
   * :meth:`ControlClient.send` seals and sends one message (any thread); it returns False once
     the channel is broken, and never raises.
   * The thread sends ``ping`` every heartbeat interval and reads hvlrun's lines. ``stop <reason>``
@@ -19,7 +20,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from .wire import MAX_LINE, Rejected, Session, heartbeat_interval
+from ...protocol.wire import MAX_LINE, Rejected, Session, heartbeat_interval
 
 __all__ = ["ControlError", "ControlClient"]
 

@@ -1,23 +1,21 @@
-"""What a job's parsed hvlrun flags mean for launching it: the ranks' variables, which hosts are
-remote and through which shell, the network interfaces, the control channel's address, and the
-launcher options that follow. Shared by a plain job (``launch.py``) and each elastic world
-(``elastic_world.py``).
+"""What a job's parsed hvlrun flags mean for launching a world: the ranks' variables, which
+hosts are remote and through which shell, the network interfaces, the control channel's address,
+and the launcher options that follow (``start.py`` uses them for every world).
 
-Contract: pure functions of the parsed ``args`` and the host list (plus this machine's
-environment); ValueError on a bad ``--network-interface``. Imports no engine code.
+Contract: pure functions of the parsed ``args``, the host list and the knob flags' variables
+(plus this machine's environment); ValueError on a bad ``--network-interface``.
 """
 import argparse
 import os
 import shutil
 import socket
 import sys
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Mapping, Sequence, Tuple
 
-from . import hosts as hostlib
-from .control import ENV_OUTPUT_DIR
-from .knobs import knob_env
+from ..hosts import hostlist as hostlib
+from ..control.names import ENV_OUTPUT_DIR
 from .mpi_command import interface_options, launcher_env, remote_options
-from .remote_shell import srun_template, ssh_template
+from ..hosts.remote_shell import srun_template, ssh_template
 
 __all__ = ["OPENMPI_PASSTHROUGH", "rank_env", "remote_hosts", "rsh_template", "interface_names",
            "control_address", "job_settings"]
@@ -26,9 +24,10 @@ __all__ = ["OPENMPI_PASSTHROUGH", "rank_env", "remote_hosts", "rsh_template", "i
 OPENMPI_PASSTHROUGH = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "OMP_NUM_THREADS")
 
 
-def rank_env(args: argparse.Namespace, hosts: Sequence[hostlib.Host]) -> Dict[str, str]:
+def rank_env(args: argparse.Namespace, hosts: Sequence[hostlib.Host],
+             knobs: Mapping[str, str]) -> Dict[str, str]:
     """Return the variables hvlrun sets for every rank (knobs, threads, output directory)."""
-    variables = knob_env(args)
+    variables = dict(knobs)
     if "OMP_NUM_THREADS" not in os.environ:
         local = hostlib.local_rank_count(hosts, args.np)
         variables["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // local))
@@ -74,10 +73,11 @@ def control_address(remote: Sequence[str], names: Sequence[str]) -> Tuple[str, s
     return "0.0.0.0", socket.gethostname()
 
 
-def job_settings(args: argparse.Namespace, hosts: Sequence[hostlib.Host], flavour: str
-                 ) -> Tuple[List[str], Dict[str, str], Dict[str, str]]:
-    """Return the launch options, the rank variables and the launcher's variables."""
-    variables = rank_env(args, hosts)
+def job_settings(args: argparse.Namespace, hosts: Sequence[hostlib.Host], flavour: str,
+                 knobs: Mapping[str, str]) -> Tuple[List[str], Dict[str, str], Dict[str, str]]:
+    """Return the launch options, the rank variables (``knobs``: the knob flags' ``HVLITE_*``
+    variables, first) and the launcher's variables."""
+    variables = rank_env(args, hosts, knobs)
     options, launcher_vars = [], launcher_env(flavour, os.geteuid())
     if remote_hosts(hosts, args.np):
         more, env = remote_options(flavour, sys.executable, rsh_template(args))

@@ -20,7 +20,7 @@ import math
 import random
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .hosts import Host
+from ..hosts.hostlist import Host
 
 __all__ = ["FAILURES_TO_BLACKLIST", "HostPool", "place", "describe"]
 

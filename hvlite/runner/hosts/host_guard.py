@@ -1,4 +1,4 @@
-"""Host guard: ``python -m hvlite.runner.host_guard --control ADDR --host NAME
+"""Host guard: ``python -m hvlite.runner.hosts.host_guard --control ADDR --host NAME
 [--heartbeat-timeout T] [--check] [-- PROXY-COMMAND...]``, run on each remote host.
 
 The remote shell (``remote_shell.py``) starts it in place of MPI's proxy. It owns everything the
@@ -7,7 +7,7 @@ job runs on its host, so that the host's part of the job ends even when hvlrun c
 Contract:
   * The first line of standard input is the job secret (read byte by byte, so the rest of the
     input stays for the proxy). The secret is never taken from the command line.
-  * It connects to hvlrun's control channel (``control_client.py``); when that fails it prints
+  * It connects to hvlrun's control channel (``control/client.py``); when that fails it prints
     ``hvlrun: host NAME cannot reach hvlrun's control channel at ADDR: <cause>`` and exits 255.
   * ``--check``: sends ``check NAME``, waits for ``checked`` and exits 0 (1 if no answer comes
     within 10 s): hvlrun's reachability check, which proves the remote shell, this Python, the
@@ -18,7 +18,9 @@ Contract:
     :data:`KILL_GRACE_SECONDS`) when hvlrun is lost (connection closed, or silent for the
     heartbeat timeout: a cut link), on SIGTERM/SIGINT/SIGHUP, :data:`STOP_DELAY_SECONDS` after
     hvlrun sends ``stop`` (the rank wrappers, told too, stop their ranks first and say why), and
-    after the proxy exits (whatever it left behind). It says why on stderr.
+    after the proxy exits (whatever it left behind). It says why on stderr. Then the files the
+    job's processes held on this host (``procs/job_files.py``: MPI's ``/dev/shm`` files, MPICH's
+    topology files in ``/tmp``) are removed once nobody holds them.
   * Exit code: the proxy's (128+signum for a signal), 255 if hvlrun cannot be reached.
 """
 
@@ -30,10 +32,10 @@ import sys
 import threading
 from typing import List, Optional, Sequence
 
-from .control import ENV_HOST
-from .control_client import ControlClient, ControlError
-from .proctree import become_subreaper, kill_tree, reap_zombies
-from .shm_files import ShmWatcher, remove_unused
+from ..control.client import ControlClient, ControlError
+from ..control.names import ENV_HOST
+from ..procs.proctree import become_subreaper, kill_tree, reap_zombies
+from ..procs.job_files import FileWatcher, remove_unused
 
 __all__ = ["KILL_GRACE_SECONDS", "STOP_DELAY_SECONDS", "read_secret", "main"]
 
@@ -61,7 +63,7 @@ class _Guard:
         self._lock = threading.Lock()
         self.reason: Optional[str] = None
         self.proxy: Optional[subprocess.Popen] = None
-        self.shm: Optional[ShmWatcher] = None     # the job's /dev/shm files on this host
+        self.files: Optional[FileWatcher] = None   # the job's files on this host
 
     def end(self, reason: str, delay: float = 0.0) -> None:
         """Say why, then end every process below this one after ``delay`` seconds (on a
@@ -73,8 +75,8 @@ class _Guard:
         sys.stderr.write("hvlrun: host %s: %s; ending the job's processes here\n"
                          % (self._host, reason))
         sys.stderr.flush()
-        if self.shm is not None:
-            self.shm.look()                      # while the processes still hold them
+        if self.files is not None:
+            self.files.look()                    # while the processes still hold them
         threading.Thread(target=self._kill, args=(delay,), daemon=True).start()
 
     def _kill(self, delay: float) -> None:
@@ -88,7 +90,7 @@ class _Guard:
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m hvlite.runner.host_guard")
+    parser = argparse.ArgumentParser(prog="python -m hvlite.runner.hosts.host_guard")
     parser.add_argument("--control", required=True, help="hvlrun's control address host:port")
     parser.add_argument("--host", required=True, help="this host's name in hvlrun's host list")
     parser.add_argument("--heartbeat-timeout", type=float, default=0.0)
@@ -124,13 +126,13 @@ def _run_proxy(command: List[str], host: str, client: ControlClient, guard: _Gua
         client.send("done 127")
         return 127
     client.send("guard %s %d" % (host, guard.proxy.pid))
-    shm = guard.shm = ShmWatcher(os.getpid())
+    files = guard.files = FileWatcher(os.getpid())
     if guard.reason is not None:  # a stop arrived before the proxy existed
         kill_tree(os.getpid(), KILL_GRACE_SECONDS, keep=[guard.proxy.pid])
     returncode = guard.proxy.wait()
     kill_tree(os.getpid(), KILL_GRACE_SECONDS)   # what the proxy left behind on this host
     reap_zombies()
-    remove_unused(shm.stop())                    # MPI's files a killed rank left in /dev/shm
+    remove_unused(files.stop())         # MPI's files a killed rank or proxy left behind
     code = 128 - returncode if returncode < 0 else returncode
     client.send("done %d" % code)
     return code
