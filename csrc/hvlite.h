@@ -158,15 +158,13 @@ void hvl_burst_end(void);
 int hvl_wait(int64_t handle, double timeout_s);
 /* *done = 1 if the request finished (wait will not block). */
 int hvl_poll(int64_t handle, int *done);
-/* Engine-owned result (allgather, alltoall) of a completed handle: its shape, then a copy of it
- * into dst (nbytes must equal the result's size). Valid until hvl_release. */
+/* Engine-owned result (allgather, alltoall) of a completed handle: its shape, valid until
+ * hvl_release. */
 int hvl_result_shape(int64_t handle, int *ndim, int64_t *shape);
-int hvl_result_copy(int64_t handle, void *dst, int64_t nbytes);
-/* Hand the engine-owned result over instead of copying it: *data is the buffer (never NULL,
- * also for 0 bytes), now the caller's, freed with hvl_result_free. The shape stays readable;
- * hvl_result_copy and a second take fail after it. */
+/* Hand the engine-owned result over (the engine never copies it): *data is the buffer (never
+ * NULL, also for 0 bytes), now the caller's, freed with hvl_buffer_free. The shape stays
+ * readable; a second take fails (HVL_ERR_INVALID_ARG). */
 int hvl_result_take(int64_t handle, void **data);
-void hvl_result_free(void *data);      /* the same as hvl_buffer_free */
 
 /* Result buffers (buffers.c): memory for results that outlive their handle, as the binding
  * allocates for out-of-place allreduce, broadcast and reducescatter outputs and the engine for

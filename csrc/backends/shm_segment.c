@@ -159,10 +159,10 @@ static int map_segment(hvl_engine *e, hvl_pset *ps, hvl_shm *s, int *everywhere)
     int err = errno, mapped = p != MAP_FAILED;
     if (fd >= 0) close(fd);
     if (!mapped && name[0])
-        hvl_log(HVL_LOG_WARNING, "cannot map shared-memory segment %s: %s; process set %d uses MPI "
-                "instead of shared memory", name, strerror(err), ps->id);
+        hvl__log(HVL_LOG_WARNING, "cannot map shared-memory segment %s: %s; process set %d uses MPI "
+                 "instead of shared memory", name, strerror(err), ps->id);
     else if (!mapped && s->local_rank == 0)
-        hvl_log(HVL_LOG_WARNING, "%s; process set %d uses MPI instead of shared memory", hvl_last_error(), ps->id);
+        hvl__log(HVL_LOG_WARNING, "%s; process set %d uses MPI instead of shared memory", hvl_last_error(), ps->id);
     rc = hvl__mpi_check(MPI_Allreduce(&mapped, everywhere, 1, MPI_INT, MPI_MIN, s->local_comm), "MPI_Allreduce (shm mapped)");
     if (s->local_rank == 0 && name[0]) shm_unlink(name);   /* every member has mapped it, or gave up */
     if (rc != HVL_OK || !*everywhere) { if (mapped) munmap(p, bytes); *everywhere = 0; return rc; }
@@ -212,7 +212,7 @@ static int build(hvl_engine *e, hvl_pset *ps, hvl_shm *s, int *usable)
                                  "MPI_Allreduce (shm step)"));
     s->spin_s = oversubscribed ? 0 : SPIN_S;
     s->scratch = malloc((size_t)s->chunk);   /* without it this member cannot take part: agreed below */
-    if (!s->scratch) hvl_log(HVL_LOG_WARNING, "out of memory for the shm plane's scratch buffer");
+    if (!s->scratch) hvl__log(HVL_LOG_WARNING, "out of memory for the shm plane's scratch buffer");
     int mapped = 1;
     if (s->local_size > 1) HVL_CHECK(map_segment(e, ps, s, &mapped));
     *usable = mapped && s->scratch != NULL;

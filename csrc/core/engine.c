@@ -83,8 +83,8 @@ static int startup(hvl_engine *e)
     HVL_CHECK(hvl__peers_learn(e));
     if (e->rank == 0) hvl__params_log(&e->params);
     if (e->rank == 0)
-        hvl_log(HVL_LOG_INFO, "hvlite starting: %d ranks on %d hosts, %s, MPI_THREAD_MULTIPLE %s", e->size,
-                e->cross_size, hvl_mpi_vendor(), e->thread_multiple ? "granted" : "not granted");
+        hvl__log(HVL_LOG_INFO, "hvlite starting: %d ranks on %d hosts, %s, MPI_THREAD_MULTIPLE %s", e->size,
+                 e->cross_size, hvl_mpi_vendor(), e->thread_multiple ? "granted" : "not granted");
     HVL_CHECK(hvl__reduce_setup());
     HVL_CHECK(hvl__psets_create(e));
     HVL_CHECK(hvl__negotiation_create(e, &e->negotiation));
@@ -234,7 +234,7 @@ static void *bg_main(void *arg)
     stop_reason(rc, message, sizeof(message));
     if (rc != HVL_ERR_SHUT_DOWN) {
         __atomic_store_n(&e->fatal, rc, __ATOMIC_RELEASE);
-        hvl_log(HVL_LOG_ERROR, "engine stopped: %s", message);
+        hvl__log(HVL_LOG_ERROR, "engine stopped: %s", message);
     }
     hvl__queue_fail_all(e, rc, message);
     hvl__mark_stopped(message);    /* a peer's shutdown stops us too */

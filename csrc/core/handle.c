@@ -202,19 +202,6 @@ int hvl_result_shape(int64_t id, int *ndim, int64_t *shape)
     return HVL_OK;
 }
 
-int hvl_result_copy(int64_t id, void *dst, int64_t nbytes)
-{
-    hvl_outcome o;
-    HVL_CHECK(read_done(id, &o));
-    if (nbytes != o.result_bytes)
-        return hvl__fail(HVL_ERR_INVALID_ARG, "result has %lld bytes, destination %lld",
-                         (long long)o.result_bytes, (long long)nbytes);
-    if (!o.result) return hvl__fail(HVL_ERR_INVALID_ARG, "the result of handle %lld was taken", (long long)id);
-    /* The result buffer does not move until hvl_release, which only the caller does. */
-    if (nbytes) memcpy(dst, o.result, (size_t)nbytes);
-    return HVL_OK;
-}
-
 int hvl_result_take(int64_t id, void **data)
 {
     pthread_mutex_lock(&handle_lock);
@@ -227,8 +214,6 @@ int hvl_result_take(int64_t id, void **data)
     if (!*data) return hvl__fail(HVL_ERR_INVALID_ARG, "handle %lld has no result to take", (long long)id);
     return HVL_OK;
 }
-
-void hvl_result_free(void *data) { hvl_buffer_free(data); }
 
 int hvl_result_value(int64_t id, int64_t *value)
 {

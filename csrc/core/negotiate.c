@@ -268,6 +268,6 @@ int hvl__negotiate(hvl_engine *e, hvl_response_list *out)
     if (!(n->bits_all[0] & FLAG_NO_TUNE_UPDATE)) HVL_CHECK(hvl__autotune_sync(e));
     HVL_CHECK(take_cached(e, n, out));
     if (!(n->bits_all[0] & FLAG_NO_FULL_ROUND)) HVL_CHECK(full_round(e, n, out));
-    if (out->count) hvl_log(HVL_LOG_TRACE, "round: %d agreed, %.1f us", out->count, (hvl__now() - t0) * 1e6);
+    if (out->count) hvl__log(HVL_LOG_TRACE, "round: %d agreed, %.1f us", out->count, (hvl__now() - t0) * 1e6);
     return HVL_OK;
 }

@@ -167,13 +167,13 @@ int hvl__params_agree(hvl_params *p, MPI_Comm comm)
 
 void hvl__params_log(const hvl_params *p)
 {
-    hvl_log(HVL_LOG_DEBUG, "settings: fusion_threshold=%lld B cycle_time=%.3f ms cache_capacity=%d "
-            "stall_check=%.1f s stall_shutdown=%.1f s deadlock=%.1f s peer_timeout=%.1f s timeline='%s'%s",
-            (long long)p->fusion_threshold, p->cycle_time_ms, p->cache_capacity, p->stall_check_s,
-            p->stall_shutdown_s, p->deadlock_s, p->peer_timeout_s, p->timeline_path,
-            p->timeline_mark_cycles ? " (cycles marked)" : "");
-    hvl_log(HVL_LOG_DEBUG, "settings: shm_disable=%d hierarchical_allreduce=%d shm_chunk=%lld B fake_hosts=%d",
-            p->shm_disable, p->hierarchical_allreduce, (long long)p->shm_chunk, p->test_fake_hosts);
+    hvl__log(HVL_LOG_DEBUG, "settings: fusion_threshold=%lld B cycle_time=%.3f ms cache_capacity=%d "
+             "stall_check=%.1f s stall_shutdown=%.1f s deadlock=%.1f s peer_timeout=%.1f s timeline='%s'%s",
+             (long long)p->fusion_threshold, p->cycle_time_ms, p->cache_capacity, p->stall_check_s,
+             p->stall_shutdown_s, p->deadlock_s, p->peer_timeout_s, p->timeline_path,
+             p->timeline_mark_cycles ? " (cycles marked)" : "");
+    hvl__log(HVL_LOG_DEBUG, "settings: shm_disable=%d hierarchical_allreduce=%d shm_chunk=%lld B fake_hosts=%d",
+             p->shm_disable, p->hierarchical_allreduce, (long long)p->shm_chunk, p->test_fake_hosts);
     for (size_t i = 0; i < NPARAMS; i++)
-        hvl_log(HVL_LOG_TRACE, "HVLITE_%s (default %s): %s", table[i].suffix, table[i].deflt, table[i].doc);
+        hvl__log(HVL_LOG_TRACE, "HVLITE_%s (default %s): %s", table[i].suffix, table[i].deflt, table[i].doc);
 }

@@ -171,7 +171,7 @@ int hvl__pset_add(hvl_engine *e, const int64_t *members, int n, int *id_out, int
     ps->one_host = members_on_one_host(e, ps);
     HVL_CHECK_GOTO(insert(e, ps), rc, fail);
     *id_out = ps->id;
-    hvl_log(HVL_LOG_DEBUG, "process set %d added: %d ranks, this rank %d", ps->id, n, ps->rank);
+    hvl__log(HVL_LOG_DEBUG, "process set %d added: %d ranks, this rank %d", ps->id, n, ps->rank);
     return hvl__planes_open(e, ps);     /* collective among the members (others return at once) */
 fail:
     if (ps->comm != MPI_COMM_NULL) MPI_Comm_free(&ps->comm);
@@ -191,7 +191,7 @@ void hvl__pset_remove(hvl_engine *e, int id)
     if (ps->comm != MPI_COMM_NULL) MPI_Comm_free(&ps->comm);
     free(ps->ranks);
     free(ps);
-    hvl_log(HVL_LOG_DEBUG, "process set %d removed", id);
+    hvl__log(HVL_LOG_DEBUG, "process set %d removed", id);
 }
 
 int hvl__pset_lookup(hvl_engine *e, int id, int *size, int *rank, int other, int *other_rank)

@@ -310,14 +310,12 @@ void hvl__queue_fail_all(hvl_engine *e, int status, const char *message)
 {
     pthread_mutex_lock(&e->queue_lock);
     e->running = 0;
-    hvl_entry *queued = e->queue_head;
-    e->queue_head = e->queue_tail = NULL;
+    e->queue_head = e->queue_tail = NULL;   /* every queued entry is also in the in-flight set */
     hvl__count(&e->counters.tensors_done, (int64_t)e->inflight.count);
     for (size_t i = 0; i < e->inflight.cap; i++)
         if (hvl__strmap_live(&e->inflight, i)) entry_free(e->inflight.slots[i].value);
     hvl__strmap_free(&e->inflight);
     pthread_mutex_unlock(&e->queue_lock);
-    (void)queued;   /* every queued entry is also in the in-flight set, freed above */
     hvl__strmap_free(&e->pending);
     e->pending_head = e->pending_tail = NULL;
     hvl__handles_fail_all(status, message);

@@ -195,7 +195,7 @@ static void close_locked(void)
     pthread_mutex_unlock(&tl.lock);
     close(tl.fd);
     tl.fd = -1;
-    hvl_log(HVL_LOG_INFO, "timeline: closed %s (%lld events)", tl.path, (long long)tl.events);
+    hvl__log(HVL_LOG_INFO, "timeline: closed %s (%lld events)", tl.path, (long long)tl.events);
     free(tl.path);
     tl.path = NULL;
 }
@@ -242,7 +242,7 @@ static int open_locked(const char *path, int mark_cycles, int size)
     writer_running = 1;
     npieces = 0;
     __atomic_store_n(&hvl__tl_on, 1, __ATOMIC_RELAXED);
-    hvl_log(HVL_LOG_INFO, "timeline: recording to %s%s", path, mark_cycles ? " (cycles marked)" : "");
+    hvl__log(HVL_LOG_INFO, "timeline: recording to %s%s", path, mark_cycles ? " (cycles marked)" : "");
     return HVL_OK;
 }
 

@@ -23,8 +23,10 @@
 /* ---- errors and logging (log.c) ---- */
 enum { HVL_LOG_TRACE = 0, HVL_LOG_DEBUG, HVL_LOG_INFO, HVL_LOG_WARNING, HVL_LOG_ERROR };
 void hvl__log_set(int level, int rank);
-void hvl_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* hvl_log for a condition that can repeat (every step, every init): only the first call with a
+/* A line on stderr, "[hvlite rank R tid T] LEVEL: ...", if level is at or above the log level.
+ * Cannot fail. */
+void hvl__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* hvl__log for a condition that can repeat (every step, every init): only the first call with a
  * given key logs in this process (keys are compared by a 64-bit hash); returns 1 if it logged.
  * A call below the log level is not remembered. Cannot fail. */
 int hvl__log_once(const char *key, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
