@@ -116,11 +116,16 @@ typedef struct {
 /* Start the engine: initialise MPI if nobody has (else reuse it), start the background thread.
  * Idempotent while running. Fails with HVL_ERR_SHUT_DOWN after hvlite finalized MPI: at
  * hvl_shutdown, or when an init failed alike on every rank (rank 0's bad timeline or autotune
- * settings), which finalizes MPI if hvlite initialised it, so its /dev/shm files go too. */
+ * settings), which finalizes MPI if hvlite initialised it, so its /dev/shm files go too.
+ * Every exchange with the other ranks after MPI's own init is bounded by
+ * HVLITE_PEER_TIMEOUT_SECONDS (this rank's value until rank 0's arrives): a rank that stops
+ * or dies there fails init on the others with HVL_ERR_TIMEOUT, naming it where /proc shows it. */
 int hvl_init(void);
 /* Stop the engine on every rank: the first rank to call it ends the job's engine; requests still
  * pending anywhere fail with HVL_ERR_SHUT_DOWN. Finalizes MPI only if hvl_init initialised it.
- * Blocks until the background thread has exited. Safe to call when not running. */
+ * Blocks until the background thread has exited. Safe to call when not running. A collective
+ * that waits on a rank that never comes gives up a second after the call (not after the peer
+ * timeout); the engine then stops as after a failure, without finalizing MPI. */
 int hvl_shutdown(void);
 int hvl_is_initialized(void);          /* cannot fail */
 

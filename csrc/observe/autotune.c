@@ -105,8 +105,8 @@ int hvl__autotune_start(hvl_engine *e)
     FILE *log = NULL;
     int rc;
     if (e->rank == 0 && e->params.autotune) check_settings(&e->params, error, sizeof(error), &log);
-    HVL_CHECK_GOTO(hvl__mpi_check(MPI_Bcast(error, (int)sizeof(error), MPI_CHAR, 0, e->comm),
-                                  "MPI_Bcast (autotune settings verdict)"), rc, out);
+    HVL_CHECK_GOTO(hvl__bcast_bytes(e->comm, error, (int)sizeof(error), 0, hvl__peer_bound(e),
+                                    "MPI_Ibcast (autotune settings verdict)"), rc, out);
     if (error[0]) {
         e->failed_everywhere = 1;
         rc = hvl__fail(HVL_ERR_INVALID_ARG, "autotune (rank 0's settings): %s", error);
@@ -148,7 +148,7 @@ int hvl__autotune_sync(hvl_engine *e)
     }
     MPI_Request req;
     HVL_CHECK(hvl__mpi_check(MPI_Ibcast(v, 5, MPI_DOUBLE, 0, e->comm, &req), "MPI_Ibcast (autotune values)"));
-    HVL_CHECK(hvl__mpi_wait(&req, e->params.peer_timeout_s, "autotune values from rank 0"));
+    HVL_CHECK(hvl__mpi_wait(&req, hvl__peer_bound(e), "autotune values from rank 0"));
     if (!t) return hvl__fail(HVL_ERR_SYSTEM, "rank 0 sent autotune values but autotune is off on rank %d", e->rank);
     e->params.fusion_threshold = (int64_t)v[0];
     e->params.cycle_time_ms = v[1];

@@ -279,8 +279,8 @@ int hvl__timeline_startup(hvl_engine *e)
         if (verdict.rc != HVL_OK)
             snprintf(verdict.message, sizeof(verdict.message), "HVLITE_TIMELINE on rank 0: %s", hvl_last_error());
     }
-    HVL_CHECK(hvl__mpi_check(MPI_Bcast(&verdict, (int)sizeof(verdict), MPI_BYTE, 0, e->comm),
-                             "MPI_Bcast (timeline)"));
+    HVL_CHECK(hvl__bcast_bytes(e->comm, &verdict, (int)sizeof(verdict), 0, hvl__peer_bound(e),
+                               "MPI_Ibcast (timeline verdict)"));
     if (verdict.rc != HVL_OK) {
         e->failed_everywhere = 1;
         return hvl__fail(verdict.rc, "%s", verdict.message);
