@@ -70,7 +70,9 @@ typedef enum {
  *   is the id of the set to remove; requests of that set still pending fail.
  * process_set: the id of the set of ranks that run it (0 = every rank); the calling rank must be
  *   a member; sizes, ranks and splits below are the set's, except root_rank, a global rank.
- *   Names are unique per process set.
+ *   Names are unique per process set. A name is taken from hvl_enqueue until hvl_release of its
+ *   handle, not only until the request completes (as a Horovod name until its handle is
+ *   synchronized), so reusing it is an error whatever the timing.
  * splits (alltoall only, may be NULL = equal split): nsplits == size entries, rows of dim 0
  * sent to each rank. */
 typedef struct {
@@ -80,7 +82,7 @@ typedef struct {
     int root_rank;          /* broadcast */
     int process_set;        /* id of the set of ranks that run it; 0 = every rank */
     int ndim;
-    const char *name;       /* unique among this process's in-flight requests */
+    const char *name;       /* unique among this process's requests not yet released */
     const int64_t *shape;   /* ndim entries */
     const void *input;
     void *output;
@@ -145,7 +147,8 @@ int hvl_shm_built(void);
 const char *hvl_mpi_vendor(void);      /* static string owned by the engine */
 
 /* Enqueue a request; *handle_out identifies it until hvl_release. Checks arguments locally:
- * HVL_ERR_INVALID_ARG for a bad op/dtype/shape or a name already in flight. */
+ * HVL_ERR_INVALID_ARG for a bad op/dtype/shape or a name whose earlier request (in this process
+ * set) has not been released yet, complete or not. */
 int hvl_enqueue(const hvl_request *req, int64_t *handle_out);
 /* The same as hvl_enqueue with flat arguments (what the Python binding calls: no struct to
  * build per call). Returns the handle (> 0), or minus an hvl_status on failure. */
@@ -202,7 +205,8 @@ int hvl_process_set_info(int id, int *size, int *rank);
 /* Alltoall of a completed handle: rows of dim 0 received from each rank (size entries, the
  * job's size when it ran). */
 int hvl_received_splits(int64_t handle, int64_t *splits);
-/* Forget the handle and free what the engine owned for it. */
+/* Forget a completed handle, free what the engine owned for it, and free its name for a new
+ * request. HVL_ERR_IN_PROGRESS while it is pending, HVL_ERR_INVALID_ARG if unknown. */
 int hvl_release(int64_t handle);
 
 /* Rows of dim 0 that `rank` receives from a reducescatter of `dim0` rows (the first

@@ -3,7 +3,8 @@
  *
  * Threads: "user" threads call hvl_enqueue/hvl_wait/...; the one background ("bg") thread runs
  * the cycle (engine.c). Each shared field below names the lock that guards it. Lock order,
- * written once: queue_lock before handle_lock; never take queue_lock while holding handle_lock.
+ * written once: queue_lock, then queue.c's names_lock (the taken names), then handle_lock;
+ * never take one of them while holding a later one.
  * Leaf locks (nothing else is taken while held): autotune's tuning_lock, the buffer pool's lock,
  * the timeline's locks. Atomic flags (shutdown_requested, fatal) use acquire/release: a reader
  * that sees the flag set also sees what was written before it. */
@@ -97,7 +98,6 @@ struct hvl_engine {
     pthread_mutex_t queue_lock;
     pthread_cond_t wake_cond;   /* signalled on enqueue and shutdown */
     hvl_entry *queue_head, *queue_tail;
-    hvl_strmap inflight;        /* engine name -> entry, for the duplicate-name check */
     int running;                /* accepting requests */
     int bursts;                 /* open hvl_burst_begin calls: enqueue does not wake bg */
     hvl_pset **psets;           /* indexed by set id; NULL where a set was removed. Changed by bg
