@@ -147,7 +147,7 @@ static int create_segment(char *name, size_t len, size_t bytes)
 
 /* Collective over s->local_comm: create (rank 0) or open the segment, map it, agree that every
  * member has, unlink the name. *everywhere = 1 if every member mapped it; a member that could
- * not warns why. Fails only on MPI errors. */
+ * not warns why. Fails on MPI errors and waits that give up (hvl_bound), leaving no name. */
 static int map_segment(hvl_engine *e, hvl_pset *ps, hvl_shm *s, int *everywhere)
 {
     char name[96] = {0};
