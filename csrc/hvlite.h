@@ -80,7 +80,9 @@ typedef enum {
  *   is the id of the set to remove; requests of that set still pending fail.
  * process_set: the id of the set of ranks that run it (0 = every rank); the calling rank must be
  *   a member; sizes, ranks and splits below are the set's, except root_rank, a global rank.
- *   Names are unique per process set.
+ *   Names are unique per process set. A name is taken from hvl_enqueue until hvl_release of its
+ *   handle, not only until the request completes (as a Horovod name until its handle is
+ *   synchronized), so reusing it is an error whatever the timing.
  * splits (alltoall only, may be NULL = equal split): nsplits == size entries, rows of dim 0
  * sent to each rank.
  * memory, device: where input and output live (hvl_memory; device: the CUDA device's ordinal,
@@ -96,7 +98,7 @@ typedef struct {
     int root_rank;          /* broadcast */
     int process_set;        /* id of the set of ranks that run it; 0 = every rank */
     int ndim;
-    const char *name;       /* unique among this process's in-flight requests */
+    const char *name;       /* unique among this process's requests not yet released */
     const int64_t *shape;   /* ndim entries */
     const void *input;
     void *output;
@@ -135,11 +137,16 @@ typedef struct {
 /* Start the engine: initialise MPI if nobody has (else reuse it), start the background thread.
  * Idempotent while running. Fails with HVL_ERR_SHUT_DOWN after hvlite finalized MPI: at
  * hvl_shutdown, or when an init failed alike on every rank (rank 0's bad timeline or autotune
- * settings), which finalizes MPI if hvlite initialised it, so its /dev/shm files go too. */
+ * settings), which finalizes MPI if hvlite initialised it, so its /dev/shm files go too.
+ * Every exchange with the other ranks after MPI's own init is bounded by
+ * HVLITE_PEER_TIMEOUT_SECONDS (this rank's value until rank 0's arrives): a rank that stops
+ * or dies there fails init on the others with HVL_ERR_TIMEOUT, naming it where /proc shows it. */
 int hvl_init(void);
 /* Stop the engine on every rank: the first rank to call it ends the job's engine; requests still
  * pending anywhere fail with HVL_ERR_SHUT_DOWN. Finalizes MPI only if hvl_init initialised it.
- * Blocks until the background thread has exited. Safe to call when not running. */
+ * Blocks until the background thread has exited. Safe to call when not running. A collective
+ * that waits on a rank that never comes gives up a second after the call (not after the peer
+ * timeout); the engine then stops as after a failure, without finalizing MPI. */
 int hvl_shutdown(void);
 int hvl_is_initialized(void);          /* cannot fail */
 
@@ -164,7 +171,8 @@ int hvl_cuda_loaded(void);
 const char *hvl_mpi_vendor(void);      /* static string owned by the engine */
 
 /* Enqueue a request; *handle_out identifies it until hvl_release. Checks arguments locally:
- * HVL_ERR_INVALID_ARG for a bad op/dtype/shape or a name already in flight. */
+ * HVL_ERR_INVALID_ARG for a bad op/dtype/shape or a name whose earlier request (in this process
+ * set) has not been released yet, complete or not. */
 int hvl_enqueue(const hvl_request *req, int64_t *handle_out);
 /* The same as hvl_enqueue with flat arguments (what the Python binding calls: no struct to
  * build per call). Returns the handle (> 0), or minus an hvl_status on failure. */
@@ -182,15 +190,13 @@ void hvl_burst_end(void);
 int hvl_wait(int64_t handle, double timeout_s);
 /* *done = 1 if the request finished (wait will not block). */
 int hvl_poll(int64_t handle, int *done);
-/* Engine-owned result (allgather, alltoall) of a completed handle: its shape, then a copy of it
- * into dst (nbytes must equal the result's size). Valid until hvl_release. */
+/* Engine-owned result (allgather, alltoall) of a completed handle: its shape, valid until
+ * hvl_release. */
 int hvl_result_shape(int64_t handle, int *ndim, int64_t *shape);
-int hvl_result_copy(int64_t handle, void *dst, int64_t nbytes);
-/* Hand the engine-owned result over instead of copying it: *data is the buffer (never NULL,
- * also for 0 bytes), now the caller's, freed with hvl_result_free. The shape stays readable;
- * hvl_result_copy and a second take fail after it. */
+/* Hand the engine-owned result over (the engine never copies it): *data is the buffer (never
+ * NULL, also for 0 bytes), now the caller's, freed with hvl_buffer_free. The shape stays
+ * readable; a second take fails (HVL_ERR_INVALID_ARG). */
 int hvl_result_take(int64_t handle, void **data);
-void hvl_result_free(void *data);      /* the same as hvl_buffer_free */
 
 /* Result buffers (buffers.c): memory for results that outlive their handle, as the binding
  * allocates for out-of-place allreduce, broadcast and reducescatter outputs and the engine for
@@ -223,7 +229,8 @@ int hvl_process_set_info(int id, int *size, int *rank);
 /* Alltoall of a completed handle: rows of dim 0 received from each rank (size entries, the
  * job's size when it ran). */
 int hvl_received_splits(int64_t handle, int64_t *splits);
-/* Forget the handle and free what the engine owned for it. */
+/* Forget a completed handle, free what the engine owned for it, and free its name for a new
+ * request. HVL_ERR_IN_PROGRESS while it is pending, HVL_ERR_INVALID_ARG if unknown. */
 int hvl_release(int64_t handle);
 
 /* Rows of dim 0 that `rank` receives from a reducescatter of `dim0` rows (the first

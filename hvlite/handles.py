@@ -5,14 +5,22 @@ Contract:
   request (``memory``, ``device``, ``event``: where the buffers live; host memory by default). Pointers come from ``hvlite.buffers`` (``address(numpy_array)``,
   ``pointer(int_address)``, engine buffers, ``NULL``). ``keep`` holds whatever must stay alive
   until completion (the arrays); ``finish(handle)`` builds the caller's result once the engine
-  is done. Raises ``HvliteError`` subclasses (e.g. ``HvliteInvalidArgument`` for a duplicate
-  in-flight name). ``hvlite.collectives`` builds the collectives on it.
+  is done. Raises ``HvliteError`` subclasses (e.g. ``HvliteInvalidArgument`` for a name whose
+  earlier request has not been waited on yet). ``hvlite.collectives`` builds the collectives on
+  it.
+- A request's name stays taken until its handle is waited on (``synchronize``), even after the
+  request completed, as in Horovod: submitting the name again before that raises, whatever the
+  timing. ``wait`` (also when it raises) releases the handle and frees the name; a handle that
+  is dropped without a wait keeps its name (and its buffers) for the life of the engine.
 - ``Handle.wait()`` blocks (with the GIL released, and Ctrl-C still works) and returns
   ``finish``'s result, or raises the engine's error for that tensor on every rank it affects.
-- ``Group`` is the handle of a grouped call (its ``wait`` returns the list of results);
-  ``submit_group(submit_one, items, name, kind, process_set)`` submits ``submit_one(item, name)``
-  for every item inside one ``burst``, so the engine negotiates and fuses them together, with
-  names from ``group_names`` (``<name>.<i>``, or generated ones).
+- ``wait_all(handles)`` waits for every handle even when one raises (so every name is freed),
+  then returns the results or raises the first error.
+- ``Group`` is the handle of a grouped call (its ``wait`` returns the list of results, through
+  ``wait_all``); ``submit_group(submit_one, items, name, kind, process_set)`` submits
+  ``submit_one(item, name)`` for every item inside one ``burst``, so the engine negotiates and
+  fuses them together, with names from ``group_names`` (``<name>.<i>``, or generated ones); if
+  one submission raises, it waits for those already made before raising.
 - ``result_buffer(handle)`` takes an engine-owned result (allgather, alltoall) over without a
   copy; ``received_splits(handle, size)`` reads an alltoall's received rows per rank.
 - ``auto_name(kind, process_set)`` generates ``"<kind>.noname.<n>"`` with one counter per kind
@@ -95,6 +103,21 @@ class Handle:
         return "<hvlite.Handle %s%s>" % (self.name, " done" if self._done else "")
 
 
+def wait_all(handles):
+    """Wait for every handle (each one frees its name), even after one raised; return their
+    results, or raise the first error once all are done."""
+    results, error = [], None
+    for handle in handles:
+        try:
+            results.append(handle.wait())
+        except Exception as e:   # noqa: BLE001 - re-raised below once all are done
+            results.append(None)
+            error = error or e
+    if error is not None:
+        raise error
+    return results
+
+
 class Group:
     """Handle of a grouped collective: ``wait`` returns the list of results."""
 
@@ -105,7 +128,7 @@ class Group:
         return all(h.poll() for h in self.handles)
 
     def wait(self):
-        return [h.wait() for h in self.handles]
+        return wait_all(self.handles)
 
 
 def submit(op, name, dtype, shape, in_ptr, out_ptr, keep, finish, reduce_op=0, root_rank=0,
@@ -138,10 +161,23 @@ class burst:
 
 
 def submit_group(submit_one, items, name, kind, process_set=None):
-    """Submit ``submit_one(item, name)`` for every item in one burst; returns the ``Group``."""
+    """Submit ``submit_one(item, name)`` for every item in one burst; returns the ``Group``. If
+    one submission raises, the ones already made are waited for (so their names are free
+    again) before the error is raised."""
     names = group_names(name, kind, len(items), process_set)
+    handles, error = [], None
     with burst():
-        return Group([submit_one(item, n) for item, n in zip(items, names)])
+        try:
+            for item, n in zip(items, names):
+                handles.append(submit_one(item, n))
+        except Exception as e:   # noqa: BLE001 - raised below, after the waits
+            error = e
+    if error is not None:
+        try:
+            wait_all(handles)
+        finally:
+            raise error
+    return Group(handles)
 
 
 def result_buffer(handle):

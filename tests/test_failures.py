@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from jobs import MULTIPLIER, ROOT, assert_nothing_left, job_env, run_job
 
 
@@ -95,6 +97,52 @@ def test_stopped_rank_during_shm_allreduce_times_out():
     assert re.search(r"rank 1 \(pid \d+\) on this host did not arrive for 2 s", out), out
     assert "UNEXPECTED" not in out
     assert_nothing_left(out, "tests/scenarios/stopped_peer.py")
+
+
+@pytest.mark.parametrize("where, env", [("mpi", {"HVLITE_SHM_DISABLE": "1"}), ("shm", {})])
+def test_shutdown_ends_a_wait_on_a_stopped_rank(where, env):
+    """shutdown() while the engine waits on a stopped rank inside a collective (the MPI progress
+    wait, or the shm futex wait): the wait gives up after its grace second, not after the peer
+    timeout (60 s), so the pending allreduce fails with a shutdown error and shutdown() returns."""
+    start = time.monotonic()
+    job = run_job(2, ["python", "tests/scenarios/stopped_peer.py", where, "shutdown"], timeout=60,
+                  env=dict(env, HVLITE_PEER_TIMEOUT_SECONDS="60"))
+    elapsed = time.monotonic() - start
+    out = job.stdout + job.stderr
+    assert job.returncode == 3, out
+    assert elapsed < 30 * MULTIPLIER, "the job took %.1f s" % elapsed
+    assert re.search(r"rank 0 shut down after [\d.]+ s: .*shut down", out), out
+    returned = re.search(r"rank 0 shutdown\(\) returned after ([\d.]+) s", out)
+    assert returned and float(returned.group(1)) < 10 * MULTIPLIER, out
+    assert "UNEXPECTED" not in out
+    assert_nothing_left(out, "tests/scenarios/stopped_peer.py")
+
+
+@pytest.mark.parametrize("point", ["pset_split", "pset_shm_map", "pset_shm_ready", "init_shm_map"])
+def test_stopped_rank_inside_add_process_set_ends_every_rank(point, tmp_path):
+    """A rank stopped at a collective step of add_process_set (its communicator split, the shm
+    segment's setup), or of init: every other rank ends in bounded time with an error naming
+    it, and nothing is left (processes, MPI's files, the set's segment). Rank 2's own peer
+    timeout is 600 s (the scenario sets it): it ends as soon as rank 0 because rank 0's holds."""
+    script = "tests/scenarios/stopped_in_add_process_set.py"
+    start = time.monotonic()
+    job = run_job(3, ["python", script, str(tmp_path)], timeout=60,
+                  env={"HVLITE_PEER_TIMEOUT_SECONDS": "2", "HVLITE_TEST_STOP_AT": "1:" + point})
+    elapsed = time.monotonic() - start
+    out = job.stdout + job.stderr
+    assert job.returncode == 3, out
+    assert elapsed < 30 * MULTIPLIER, "the job took %.1f s" % elapsed
+    assert "stopping this process (SIGSTOP) at %s" % point in out, out
+    for r in (0, 2):
+        line = re.search(r"rank %d timeout after [\d.]+ s: ([^\n]*)" % r, out)
+        assert line, out
+        assert re.search(r"rank 1 \(pid \d+\) on this host (is stopped|did not arrive)", line.group(1)), out
+    assert "UNEXPECTED" not in out
+    pids = re.findall(r"pid of rank \d: (\d+)", out)
+    assert len(pids) == 3, out
+    left = [n for n in os.listdir("/dev/shm") if n.startswith("hvlite-") and any("-%s-" % p in n for p in pids)]
+    assert left == [], "segments left in /dev/shm: %s" % left
+    assert_nothing_left(out, script)
 
 
 def start_job_waiting_for_a_signal():

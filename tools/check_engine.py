@@ -18,13 +18,21 @@ Rules (the reasons are in ../shared/DESIGN.md and the headers named):
 4. A data plane is named only in backends/: nothing else mentions ``hvl__backend_<name>`` or
    includes a plane's private header.
 5. util/ and kernels/ know nothing of the engine: they include only their own headers and
-   hvlite.h (util.h for kernels).
+   hvlite.h (util.h for kernels), and they call only functions defined in the leaves (util/
+   calls util/; kernels/ calls kernels/ and util/). A call is judged by the file that defines
+   the function, whatever its name: a public ``hvl_`` name defined in core/ is still core's.
+
+Calls are found by name: every function a .c file defines without ``static`` (any name) is
+looked up in the other .c files; a name defined by no file (libc, MPI) is not a call between
+files.
 """
 import os
 import re
 import sys
 
-DEFINITION = re.compile(r"^(?!static\b|typedef\b|extern\b|#|\s)[A-Za-z_][\w \*]*?\b(hvl_?\w+)\s*\(", re.M)
+# A non-static function definition at the start of a line: "<type> <name>(" (the line must not
+# end with ";", which would make it a prototype).
+DEFINITION = re.compile(r"^(?!static\b|typedef\b|extern\b|#|\s)[A-Za-z_][\w \*]*?\b([A-Za-z_]\w*)\s*\(", re.M)
 INCLUDE = re.compile(r'^#include "([^"]+)"', re.M)
 BARE_ERROR = re.compile(r"\breturn\s+HVL_ERR_\w+\s*;")
 
@@ -36,6 +44,7 @@ PRIVATE_HEADERS = {
     "stage.h": ("core/execute.c", "core/stage.c", "core/engine.c"),
 }
 LEAF_FOLDERS = {"util/": {"util.h", "cuda_driver.h", "hvlite.h"}, "kernels/": {"kernels.h", "half.h", "util.h", "hvlite.h"}}
+LEAF_CALLS = {"util/": ("util/",), "kernels/": ("kernels/", "util/")}   # where a leaf's callees may live
 
 
 def strip_c(text):
@@ -84,6 +93,17 @@ def find_cycle(edges):
     return None
 
 
+def leaf_calls_out(caller, callees):
+    """A leaf file's calls of functions defined outside the folders it may call."""
+    for folder, allowed in LEAF_CALLS.items():
+        if not caller.startswith(folder):
+            continue
+        return ["%s calls %s, defined in %s: %s is a leaf and calls only functions defined in %s"
+                % (caller, ", ".join(sorted(set(fns))), home, folder, " and ".join(allowed))
+                for home, fns in sorted(callees.items()) if not home.startswith(allowed)]
+    return []
+
+
 def check_c(root):
     csrc = os.path.join(root, "csrc")
     files = dict(c_files(csrc))
@@ -104,6 +124,7 @@ def check_c(root):
             if home != name and re.search(r"\b%s\s*\(" % re.escape(fn), text):
                 calls.setdefault(name, {}).setdefault(home, []).append(fn)
     for caller, callees in sorted(calls.items()):
+        problems += leaf_calls_out(caller, callees)
         if "core/engine.c" in callees:
             problems.append("%s calls up into the cycle file core/engine.c: %s"
                             % (caller, ", ".join(callees["core/engine.c"])))

@@ -39,7 +39,7 @@ static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 static int exchange(adasum_run *r, int peer, const void *send, int64_t sbytes, void *recv,
                     int64_t rbytes)
 {
-    double timeout = r->e->params.peer_timeout_s;
+    hvl_bound bound = hvl__peer_bound(r->e);
     MPI_Comm comm = r->ps->comm;
     for (int64_t off = 0; off < max64(sbytes, rbytes); off += MAX_MESSAGE) {
         int sn = (int)max64(0, min64(sbytes - off, MAX_MESSAGE));
@@ -51,8 +51,8 @@ static int exchange(adasum_run *r, int peer, const void *send, int64_t sbytes, v
                                  "MPI_Irecv (Adasum)"));
         HVL_CHECK(hvl__mpi_check(MPI_Isend(from, sn, MPI_BYTE, peer, TAG, comm, &req[1]),
                                  "MPI_Isend (Adasum)"));
-        HVL_CHECK(hvl__mpi_progress_wait(&req[0], timeout, "Adasum: receiving a slice"));
-        HVL_CHECK(hvl__mpi_progress_wait(&req[1], timeout, "Adasum: sending a slice"));
+        HVL_CHECK(hvl__mpi_progress_wait(&req[0], bound, "Adasum: receiving a slice"));
+        HVL_CHECK(hvl__mpi_progress_wait(&req[1], bound, "Adasum: sending a slice"));
     }
     return HVL_OK;
 }

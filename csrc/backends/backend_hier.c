@@ -27,7 +27,7 @@ static int across_hosts(hvl_engine *e, hvl_shm *s, char *mine, int64_t m, int dt
     HVL_CHECK(hvl__mpi_check(MPI_Iallreduce(MPI_IN_PLACE, mine, (int)m, hvl__mpi_dtype(dtype),
                                             hvl__mpi_op(reduce_op, dtype), s->leaders_comm, &req),
                              "MPI_Iallreduce (hierarchical, across hosts)"));
-    return hvl__mpi_progress_wait(&req, e->params.peer_timeout_s, "hierarchical allreduce across hosts");
+    return hvl__mpi_progress_wait(&req, hvl__peer_bound(e), "hierarchical allreduce across hosts");
 }
 
 static int allreduce_stream(hvl_engine *e, hvl_pset *ps, void *state, hvl_stream *st)

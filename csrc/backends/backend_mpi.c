@@ -16,7 +16,7 @@
 static int finish(hvl_engine *e, int mpi_rc, MPI_Request *req, const char *what)
 {
     HVL_CHECK(hvl__mpi_check(mpi_rc, what));
-    return hvl__mpi_progress_wait(req, e->params.peer_timeout_s, what);
+    return hvl__mpi_progress_wait(req, hvl__peer_bound(e), what);
 }
 
 static int can_run(const hvl_engine *e, const hvl_pset *ps, const void *state, int op, int dtype,

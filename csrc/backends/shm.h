@@ -44,7 +44,8 @@ typedef struct hvl_shm {
 /* Collective over ps->comm (every member): splits the members by host, makes the host's segment
  * and, for a set spread over hosts, the communicator of each host's local rank 0. *out is NULL
  * when some member could not make or map its segment (a warning; every member agrees, and MPI
- * serves the set). Fails only on MPI errors or no memory. */
+ * serves the set). Fails on MPI errors, no memory, or a wait on the members that gives up (the
+ * peer timeout, shutdown, fatal: hvl_bound); nothing is left mapped or named then. */
 int hvl__shm_open(hvl_engine *e, hvl_pset *ps, hvl_shm **out);
 void hvl__shm_close(hvl_shm *s, int clean);    /* clean: communicators may be freed; NULL is fine */
 

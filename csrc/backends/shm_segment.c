@@ -1,6 +1,10 @@
 /* shm_segment.c: the shared-memory segment of a process set on this host, and the arrivals that
  * order its members' steps (layout and protocol in shm.h). bg thread only.
  *
+ * Setting up is collective over the set's members and bounded like every wait on peers: the
+ * communicators come from hvl__comm_split, the exchanges (the segment's name, that everyone
+ * mapped it, that every pid is written) are nonblocking MPI under the progress wait.
+ *
  * Naming and leaks: local rank 0 creates "/hvlite-<uid>-<pid>-<random>" (O_EXCL), the others
  * open it, every member maps it, they agree (one allreduce) that all have, and rank 0 unlinks
  * the name at once. From then on the segment has no name: the mappings keep it alive and it
@@ -30,7 +34,6 @@
 #define SPIN_S 20e-6            /* busy-wait first, when every member has a core */
 #define YIELD_S 2e-3            /* then poll with sched_yield, before sleeping on the futex */
 #define NAP_S 0.05              /* futex sleep between liveness checks */
-#define SHUTDOWN_GRACE_S 1.0    /* a wait this old gives up when shutdown is requested */
 #define DATA_ALIGN 4096
 /* HVLITE_SHM_CHUNK=0 (the default): 1 MiB steps, measured best with a core per rank (every
  * member's two buffers stay in cache); when a host runs more ranks than cores every step waits
@@ -71,7 +74,7 @@ static int check_peer(hvl_engine *e, const hvl_shm_ctl *c, double waited, const 
         return hvl__fail(HVL_ERR_TIMEOUT, "%s: rank %d (pid %d) on this host did not arrive for "
                          "%.0f s (HVLITE_PEER_TIMEOUT_SECONDS); it is stopped or hangs outside hvlite",
                          what, c->rank, c->pid, waited);
-    if (waited > SHUTDOWN_GRACE_S && __atomic_load_n(&e->shutdown_requested, __ATOMIC_ACQUIRE))
+    if (waited > HVL_SHUTDOWN_GRACE_S && __atomic_load_n(&e->shutdown_requested, __ATOMIC_ACQUIRE))
         return hvl__fail(HVL_ERR_SHUT_DOWN, "%s: shut down while waiting for rank %d", what, c->rank);
     int fatal = __atomic_load_n(&e->fatal, __ATOMIC_ACQUIRE);
     return fatal != HVL_OK ? hvl__fail(fatal, "%s: the engine failed", what) : HVL_OK;
@@ -144,7 +147,7 @@ static int create_segment(char *name, size_t len, size_t bytes)
 
 /* Collective over s->local_comm: create (rank 0) or open the segment, map it, agree that every
  * member has, unlink the name. *everywhere = 1 if every member mapped it; a member that could
- * not warns why. Fails only on MPI errors. */
+ * not warns why. Fails on MPI errors and waits that give up (hvl_bound), leaving no name. */
 static int map_segment(hvl_engine *e, hvl_pset *ps, hvl_shm *s, int *everywhere)
 {
     char name[96] = {0};
@@ -152,18 +155,20 @@ static int map_segment(hvl_engine *e, hvl_pset *ps, hvl_shm *s, int *everywhere)
     size_t data_off = (ctl_bytes + DATA_ALIGN - 1) / DATA_ALIGN * DATA_ALIGN;
     size_t bytes = data_off + (size_t)s->local_size * 2 * (size_t)s->chunk;
     int fd = s->local_rank == 0 ? create_segment(name, sizeof(name), bytes) : -1;
-    int rc = hvl__mpi_check(MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, s->local_comm), "MPI_Bcast (shm name)");
+    hvl__test_stop_point(e->params.test_stop_at, e->rank, ps->id ? "pset_shm_map" : "init_shm_map");
+    int rc = hvl__bcast_bytes(s->local_comm, name, sizeof(name), 0, hvl__peer_bound(e), "MPI_Ibcast (shm name)");
     if (rc != HVL_OK) { if (fd >= 0) { close(fd); shm_unlink(name); } return rc; }
     if (s->local_rank != 0 && name[0]) fd = shm_open(name, O_RDWR, 0);
     void *p = fd >= 0 ? mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
     int err = errno, mapped = p != MAP_FAILED;
     if (fd >= 0) close(fd);
     if (!mapped && name[0])
-        hvl_log(HVL_LOG_WARNING, "cannot map shared-memory segment %s: %s; process set %d uses MPI "
-                "instead of shared memory", name, strerror(err), ps->id);
+        hvl__log(HVL_LOG_WARNING, "cannot map shared-memory segment %s: %s; process set %d uses MPI "
+                 "instead of shared memory", name, strerror(err), ps->id);
     else if (!mapped && s->local_rank == 0)
-        hvl_log(HVL_LOG_WARNING, "%s; process set %d uses MPI instead of shared memory", hvl_last_error(), ps->id);
-    rc = hvl__mpi_check(MPI_Allreduce(&mapped, everywhere, 1, MPI_INT, MPI_MIN, s->local_comm), "MPI_Allreduce (shm mapped)");
+        hvl__log(HVL_LOG_WARNING, "%s; process set %d uses MPI instead of shared memory", hvl_last_error(), ps->id);
+    *everywhere = mapped;
+    rc = hvl__allreduce_ints(s->local_comm, everywhere, 1, MPI_MIN, hvl__peer_bound(e), "MPI_Iallreduce (shm mapped)");
     if (s->local_rank == 0 && name[0]) shm_unlink(name);   /* every member has mapped it, or gave up */
     if (rc != HVL_OK || !*everywhere) { if (mapped) munmap(p, bytes); *everywhere = 0; return rc; }
     s->base = p;
@@ -173,7 +178,10 @@ static int map_segment(hvl_engine *e, hvl_pset *ps, hvl_shm *s, int *everywhere)
     s->ctl[s->local_rank].pid = (int32_t)getpid();
     s->ctl[s->local_rank].rank = e->rank;
     memset(s->data + (size_t)s->local_rank * 2 * (size_t)s->chunk, 0, 2 * (size_t)s->chunk);  /* fault in */
-    return hvl__mpi_check(MPI_Barrier(s->local_comm), "MPI_Barrier (shm ready)");   /* pids written */
+    hvl__test_stop_point(e->params.test_stop_at, e->rank, ps->id ? "pset_shm_ready" : "init_shm_ready");
+    MPI_Request req;     /* every member's pid is written before any member waits on one */
+    HVL_CHECK(hvl__mpi_check(MPI_Ibarrier(s->local_comm, &req), "MPI_Ibarrier (shm ready)"));
+    return hvl__mpi_progress_wait(&req, hvl__peer_bound(e), "MPI_Ibarrier (shm ready)");
 }
 
 /* The global rank of this host's first member: the same on every rank of the host (and of a
@@ -193,26 +201,27 @@ static int host_key(hvl_engine *e)
 /* The set's communicators on this host and, across hosts, among local rank 0s; the segment. */
 static int build(hvl_engine *e, hvl_pset *ps, hvl_shm *s, int *usable)
 {
-    HVL_CHECK(hvl__mpi_check(MPI_Comm_split(ps->comm, host_key(e), ps->rank, &s->local_comm), "MPI_Comm_split (host)"));
-    MPI_Comm_set_errhandler(s->local_comm, MPI_ERRORS_RETURN);
+    hvl_bound bound = hvl__peer_bound(e);
+    HVL_CHECK(hvl__comm_split(ps->comm, host_key(e), ps->rank, 0, &s->local_comm, bound, "MPI_Comm_split (host)"));
     MPI_Comm_rank(s->local_comm, &s->local_rank);
     MPI_Comm_size(s->local_comm, &s->local_size);
-    if (!ps->one_host) {
-        HVL_CHECK(hvl__mpi_check(MPI_Comm_split(ps->comm, s->local_rank == 0 ? 0 : MPI_UNDEFINED, ps->rank,
-                                                &s->leaders_comm), "MPI_Comm_split (leaders)"));
-        if (s->leaders_comm != MPI_COMM_NULL) MPI_Comm_set_errhandler(s->leaders_comm, MPI_ERRORS_RETURN);
-    }
+    if (!ps->one_host)
+        HVL_CHECK(hvl__comm_split(ps->comm, s->local_rank == 0 ? 0 : MPI_UNDEFINED, ps->rank, 0, &s->leaders_comm,
+                                  bound, "MPI_Comm_split (leaders)"));
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     int oversubscribed = cpus > 0 && s->local_size > cpus;
     if (s->chunk == 0) s->chunk = oversubscribed ? CHUNK_OVERSUBSCRIBED : CHUNK_DEFAULT;
     int64_t least = ((int64_t)s->local_size * 64 + DATA_ALIGN - 1) / DATA_ALIGN * DATA_ALIGN;
     if (s->chunk < least) s->chunk = least;   /* a cache line per member and step, at least */
-    if (!ps->one_host)   /* hierarchical steps meet across hosts: every host must step alike */
-        HVL_CHECK(hvl__mpi_check(MPI_Allreduce(MPI_IN_PLACE, &s->chunk, 1, MPI_INT64_T, MPI_MAX, ps->comm),
-                                 "MPI_Allreduce (shm step)"));
+    if (!ps->one_host) {   /* hierarchical steps meet across hosts: every host must step alike */
+        MPI_Request req;
+        HVL_CHECK(hvl__mpi_check(MPI_Iallreduce(MPI_IN_PLACE, &s->chunk, 1, MPI_INT64_T, MPI_MAX, ps->comm, &req),
+                                 "MPI_Iallreduce (shm step)"));
+        HVL_CHECK(hvl__mpi_progress_wait(&req, bound, "MPI_Iallreduce (shm step)"));
+    }
     s->spin_s = oversubscribed ? 0 : SPIN_S;
     s->scratch = malloc((size_t)s->chunk);   /* without it this member cannot take part: agreed below */
-    if (!s->scratch) hvl_log(HVL_LOG_WARNING, "out of memory for the shm plane's scratch buffer");
+    if (!s->scratch) hvl__log(HVL_LOG_WARNING, "out of memory for the shm plane's scratch buffer");
     int mapped = 1;
     if (s->local_size > 1) HVL_CHECK(map_segment(e, ps, s, &mapped));
     *usable = mapped && s->scratch != NULL;
@@ -230,8 +239,9 @@ int hvl__shm_open(hvl_engine *e, hvl_pset *ps, hvl_shm **out)
     int usable = 0, all_usable = 0, rc;
     HVL_CHECK_GOTO(build(e, ps, s, &usable), rc, out);
     /* every host must have its segment, or no rank of the set uses any */
-    HVL_CHECK_GOTO(hvl__mpi_check(MPI_Allreduce(&usable, &all_usable, 1, MPI_INT, MPI_MIN, ps->comm),
-                                  "MPI_Allreduce (shm usable)"), rc, out);
+    all_usable = usable;
+    HVL_CHECK_GOTO(hvl__allreduce_ints(ps->comm, &all_usable, 1, MPI_MIN, hvl__peer_bound(e),
+                                       "MPI_Iallreduce (shm usable)"), rc, out);
     if (all_usable) *out = s;
 out:
     if (!*out) hvl__shm_close(s, rc == HVL_OK);

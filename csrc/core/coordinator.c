@@ -343,7 +343,7 @@ static int stall_response(hvl_coordinator *c, record_t *rec, double age, double 
     snprintf(r.error, cap, "stall shutdown: tensor '%s' waited %.0f s (submitted by ranks %s; missing "
              "ranks: %s); HVLITE_STALL_SHUTDOWN_TIME_SECONDS=%g", first->name, age, have, missing,
              shutdown_s);
-    hvl_log(HVL_LOG_ERROR, "%s", r.error);
+    hvl__log(HVL_LOG_ERROR, "%s", r.error);
     if (hvl__tl_active()) hvl__tl_agreed(r.d.name, r.status, r.error, 0);
     int rc = hvl__responses_push(ready, &r);
     if (rc != HVL_OK) { free(r.d.name); free(r.error); return rc; }
@@ -380,9 +380,9 @@ int hvl__coordinator_stall_check(hvl_coordinator *c, double warn_s, double shutd
         rank_list(c, rec, 1, have, sizeof(have));
         rank_list(c, rec, 0, missing, sizeof(missing));
         if (warn) {
-            hvl_log(HVL_LOG_WARNING, "stall: tensor '%s' was submitted by ranks %s %.0f s ago but not "
-                    "yet by ranks %s; those ranks may have skipped it or be stuck (missing ranks: %s)",
-                    c->table.slots[i].key, have, age, missing, missing);
+            hvl__log(HVL_LOG_WARNING, "stall: tensor '%s' was submitted by ranks %s %.0f s ago but not "
+                     "yet by ranks %s; those ranks may have skipped it or be stuck (missing ranks: %s)",
+                     c->table.slots[i].key, have, age, missing, missing);
             rec->warned = 1;
             hvl__count(&c->engine->counters.stall_warnings, 1);
             if (hvl__tl_active()) hvl__tl_note(c->table.slots[i].key, "STALL", missing);
@@ -512,7 +512,7 @@ int hvl__coordinator_deadlock_check(hvl_coordinator *c, double deadlock_s, hvl_r
     if (find_stuck(c, deadlock_s, stuck) == 0) goto out;
     deadlock_message(c, stuck, deadlock_s, &message);
     if (message.bad) { rc = hvl__oom("a deadlock message"); goto out; }
-    hvl_log(HVL_LOG_WARNING, "%s", message.data);
+    hvl__log(HVL_LOG_WARNING, "%s", message.data);
     for (int r = 0; r < c->size; r++) {
         for (int i = 0; stuck[r] && i < c->waits[r].count; i++) {
             record_t *rec = hvl__strmap_get(&c->table, c->waits[r].names[i]);

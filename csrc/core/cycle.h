@@ -10,6 +10,10 @@
 
 /* ---- handles (handle.c): what a waiting user thread sees ---- */
 int hvl__handle_new(int64_t *id, const char *name);                 /* under queue_lock */
+/* Frees a completed handle and what the engine owned for it; *name gets its engine name (the
+ * caller's to free; NULL on failure). HVL_ERR_IN_PROGRESS while pending, HVL_ERR_INVALID_ARG
+ * for an unknown handle. Any thread, under queue.c's names_lock (hvl_release). */
+int hvl__handle_free(int64_t id, char **name);
 typedef struct {
     int status;
     char *message;              /* moved into the handle */

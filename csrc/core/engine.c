@@ -5,7 +5,13 @@
  *     wait for work (or the tick: every cycle while requests are pending, else every 20 ms)
  *     -> drain queue -> negotiate -> claim entries -> fuse -> execute -> repeat
  * Requests still pending when it stops fail with the reason. MPI is finalized by the bg thread
- * only if it initialised it. hvl_init/hvl_shutdown are serialised by life_lock. */
+ * only if it initialised it, and only after a stop every rank agreed to (all are at the same
+ * point, so MPI_Finalize waits on nobody). Startup's exchanges are bounded by the peer timeout
+ * (this rank's own until hvl__params_agree brings rank 0's): communicators come from
+ * MPI_Comm_idup and hvl__comm_split, settings, pids and verdicts from nonblocking collectives
+ * under the progress wait. Only MPI_Init_thread is unbounded: it is MPI's own start-up through
+ * the launcher, before there is anything to bound it with (a rank that dies there ends the job
+ * through hvlrun). hvl_init/hvl_shutdown are serialised by life_lock. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +35,8 @@ static int mpi_finalized_here;  /* atomic */
 /* The ranks with this rank's local rank, one per host. */
 static int make_cross_comm(hvl_engine *e)
 {
-    HVL_CHECK(hvl__mpi_check(MPI_Comm_split(e->comm, e->local_rank, e->rank, &e->cross_comm), "MPI_Comm_split"));
+    HVL_CHECK(hvl__comm_split(e->comm, e->local_rank, e->rank, 0, &e->cross_comm, hvl__peer_bound(e),
+                              "MPI_Comm_split (ranks of this local rank)"));
     MPI_Comm_rank(e->cross_comm, &e->cross_rank);
     MPI_Comm_size(e->cross_comm, &e->cross_size);
     return HVL_OK;
@@ -46,11 +53,14 @@ static int make_comms(hvl_engine *e)
         MPI_Query_thread(&provided);
     }
     e->thread_multiple = provided == MPI_THREAD_MULTIPLE;
-    HVL_CHECK(hvl__mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &e->comm), "MPI_Comm_dup"));
+    MPI_Request req;
+    HVL_CHECK(hvl__mpi_check(MPI_Comm_idup(MPI_COMM_WORLD, &e->comm, &req), "MPI_Comm_idup"));
+    HVL_CHECK(hvl__mpi_progress_wait(&req, hvl__peer_bound(e), "MPI_Comm_idup (hvlite's communicator)"));
     MPI_Comm_set_errhandler(e->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(e->comm, &e->rank);
     MPI_Comm_size(e->comm, &e->size);
-    HVL_CHECK(hvl__mpi_check(MPI_Comm_split_type(e->comm, MPI_COMM_TYPE_SHARED, e->rank, MPI_INFO_NULL, &e->local_comm), "MPI_Comm_split_type"));
+    HVL_CHECK(hvl__comm_split(e->comm, 0, e->rank, 1, &e->local_comm, hvl__peer_bound(e),
+                              "MPI_Comm_split_type (ranks on this host)"));
     MPI_Comm_rank(e->local_comm, &e->local_rank);
     MPI_Comm_size(e->local_comm, &e->local_size);
     return make_cross_comm(e);
@@ -64,8 +74,8 @@ static int split_fake_hosts(hvl_engine *e)
     int hosts = e->params.test_fake_hosts;
     MPI_Comm local;
     if (hosts < 2) return HVL_OK;
-    HVL_CHECK(hvl__mpi_check(MPI_Comm_split(e->local_comm, (int)((int64_t)e->local_rank * hosts / e->local_size),
-                                            e->rank, &local), "MPI_Comm_split (fake hosts)"));
+    HVL_CHECK(hvl__comm_split(e->local_comm, (int)((int64_t)e->local_rank * hosts / e->local_size), e->rank, 0,
+                              &local, hvl__peer_bound(e), "MPI_Comm_split (fake hosts)"));
     MPI_Comm_free(&e->local_comm);
     MPI_Comm_free(&e->cross_comm);
     e->local_comm = local;
@@ -79,13 +89,13 @@ static int startup(hvl_engine *e)
     HVL_CHECK(make_comms(e));
     hvl__log_set(e->params.log_level, e->rank);
     hvl__params_warn();
-    HVL_CHECK(hvl__params_agree(&e->params, e->comm));
+    HVL_CHECK(hvl__params_agree(&e->params, e->comm, hvl__peer_bound(e)));
     HVL_CHECK(split_fake_hosts(e));
     HVL_CHECK(hvl__peers_learn(e));
     if (e->rank == 0) hvl__params_log(&e->params);
     if (e->rank == 0)
-        hvl_log(HVL_LOG_INFO, "hvlite starting: %d ranks on %d hosts, %s, MPI_THREAD_MULTIPLE %s", e->size,
-                e->cross_size, hvl_mpi_vendor(), e->thread_multiple ? "granted" : "not granted");
+        hvl__log(HVL_LOG_INFO, "hvlite starting: %d ranks on %d hosts, %s, MPI_THREAD_MULTIPLE %s", e->size,
+                 e->cross_size, hvl_mpi_vendor(), e->thread_multiple ? "granted" : "not granted");
     HVL_CHECK(hvl__reduce_setup());
     HVL_CHECK(hvl__psets_create(e));
     HVL_CHECK(hvl__negotiation_create(e, &e->negotiation));
@@ -220,7 +230,7 @@ static void *bg_main(void *arg)
     /* Short sleeps in hvl__mpi_wait must be short: the default 50 us timer slack would make
      * every 5 us nap a 55 us one, on the latency path of every small collective. */
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-    int rc = startup(e);
+    int rc = hvl__peers_explain(e, startup(e));   /* a timeout names the silent ranks it can see */
     if (rc == HVL_OK) {
         pthread_mutex_lock(&e->queue_lock);
         e->running = 1;
@@ -236,11 +246,11 @@ static void *bg_main(void *arg)
     stop_reason(rc, message, sizeof(message));
     if (rc != HVL_ERR_SHUT_DOWN) {
         __atomic_store_n(&e->fatal, rc, __ATOMIC_RELEASE);
-        hvl_log(HVL_LOG_ERROR, "engine stopped: %s", message);
+        hvl__log(HVL_LOG_ERROR, "engine stopped: %s", message);
     }
     hvl__queue_fail_all(e, rc, message);
     hvl__mark_stopped(message);    /* a peer's shutdown stops us too */
-    teardown(e, rc == HVL_ERR_SHUT_DOWN);
+    teardown(e, rc == HVL_ERR_SHUT_DOWN && e->stop_agreed);   /* not after a wait gave up on shutdown */
     return NULL;
 }
 

@@ -3,7 +3,8 @@
  *
  * Threads: "user" threads call hvl_enqueue/hvl_wait/...; the one background ("bg") thread runs
  * the cycle (engine.c). Each shared field below names the lock that guards it. Lock order,
- * written once: queue_lock before handle_lock; never take queue_lock while holding handle_lock.
+ * written once: queue_lock, then queue.c's names_lock (the taken names), then handle_lock;
+ * never take one of them while holding a later one.
  * Leaf locks (nothing else is taken while held): autotune's tuning_lock, the buffer pool's lock,
  * the timeline's locks. Atomic flags (shutdown_requested, fatal) use acquire/release: a reader
  * that sees the flag set also sees what was written before it. */
@@ -40,6 +41,7 @@ typedef struct {
     int hierarchical_allreduce; /* 1: multi-host allreduces go shm -> MPI among hosts -> shm */
     int64_t shm_chunk;          /* bytes per shared-memory pipeline step (per rank and buffer) */
     int test_fake_hosts;        /* tests only: split each host's ranks as if on this many hosts */
+    char test_stop_at[HVL_PATH_MAX];   /* tests only: "R:POINT", see hvl__test_stop_point */
 } hvl_params;
 
 /* Reads HVLITE_* (and HOROVOD_*) silently; cannot fail. Bad values keep their defaults. */
@@ -49,8 +51,10 @@ void hvl__params_load(hvl_params *p);
 void hvl__params_warn(void);
 void hvl__params_log(const hvl_params *p);
 /* Collective over comm: every setting the table marks "agreed" (those every rank must share to
- * build the same batches and run the same data planes) takes rank 0's value. */
-int hvl__params_agree(hvl_params *p, MPI_Comm comm);
+ * build the same batches, run the same data planes and give up on peers alike) takes rank 0's
+ * value. The exchange itself is bounded by `bound` (at init: this rank's own peer timeout, as
+ * the agreed one is what it brings). */
+int hvl__params_agree(hvl_params *p, MPI_Comm comm, hvl_bound bound);
 
 /* ---- process sets (pset.c); the table is identical on every rank ---- */
 #define HVL_MAX_BACKENDS 8
@@ -94,7 +98,6 @@ struct hvl_engine {
     pthread_mutex_t queue_lock;
     pthread_cond_t wake_cond;   /* signalled on enqueue and shutdown */
     hvl_entry *queue_head, *queue_tail;
-    hvl_strmap inflight;        /* engine name -> entry, for the duplicate-name check */
     int running;                /* accepting requests */
     int bursts;                 /* open hvl_burst_begin calls: enqueue does not wake bg */
     hvl_pset **psets;           /* indexed by set id; NULL where a set was removed. Changed by bg
@@ -106,6 +109,7 @@ struct hvl_engine {
     int fatal;                  /* sticky hvl_status of a fatal engine error */
 
     /* bg thread only */
+    int stop_agreed;            /* the negotiation agreed to stop: every rank stops at one point */
     hvl_strmap pending;         /* engine name -> entry taken from the queue, not yet done */
     hvl_entry *pending_head, *pending_tail;   /* the same entries, in enqueue order */
     int joined;                 /* this rank's join is pending: stand in for its tensors */
@@ -124,6 +128,13 @@ struct hvl_engine {
 };
 
 extern hvl_engine hvl__engine;
+
+/* The bound of every wait on peers (util.h): the agreed peer timeout and this engine's
+ * shutdown and fatal flags. Cannot fail. */
+static inline hvl_bound hvl__peer_bound(hvl_engine *e)
+{
+    return (hvl_bound){e->params.peer_timeout_s, &e->shutdown_requested, &e->fatal};
+}
 /* The other ranks (peers.c). learn: collective, at startup (pids and hosts of every rank).
  * explain: for rc == HVL_ERR_TIMEOUT, adds to the last error's message the ranks on this host
  * that are stopped or dead, as /proc shows them; returns rc. */

@@ -273,8 +273,8 @@ static int execute_one(hvl_engine *e, hvl_batch *b)
         hvl__count(&e->counters.collectives, 1);
         hvl__plane_count(e, &p, b->bytes);
     }
-    hvl_log(HVL_LOG_TRACE, "batch: %s of %d tensors, %lld bytes, %.1f us, backend %s", hvl__op_name(b->op),
-            b->count, (long long)b->bytes, (hvl__now() - t0) * 1e6, b->backend);
+    hvl__log(HVL_LOG_TRACE, "batch: %s of %d tensors, %lld bytes, %.1f us, backend %s", hvl__op_name(b->op),
+             b->count, (long long)b->bytes, (hvl__now() - t0) * 1e6, b->backend);
     if (hvl__tl_active()) hvl__tl_batch(b, t0, rc);
     finish_batch(e, b, rc, o);
     free(o);

@@ -32,7 +32,7 @@ static int gather_one(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outco
     int64_t *bytes = malloc(sizeof(int64_t) * (size_t)ps->size);
     if (!bytes) return hvl__oom("allgather sizes");
     int rc;
-    HVL_CHECK_GOTO(hvl__allgather_i64(ps->comm, &mine, 1, bytes, e->params.peer_timeout_s), rc, out);
+    HVL_CHECK_GOTO(hvl__allgather_i64(ps->comm, &mine, 1, bytes, hvl__peer_bound(e), "exchanging sizes"), rc, out);
     for (int r = 0; r < ps->size; r++) {
         rows += bytes[r];
         bytes[r] *= rb;
@@ -41,7 +41,7 @@ static int gather_one(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outco
     int local = hvl__counts_fit_int(bytes, ps->size, en->d.name);
     if (local == HVL_OK && !(o->result = hvl_buffer_alloc(total)))
         local = hvl__fail(HVL_ERR_NO_MEMORY, "allgather '%s': out of memory", en->d.name);
-    HVL_CHECK_GOTO(hvl__agree(ps->comm, local, "allgather", &b->failed_everywhere, e->params.peer_timeout_s), rc, out);
+    HVL_CHECK_GOTO(hvl__agree(ps->comm, local, "allgather", &b->failed_everywhere, hvl__peer_bound(e)), rc, out);
     rc = p->be->allgatherv(e, ps, p->state, en->input, o->result, bytes);
     o->result_bytes = total;
     gathered_shape(en, rows, o);
@@ -89,7 +89,7 @@ int hvl__run_allgather(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outc
         mine[t] = rows_of(b->entries[t]);
         rb[t] = hvl__row_bytes(b->entries[t]);
     }
-    HVL_CHECK_GOTO(hvl__allgather_i64(ps->comm, mine, k, rows, e->params.peer_timeout_s), rc, out);
+    HVL_CHECK_GOTO(hvl__allgather_i64(ps->comm, mine, k, rows, hvl__peer_bound(e), "exchanging sizes"), rc, out);
     for (int r = 0; r < n; r++) {
         block[r] = 0;
         for (int t = 0; t < k; t++) block[r] += rows[r * k + t] * rb[t];
@@ -99,7 +99,7 @@ int hvl__run_allgather(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outc
     int local = hvl__counts_fit_int(block, n, "fused allgather");
     if (local == HVL_OK) local = hvl__grow(&e->fusion_buf, &e->fusion_cap, mine_bytes + 1);
     if (local == HVL_OK) local = hvl__grow(&e->scratch_buf, &e->scratch_cap, total + 1);
-    HVL_CHECK_GOTO(hvl__agree(ps->comm, local, "fused allgather", &b->failed_everywhere, e->params.peer_timeout_s), rc, out);
+    HVL_CHECK_GOTO(hvl__agree(ps->comm, local, "fused allgather", &b->failed_everywhere, hvl__peer_bound(e)), rc, out);
     char *pack = e->fusion_buf;
     for (int t = 0; t < k; pack += mine[t] * rb[t], t++)
         memcpy(pack, b->entries[t]->input, (size_t)(mine[t] * rb[t]));
@@ -122,7 +122,7 @@ int hvl__run_alltoall(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outco
     if (!v || !o->recv_splits) { free(v); return hvl__oom("alltoall splits"); }
     int64_t *send_bytes = v, *recv_bytes = v + ps->size;
     int rc;
-    HVL_CHECK_GOTO(hvl__alltoall_i64(ps->comm, en->splits, o->recv_splits, e->params.peer_timeout_s), rc, out);
+    HVL_CHECK_GOTO(hvl__alltoall_i64(ps->comm, en->splits, o->recv_splits, hvl__peer_bound(e)), rc, out);
     for (int r = 0; r < ps->size; r++) {
         send_bytes[r] = en->splits[r] * rb;
         recv_bytes[r] = o->recv_splits[r] * rb;
@@ -134,7 +134,7 @@ int hvl__run_alltoall(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outco
     if (local == HVL_OK && !(o->result = hvl_buffer_alloc(total)))
         local = hvl__fail(HVL_ERR_NO_MEMORY, "alltoall '%s': out of memory", en->d.name);
     /* only this rank knows its sizes: every member agrees before the data moves */
-    HVL_CHECK_GOTO(hvl__agree(ps->comm, local, "alltoall", &b->failed_everywhere, e->params.peer_timeout_s), rc, out);
+    HVL_CHECK_GOTO(hvl__agree(ps->comm, local, "alltoall", &b->failed_everywhere, hvl__peer_bound(e)), rc, out);
     rc = p->be->alltoallv(e, ps, p->state, en->input, send_bytes, o->result, recv_bytes);
     o->result_bytes = total;
     o->ndim = en->d.ndim;

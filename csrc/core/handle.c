@@ -1,9 +1,11 @@
 /* handle.c: the handle table, and who waits on it. A handle is born pending at enqueue,
  * completed once by the bg thread with an outcome (status, message, engine-owned result), and
- * freed by hvl_release. Waiters sleep on one condition variable that every completion
- * broadcasts. While a thread sleeps in hvl_wait this process counts as waiting in hvlite, on
- * that handle's tensor; the negotiation reports it (deadlock detection, coordinator.c).
- * Any thread; everything here is guarded by handle_lock (taken after queue_lock, never before). */
+ * freed by hvl_release (queue.c, which frees the request's name with it: hvl__handle_free).
+ * Waiters sleep on one condition variable that every completion broadcasts. While a thread
+ * sleeps in hvl_wait this process counts as waiting in hvlite, on that handle's tensor; the
+ * negotiation reports it (deadlock detection, coordinator.c).
+ * Any thread; everything here is guarded by handle_lock (taken after queue_lock and queue.c's
+ * names_lock, never before). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,19 +204,6 @@ int hvl_result_shape(int64_t id, int *ndim, int64_t *shape)
     return HVL_OK;
 }
 
-int hvl_result_copy(int64_t id, void *dst, int64_t nbytes)
-{
-    hvl_outcome o;
-    HVL_CHECK(read_done(id, &o));
-    if (nbytes != o.result_bytes)
-        return hvl__fail(HVL_ERR_INVALID_ARG, "result has %lld bytes, destination %lld",
-                         (long long)o.result_bytes, (long long)nbytes);
-    if (!o.result) return hvl__fail(HVL_ERR_INVALID_ARG, "the result of handle %lld was taken", (long long)id);
-    /* The result buffer does not move until hvl_release, which only the caller does. */
-    if (nbytes) memcpy(dst, o.result, (size_t)nbytes);
-    return HVL_OK;
-}
-
 int hvl_result_take(int64_t id, void **data)
 {
     pthread_mutex_lock(&handle_lock);
@@ -227,8 +216,6 @@ int hvl_result_take(int64_t id, void **data)
     if (!*data) return hvl__fail(HVL_ERR_INVALID_ARG, "handle %lld has no result to take", (long long)id);
     return HVL_OK;
 }
-
-void hvl_result_free(void *data) { hvl_buffer_free(data); }
 
 int hvl_result_value(int64_t id, int64_t *value)
 {
@@ -247,15 +234,16 @@ int hvl_received_splits(int64_t id, int64_t *splits)
     return HVL_OK;
 }
 
-int hvl_release(int64_t id)
+int hvl__handle_free(int64_t id, char **name)
 {
     pthread_mutex_lock(&handle_lock);
     slot_t *s = lookup(id);
     hvl_outcome o = {0};
     int rc = !s ? HVL_ERR_INVALID_ARG : s->state != SLOT_DONE ? HVL_ERR_IN_PROGRESS : HVL_OK;
+    *name = NULL;
     if (rc == HVL_OK) {
         o = s->outcome;
-        free(s->name);
+        *name = s->name;
         s->name = NULL;
         s->state = SLOT_FREE;
         int64_t index = (id & 0xffffffff) - 1;

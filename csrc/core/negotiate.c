@@ -78,10 +78,14 @@ void hvl__negotiation_drop_set(hvl_negotiation *n, int set)
     n->absent_dirty = 1;
 }
 
-/* The polite wait on the other ranks (bounded by the peer timeout). */
+/* The polite wait on the other ranks (bounded by the peer timeout and the fatal flag). Not by
+ * a shutdown request: the negotiation is how a rank's stop reaches the others, so it must run
+ * to its end for every rank to stop at the same point. */
 static int wait_peers(hvl_engine *e, MPI_Request *req, const char *what)
 {
-    return hvl__mpi_wait(req, e->params.peer_timeout_s, what);
+    hvl_bound bound = hvl__peer_bound(e);
+    bound.shutdown = NULL;
+    return hvl__mpi_wait(req, bound, what);
 }
 
 static int bit_set(const uint64_t *words, int slot) { return (words[1 + slot / 64] >> (slot % 64)) & 1; }
@@ -262,12 +266,14 @@ int hvl__negotiate(hvl_engine *e, hvl_response_list *out)
                                             MPI_BAND, e->comm, &req), "MPI_Iallreduce"));
     HVL_CHECK(wait_peers(e, &req, "negotiation (ready bits)"));
     hvl__count(&e->counters.cycles, 1);
-    if (!(n->bits_all[0] & FLAG_NO_SHUTDOWN))
+    if (!(n->bits_all[0] & FLAG_NO_SHUTDOWN)) {
+        e->stop_agreed = 1;
         return hvl__fail(HVL_ERR_SHUT_DOWN, "hvlite has been shut down: a rank called shutdown() or "
                          "exited; collectives still pending then cannot complete");
+    }
     if (!(n->bits_all[0] & FLAG_NO_TUNE_UPDATE)) HVL_CHECK(hvl__autotune_sync(e));
     HVL_CHECK(take_cached(e, n, out));
     if (!(n->bits_all[0] & FLAG_NO_FULL_ROUND)) HVL_CHECK(full_round(e, n, out));
-    if (out->count) hvl_log(HVL_LOG_TRACE, "round: %d agreed, %.1f us", out->count, (hvl__now() - t0) * 1e6);
+    if (out->count) hvl__log(HVL_LOG_TRACE, "round: %d agreed, %.1f us", out->count, (hvl__now() - t0) * 1e6);
     return HVL_OK;
 }

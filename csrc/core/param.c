@@ -39,9 +39,10 @@ static const param_def table[] = {
     {"DEADLOCK_SECONDS", P_DOUBLE, LOCAL, F(deadlock_s), "5",
      "rank 0: when every rank that a set of tensors needs has waited in hvlite this long and none of "
      "them can ever complete, fail them on every rank with a deadlock error (0 = off)"},
-    {"PEER_TIMEOUT_SECONDS", P_DOUBLE, LOCAL, F(peer_timeout_s), "60",
+    {"PEER_TIMEOUT_SECONDS", P_DOUBLE, RANK0, F(peer_timeout_s), "60",
      "fail the engine when other ranks' engines do not answer (negotiation) or make no progress "
-     "(a collective) for this long: a stopped, dead or unreachable rank (0 = never)"},
+     "(a collective) for this long: a stopped, dead or unreachable rank (0 = never); rank 0's "
+     "value holds on every rank, so every rank gives up alike"},
     {"LOG_LEVEL", P_LEVEL, LOCAL, F(log_level), "warning", "trace, debug, info, warning or error"},
     {"AUTOTUNE", P_INT, RANK0, F(autotune), "0",
      "1: search fusion threshold, cycle time and response-cache use on measured bytes/s"},
@@ -66,6 +67,9 @@ static const param_def table[] = {
      "0 = 1 MiB, or 4 MiB when the host runs more ranks than cores"},
     {"TEST_FAKE_HOSTS", P_INT, RANK0, F(test_fake_hosts), "0",
      "tests only: split each host's ranks into this many consecutive fake hosts"},
+    {"TEST_STOP_AT", P_PATH, LOCAL, F(test_stop_at), "",
+     "tests only: R:POINT stops rank R (SIGSTOP) at a named step: pset_split, pset_shm_map, "
+     "pset_shm_ready (inside add_process_set), init_shm_map, init_shm_ready (inside init)"},
     /* read elsewhere, listed so they are documented and not warned about */
     {"DYNAMIC_PROCESS_SETS", P_OTHER, LOCAL, 0, "1", "accepted for Horovod scripts: sets may always be added at run time"},
     {"MPICC", P_OTHER, LOCAL, 0, "", "build time: the MPI compiler wrapper to build against"},
@@ -141,7 +145,7 @@ void hvl__params_warn(void)
     load(&scratch, 1);
 }
 
-int hvl__params_agree(hvl_params *p, MPI_Comm comm)
+int hvl__params_agree(hvl_params *p, MPI_Comm comm, hvl_bound bound)
 {
     double values[NPARAMS];      /* every RANK0 type fits a double exactly (int64: below 2^53) */
     int n = 0;
@@ -152,7 +156,7 @@ int hvl__params_agree(hvl_params *p, MPI_Comm comm)
         values[n++] = d->type == P_INT64 ? (double)*(int64_t *)field : d->type == P_DOUBLE ? *(double *)field
                                                                                         : *(int *)field;
     }
-    HVL_CHECK(hvl__mpi_check(MPI_Bcast(values, n, MPI_DOUBLE, 0, comm), "MPI_Bcast (settings from rank 0)"));
+    HVL_CHECK(hvl__bcast_bytes(comm, values, n * (int)sizeof(double), 0, bound, "MPI_Ibcast (settings from rank 0)"));
     n = 0;
     for (size_t i = 0; i < NPARAMS; i++) {
         const param_def *d = &table[i];
@@ -167,13 +171,13 @@ int hvl__params_agree(hvl_params *p, MPI_Comm comm)
 
 void hvl__params_log(const hvl_params *p)
 {
-    hvl_log(HVL_LOG_DEBUG, "settings: fusion_threshold=%lld B cycle_time=%.3f ms cache_capacity=%d "
-            "stall_check=%.1f s stall_shutdown=%.1f s deadlock=%.1f s peer_timeout=%.1f s timeline='%s'%s",
-            (long long)p->fusion_threshold, p->cycle_time_ms, p->cache_capacity, p->stall_check_s,
-            p->stall_shutdown_s, p->deadlock_s, p->peer_timeout_s, p->timeline_path,
-            p->timeline_mark_cycles ? " (cycles marked)" : "");
-    hvl_log(HVL_LOG_DEBUG, "settings: shm_disable=%d hierarchical_allreduce=%d shm_chunk=%lld B fake_hosts=%d",
-            p->shm_disable, p->hierarchical_allreduce, (long long)p->shm_chunk, p->test_fake_hosts);
+    hvl__log(HVL_LOG_DEBUG, "settings: fusion_threshold=%lld B cycle_time=%.3f ms cache_capacity=%d "
+             "stall_check=%.1f s stall_shutdown=%.1f s deadlock=%.1f s peer_timeout=%.1f s timeline='%s'%s",
+             (long long)p->fusion_threshold, p->cycle_time_ms, p->cache_capacity, p->stall_check_s,
+             p->stall_shutdown_s, p->deadlock_s, p->peer_timeout_s, p->timeline_path,
+             p->timeline_mark_cycles ? " (cycles marked)" : "");
+    hvl__log(HVL_LOG_DEBUG, "settings: shm_disable=%d hierarchical_allreduce=%d shm_chunk=%lld B fake_hosts=%d",
+             p->shm_disable, p->hierarchical_allreduce, (long long)p->shm_chunk, p->test_fake_hosts);
     for (size_t i = 0; i < NPARAMS; i++)
-        hvl_log(HVL_LOG_TRACE, "HVLITE_%s (default %s): %s", table[i].suffix, table[i].deflt, table[i].doc);
+        hvl__log(HVL_LOG_TRACE, "HVLITE_%s (default %s): %s", table[i].suffix, table[i].deflt, table[i].doc);
 }

@@ -24,8 +24,8 @@ int hvl__peers_learn(hvl_engine *e)
     peer_t mine = {getpid(), host_id()};
     free(peers);
     if (!(peers = calloc((size_t)e->size, sizeof(peer_t)))) return hvl__oom("the peer table");
-    return hvl__mpi_check(MPI_Allgather(&mine, 2, MPI_INT64_T, peers, 2, MPI_INT64_T, e->comm),
-                          "MPI_Allgather (peer pids)");
+    return hvl__allgather_i64(e->comm, &mine.pid, 2, &peers[0].pid, hvl__peer_bound(e),
+                              "MPI_Iallgather (peer pids and hosts)");
 }
 
 void hvl__peers_forget(void)
@@ -62,7 +62,8 @@ int hvl__peers_explain(hvl_engine *e, int rc)
         if (what) len += (size_t)snprintf(seen + len, sizeof(seen) - len, "; rank %d (pid %lld) on this host %s",
                                           r, (long long)peers[r].pid, what);
     }
-    if (message && seen[0]) rc = hvl__fail(rc, "%s%s", message, seen);
+    /* explained once: the cycle explains again what a batch already did */
+    if (message && seen[0] && !strstr(message, seen + 2)) rc = hvl__fail(rc, "%s%s", message, seen);
     free(message);
     return rc;
 }

@@ -6,7 +6,10 @@
  * added and removed by collective steps that every rank runs at the same point of the agreed
  * response list, and ids are never reused. The bg thread changes the table under queue_lock
  * (user threads read sizes and membership there when they enqueue); the bg thread reads it
- * without the lock. Communicators and plane state are bg-only. */
+ * without the lock. Communicators and plane state are bg-only. Adding a set is collective, and
+ * each of its steps is a bounded wait (peer timeout, shutdown and fatal flags: util.h): the
+ * member-list check, the communicator split (hvl__comm_split, as MPI has no nonblocking split)
+ * and the planes' setup. */
 #include <stdlib.h>
 #include <string.h>
 #include "backend.h"
@@ -116,7 +119,8 @@ static int agree_members(hvl_engine *e, const int64_t *members, int n, int *ever
     int64_t mine = (int64_t)hvl__hash(&n, sizeof(n), h);
     int64_t *hashes = malloc(sizeof(int64_t) * (size_t)e->size);
     if (!hashes) return hvl__oom("add_process_set: member list hashes");
-    int rc = hvl__allgather_i64(e->comm, &mine, 1, hashes, e->params.peer_timeout_s);
+    int rc = hvl__allgather_i64(e->comm, &mine, 1, hashes, hvl__peer_bound(e),
+                                "add_process_set: exchanging member lists");
     *everywhere = 0;
     for (int r = 0; rc == HVL_OK && r < e->size; r++) *everywhere |= hashes[r] != mine;
     if (rc == HVL_OK && *everywhere) rc = members_differ(e, hashes, members, n);
@@ -165,13 +169,13 @@ int hvl__pset_add(hvl_engine *e, const int64_t *members, int n, int *id_out, int
     ps->rank = hvl__pset_rank_of(ps, e->rank);
     ps->comm = MPI_COMM_NULL;
     int rc;
-    HVL_CHECK_GOTO(hvl__mpi_check(MPI_Comm_split(e->comm, ps->rank >= 0 ? 0 : MPI_UNDEFINED, e->rank, &ps->comm),
-                                  "MPI_Comm_split (process set)"), rc, fail);
-    if (ps->comm != MPI_COMM_NULL) MPI_Comm_set_errhandler(ps->comm, MPI_ERRORS_RETURN);
+    hvl__test_stop_point(e->params.test_stop_at, e->rank, "pset_split");
+    HVL_CHECK_GOTO(hvl__comm_split(e->comm, ps->rank >= 0 ? 0 : MPI_UNDEFINED, e->rank, 0, &ps->comm,
+                                   hvl__peer_bound(e), "add_process_set: MPI_Comm_split"), rc, fail);
     ps->one_host = members_on_one_host(e, ps);
     HVL_CHECK_GOTO(insert(e, ps), rc, fail);
     *id_out = ps->id;
-    hvl_log(HVL_LOG_DEBUG, "process set %d added: %d ranks, this rank %d", ps->id, n, ps->rank);
+    hvl__log(HVL_LOG_DEBUG, "process set %d added: %d ranks, this rank %d", ps->id, n, ps->rank);
     return hvl__planes_open(e, ps);     /* collective among the members (others return at once) */
 fail:
     if (ps->comm != MPI_COMM_NULL) MPI_Comm_free(&ps->comm);
@@ -191,7 +195,7 @@ void hvl__pset_remove(hvl_engine *e, int id)
     if (ps->comm != MPI_COMM_NULL) MPI_Comm_free(&ps->comm);
     free(ps->ranks);
     free(ps);
-    hvl_log(HVL_LOG_DEBUG, "process set %d removed", id);
+    hvl__log(HVL_LOG_DEBUG, "process set %d removed", id);
 }
 
 int hvl__pset_lookup(hvl_engine *e, int id, int *size, int *rank, int other, int *other_rank)

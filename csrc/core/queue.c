@@ -2,7 +2,13 @@
  * request, copies it into an entry, and hands it to the bg thread through the queue; the bg
  * thread drains the queue into its pending map, pairs agreed responses with entries (claim) and
  * finishes entries when their collective completes (hvl__entry_finish, the one completion call).
- * The queue and the in-flight name set are guarded by queue_lock. */
+ * A request's name stays taken (the taken-name set) from hvl_enqueue until the caller releases
+ * its handle (hvl_release, any thread), not only until it completes, as Horovod keeps a name
+ * until its handle is synchronized: a second request of the same name fails on every rank that
+ * submits it before releasing the first, however fast the first one completed. The queue is
+ * guarded by queue_lock; the taken-name set, which lives as long as the process (like the
+ * handle table) and is emptied when an engine stops, by names_lock (lock order: queue_lock,
+ * names_lock, handle_lock). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -177,6 +183,52 @@ static void entry_free(hvl_entry *en)
     free(en);
 }
 
+/* A taken name: the key of `names` is `name`, the value this record (owned by the set). */
+typedef struct {
+    int64_t handle;             /* the request that holds the name */
+    char name[];                /* its engine name */
+} name_hold;
+
+static pthread_mutex_t names_lock = PTHREAD_MUTEX_INITIALIZER;
+static hvl_strmap names;        /* names_lock: engine name -> name_hold */
+
+/* Takes `name` for a new request (names_lock held): HVL_ERR_INVALID_ARG if it is taken,
+ * HVL_ERR_NO_MEMORY if it cannot; *hold: the record, whose handle the caller sets. */
+static int take_name(const char *name, const char *callers_name, int rank, name_hold **hold)
+{
+    *hold = NULL;
+    if (hvl__strmap_get(&names, name))
+        return hvl__fail(HVL_ERR_INVALID_ARG, "tensor name '%s' is already in flight on this rank (%d): a request "
+                         "of that name has not been synchronized yet (its handle waited on or released); "
+                         "names must be unique among requests not yet synchronized", callers_name, rank);
+    size_t n = strlen(name) + 1;
+    name_hold *h = malloc(sizeof(*h) + n);
+    if (!h) return hvl__oom("the taken-name set");
+    h->handle = 0;
+    memcpy(h->name, name, n);
+    int rc = hvl__strmap_put(&names, h->name, h);
+    if (rc != HVL_OK) free(h);
+    *hold = rc == HVL_OK ? h : NULL;
+    return rc;
+}
+
+/* Frees `name` for new requests if `handle` still holds it (names_lock held): a handle of an
+ * engine that has stopped since holds nothing in the set. */
+static void drop_name(const char *name, int64_t handle)
+{
+    name_hold *h = hvl__strmap_get(&names, name);
+    if (h && h->handle == handle) free(hvl__strmap_del(&names, name));
+}
+
+static void names_clear(void)
+{
+    pthread_mutex_lock(&names_lock);
+    for (size_t i = 0; i < names.cap; i++)
+        if (hvl__strmap_live(&names, i)) free(names.slots[i].value);
+    hvl__strmap_free(&names);
+    pthread_mutex_unlock(&names_lock);
+}
+
 int hvl_enqueue(const hvl_request *q, int64_t *handle_out)
 {
     hvl_engine *e = &hvl__engine;
@@ -186,15 +238,20 @@ int hvl_enqueue(const hvl_request *q, int64_t *handle_out)
     hvl_entry *en = entry_new(q, set_size);
     if (!en) return hvl__fail(HVL_ERR_NO_MEMORY, "out of memory enqueuing '%s'", q->name);
     int rc = HVL_OK;
+    name_hold *hold = NULL;
     pthread_mutex_lock(&e->queue_lock);
-    if (!e->running)
+    if (!e->running) {
         rc = hvl__fail(HVL_ERR_SHUT_DOWN, "hvlite has been shut down (a rank called shutdown() or the engine failed); cannot run '%s'", q->name);
-    else if (hvl__strmap_get(&e->inflight, en->d.name))
-        rc = hvl__fail(HVL_ERR_INVALID_ARG, "tensor name '%s' is already in flight on this rank (%d); names must be unique among pending requests", q->name, e->rank);
-    else if ((rc = hvl__strmap_put(&e->inflight, en->d.name, en)) != HVL_OK)
-        ;   /* its message is set */
-    else if ((rc = hvl__handle_new(&en->handle, en->d.name)) != HVL_OK)
-        hvl__strmap_del(&e->inflight, en->d.name);
+    } else {
+        pthread_mutex_lock(&names_lock);
+        if ((rc = take_name(en->d.name, q->name, e->rank, &hold)) != HVL_OK)
+            ;   /* its message is set */
+        else if ((rc = hvl__handle_new(&en->handle, en->d.name)) != HVL_OK)
+            free(hvl__strmap_del(&names, en->d.name));
+        else
+            hold->handle = en->handle;
+        pthread_mutex_unlock(&names_lock);
+    }
     if (rc == HVL_OK) {
         /* Only the first request of a burst wakes the bg thread: it drains the whole queue,
          * and it checks the queue under this lock before it sleeps, so no wake-up is lost. */
@@ -311,9 +368,6 @@ void hvl__entry_finish(hvl_engine *e, hvl_entry *en, hvl_outcome *o)
     hvl__strmap_del(&e->pending, en->d.name);
     if (en->prev_pending) en->prev_pending->next_pending = en->next_pending; else e->pending_head = en->next_pending;
     if (en->next_pending) en->next_pending->prev_pending = en->prev_pending; else e->pending_tail = en->prev_pending;
-    pthread_mutex_lock(&e->queue_lock);
-    hvl__strmap_del(&e->inflight, en->d.name);
-    pthread_mutex_unlock(&e->queue_lock);
     hvl__count(&e->counters.tensors_done, 1);   /* before the waiter can wake and read it */
     hvl__handle_complete(en->handle, o);
     entry_free(en);
@@ -335,15 +389,32 @@ void hvl__queue_fail_all(hvl_engine *e, int status, const char *message)
     e->running = 0;
     hvl_entry *queued = e->queue_head;
     e->queue_head = e->queue_tail = NULL;
-    hvl__count(&e->counters.tensors_done, (int64_t)e->inflight.count);
-    for (size_t i = 0; i < e->inflight.cap; i++)
-        if (hvl__strmap_live(&e->inflight, i)) entry_free(e->inflight.slots[i].value);
-    hvl__strmap_free(&e->inflight);
+    names_clear();                  /* the handles hold no name once their engine stopped */
     pthread_mutex_unlock(&e->queue_lock);
-    (void)queued;   /* every queued entry is also in the in-flight set, freed above */
+    int64_t unfinished = 0;
+    for (hvl_entry *en = queued, *next; en; en = next, unfinished++) {
+        next = en->next;
+        entry_free(en);
+    }
+    for (hvl_entry *en = e->pending_head, *next; en; en = next, unfinished++) {
+        next = en->next_pending;
+        entry_free(en);
+    }
+    hvl__count(&e->counters.tensors_done, unfinished);
     hvl__strmap_free(&e->pending);
     e->pending_head = e->pending_tail = NULL;
     hvl__handles_fail_all(status, message);
+}
+
+int hvl_release(int64_t handle)
+{
+    char *name = NULL;
+    pthread_mutex_lock(&names_lock);        /* before handle_lock: the name goes with the handle */
+    int rc = hvl__handle_free(handle, &name);
+    if (rc == HVL_OK && name) drop_name(name, handle);
+    pthread_mutex_unlock(&names_lock);
+    free(name);
+    return rc;
 }
 
 int64_t hvl_submit(int op, int dtype, int reduce_op, int root_rank, int process_set,

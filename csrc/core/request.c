@@ -1,7 +1,7 @@
 /* request.c: the per-op property table, and pure functions over tensor descriptions and
  * responses: the response list, the rule for when two descriptions agree (the cache's and the
- * coordinator's), and the size arithmetic shared by the engine. Any thread (pure functions over
- * caller-owned data). */
+ * coordinator's), and the size arithmetic shared by the engine (element sizes come from the dtype
+ * table, kernels/dtype.c). Any thread (pure functions over caller-owned data). */
 #include <stdlib.h>
 #include <string.h>
 #include "request.h"
@@ -23,13 +23,6 @@ const char *hvl__op_name(int op) { return op >= 0 && op < HVL_OP_COUNT ? op_tabl
 int hvl__op_is(int op, unsigned flags)
 {
     return op >= 0 && op < HVL_OP_COUNT && (op_table[op].flags & flags) == flags;
-}
-
-static const int dtype_sizes[HVL_DTYPE_COUNT] = {1, 1, 2, 2, 4, 8, 2, 2, 4, 8, 1};
-
-int hvl_dtype_size(int dtype)
-{
-    return dtype >= 0 && dtype < HVL_DTYPE_COUNT ? dtype_sizes[dtype] : 0;
 }
 
 int64_t hvl__shape_elems(int ndim, const int64_t *shape)

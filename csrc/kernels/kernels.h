@@ -1,8 +1,8 @@
 /* kernels.h: element math, shared by the cycle (scaling, averaging) and the data planes
- * (reductions): the MPI datatypes and ops of each hvlite dtype and reduce op (reduce.c, with
- * float16/bfloat16 as MPI user ops), scaling, and the elementwise reduce kernels of the
- * shared-memory plane (reduce_kernels.c). Pure functions, any thread, except setup/teardown
- * (bg thread, once MPI is up). */
+ * (reductions): the dtype table (sizes and names, dtype.c), the MPI datatypes and ops of each
+ * hvlite dtype and reduce op (reduce.c, with float16/bfloat16 as MPI user ops), scaling, and
+ * the elementwise reduce kernels of the shared-memory plane (reduce_kernels.c). Pure
+ * functions, any thread, except setup/teardown (bg thread, once MPI is up). */
 #ifndef HVLITE_KERNELS_H
 #define HVLITE_KERNELS_H
 
@@ -29,7 +29,9 @@ void hvl__adasum_coefficients(const double dots[3], double *ca, double *cb);
 void hvl__adasum_combine(void *out, const void *a, const void *b, int64_t n, int dtype,
                          double ca, double cb);
 int hvl__adasum_dtype_ok(int dtype);
+/* The dtype table (dtype.c): the name of a dtype ("unknown dtype" outside the enum; its size is
+ * hvlite.h's hvl_dtype_size). Cannot fail. */
 const char *hvl__dtype_name(int dtype);
-const char *hvl__reduce_name(int reduce_op);
+const char *hvl__reduce_name(int reduce_op);    /* "Sum", ... (reduce.c); cannot fail */
 
 #endif /* HVLITE_KERNELS_H */

@@ -1,7 +1,7 @@
-/* reduce.c: element types and reductions. Maps hvlite dtypes and reduce ops to MPI; defines the
- * float16/bfloat16 reductions MPI lacks (computed in float32, rounded to nearest even) as MPI
- * user ops; scales buffers for averaging and pre/post factors. bg thread (setup/teardown);
- * the kernels are pure. Integer scaling is computed in double and rounds toward zero. */
+/* reduce.c: reductions. Maps hvlite dtypes and reduce ops to MPI; defines the float16/bfloat16
+ * reductions MPI lacks (computed in float32, rounded to nearest even) as MPI user ops; scales
+ * buffers for averaging and pre/post factors. bg thread (setup/teardown); the kernels are
+ * pure. Integer scaling is computed in double and rounds toward zero. */
 #include <math.h>
 #include <string.h>
 #include "kernels.h"
@@ -118,13 +118,6 @@ void hvl__scale(void *dst, const void *src, int64_t count, int dtype, double fac
         for (int64_t i = 0; i < count; i++) d[i] = float_to_bf16(bf16_to_float(s[i]) * f); } break;
     default: if (dst != src) memcpy(dst, src, (size_t)count * (size_t)hvl_dtype_size(dtype)); break;
     }
-}
-
-const char *hvl__dtype_name(int dtype)
-{
-    static const char *names[HVL_DTYPE_COUNT] = {"uint8", "int8", "uint16", "int16", "int32", "int64",
-                                                 "float16", "bfloat16", "float32", "float64", "bool"};
-    return dtype >= 0 && dtype < HVL_DTYPE_COUNT ? names[dtype] : "unknown dtype";
 }
 
 const char *hvl__reduce_name(int reduce_op)

@@ -105,8 +105,8 @@ int hvl__autotune_start(hvl_engine *e)
     FILE *log = NULL;
     int rc;
     if (e->rank == 0 && e->params.autotune) check_settings(&e->params, error, sizeof(error), &log);
-    HVL_CHECK_GOTO(hvl__mpi_check(MPI_Bcast(error, (int)sizeof(error), MPI_CHAR, 0, e->comm),
-                                  "MPI_Bcast (autotune settings verdict)"), rc, out);
+    HVL_CHECK_GOTO(hvl__bcast_bytes(e->comm, error, (int)sizeof(error), 0, hvl__peer_bound(e),
+                                    "MPI_Ibcast (autotune settings verdict)"), rc, out);
     if (error[0]) {
         e->failed_everywhere = 1;
         rc = hvl__fail(HVL_ERR_INVALID_ARG, "autotune (rank 0's settings): %s", error);
@@ -148,7 +148,7 @@ int hvl__autotune_sync(hvl_engine *e)
     }
     MPI_Request req;
     HVL_CHECK(hvl__mpi_check(MPI_Ibcast(v, 5, MPI_DOUBLE, 0, e->comm, &req), "MPI_Ibcast (autotune values)"));
-    HVL_CHECK(hvl__mpi_wait(&req, e->params.peer_timeout_s, "autotune values from rank 0"));
+    HVL_CHECK(hvl__mpi_wait(&req, hvl__peer_bound(e), "autotune values from rank 0"));
     if (!t) return hvl__fail(HVL_ERR_SYSTEM, "rank 0 sent autotune values but autotune is off on rank %d", e->rank);
     e->params.fusion_threshold = (int64_t)v[0];
     e->params.cycle_time_ms = v[1];
@@ -161,11 +161,11 @@ int hvl__autotune_sync(hvl_engine *e)
     t->bytes = 0;
     t->started = -1;
     publish(e);
-    hvl_log(t->state == HVL_AUTOTUNE_CONVERGED ? HVL_LOG_INFO : HVL_LOG_DEBUG,
-            "autotune %s after %lld samples: fusion threshold %lld B, cycle time %g ms, response cache %s",
-            t->state == HVL_AUTOTUNE_CONVERGED ? "settled" : "trying", (long long)t->samples,
-            (long long)t->current.fusion_threshold, t->current.cycle_time_ms,
-            t->current.response_cache ? "on" : "off");
+    hvl__log(t->state == HVL_AUTOTUNE_CONVERGED ? HVL_LOG_INFO : HVL_LOG_DEBUG,
+             "autotune %s after %lld samples: fusion threshold %lld B, cycle time %g ms, response cache %s",
+             t->state == HVL_AUTOTUNE_CONVERGED ? "settled" : "trying", (long long)t->samples,
+             (long long)t->current.fusion_threshold, t->current.cycle_time_ms,
+             t->current.response_cache ? "on" : "off");
     return HVL_OK;
 }
 
@@ -187,8 +187,8 @@ static void log_sample(hvl_engine *e, hvl_autotune *t, int warmup, double second
                     warmup ? "warmup" : "tune", (long long)p->fusion_threshold, p->cycle_time_ms,
                     p->response_cache, t->cycles, (long long)t->bytes, seconds, score);
     if (n < 0 || fflush(t->log) != 0) {
-        hvl_log(HVL_LOG_WARNING, "cannot write HVLITE_AUTOTUNE_LOG '%s' (%s); no more samples are logged",
-                e->params.autotune_log, strerror(errno));
+        hvl__log(HVL_LOG_WARNING, "cannot write HVLITE_AUTOTUNE_LOG '%s' (%s); no more samples are logged",
+                 e->params.autotune_log, strerror(errno));
         fclose(t->log);
         t->log = NULL;
     }
@@ -208,8 +208,8 @@ static void end_sample(hvl_engine *e, hvl_autotune *t)
     int warmup = t->samples < e->params.autotune_warmup;
     t->samples++;
     log_sample(e, t, warmup, seconds, score);
-    hvl_log(HVL_LOG_DEBUG, "autotune sample %lld (%s): %.3g B/s", (long long)t->samples,
-            warmup ? "warm-up" : "scored", score);
+    hvl__log(HVL_LOG_DEBUG, "autotune sample %lld (%s): %.3g B/s", (long long)t->samples,
+             warmup ? "warm-up" : "scored", score);
     if (!warmup) hvl__search_add(t->search, &t->current, score);
     hvl__search_pick(t->search, &t->current, &t->next);
     t->next_state = hvl__search_done(t->search) ? HVL_AUTOTUNE_CONVERGED : HVL_AUTOTUNE_TUNING;

@@ -195,7 +195,7 @@ static void close_locked(void)
     pthread_mutex_unlock(&tl.lock);
     close(tl.fd);
     tl.fd = -1;
-    hvl_log(HVL_LOG_INFO, "timeline: closed %s (%lld events)", tl.path, (long long)tl.events);
+    hvl__log(HVL_LOG_INFO, "timeline: closed %s (%lld events)", tl.path, (long long)tl.events);
     free(tl.path);
     tl.path = NULL;
 }
@@ -242,7 +242,7 @@ static int open_locked(const char *path, int mark_cycles, int size)
     writer_running = 1;
     npieces = 0;
     __atomic_store_n(&hvl__tl_on, 1, __ATOMIC_RELAXED);
-    hvl_log(HVL_LOG_INFO, "timeline: recording to %s%s", path, mark_cycles ? " (cycles marked)" : "");
+    hvl__log(HVL_LOG_INFO, "timeline: recording to %s%s", path, mark_cycles ? " (cycles marked)" : "");
     return HVL_OK;
 }
 
@@ -279,8 +279,8 @@ int hvl__timeline_startup(hvl_engine *e)
         if (verdict.rc != HVL_OK)
             snprintf(verdict.message, sizeof(verdict.message), "HVLITE_TIMELINE on rank 0: %s", hvl_last_error());
     }
-    HVL_CHECK(hvl__mpi_check(MPI_Bcast(&verdict, (int)sizeof(verdict), MPI_BYTE, 0, e->comm),
-                             "MPI_Bcast (timeline)"));
+    HVL_CHECK(hvl__bcast_bytes(e->comm, &verdict, (int)sizeof(verdict), 0, hvl__peer_bound(e),
+                               "MPI_Ibcast (timeline verdict)"));
     if (verdict.rc != HVL_OK) {
         e->failed_everywhere = 1;
         return hvl__fail(verdict.rc, "%s", verdict.message);

@@ -35,7 +35,7 @@ static void log_line(int level, const char *fmt, va_list ap)
     fflush(stderr);
 }
 
-void hvl_log(int level, const char *fmt, ...)
+void hvl__log(int level, const char *fmt, ...)
 {
     if (level < log_level) return;
     va_list ap;

@@ -1,5 +1,10 @@
 /* util.c: the few helpers too small for a file of their own: a hash (strmap keys, log-once
- * keys, process-set member lists) and relaxed counters. Any thread; they call nothing. */
+ * keys, process-set member lists), relaxed counters, and the tests' stop points. Any thread;
+ * they call no other file. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include "util.h"
 
 uint64_t hvl__hash(const void *data, size_t n, uint64_t h)
@@ -10,3 +15,15 @@ uint64_t hvl__hash(const void *data, size_t n, uint64_t h)
 }
 
 void hvl__count(int64_t *counter, int64_t delta) { __atomic_fetch_add(counter, delta, __ATOMIC_RELAXED); }
+
+void hvl__test_stop_point(const char *spec, int rank, const char *point)
+{
+    if (!spec[0]) return;
+    char *end = NULL;
+    long stop_rank = strtol(spec, &end, 10);
+    if (end == spec || *end != ':' || stop_rank != rank || strcmp(end + 1, point) != 0) return;
+    fprintf(stderr, "[hvlite rank %d] HVLITE_TEST_STOP_AT=%s: stopping this process (SIGSTOP) at %s\n", rank, spec,
+            point);   /* not hvl__log: log.c calls this file's hash */
+    fflush(stderr);
+    raise(SIGSTOP);
+}

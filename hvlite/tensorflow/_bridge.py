@@ -25,8 +25,8 @@ Contract:
   first sees each graph.
 - ``np_dtype(tf_dtype)`` maps a TensorFlow dtype to NumPy and raises ``TypeError`` for a dtype
   the engine does not support, before anything is sent.
-- ``wait_all(handles)`` waits for every handle and then raises the first error, so nothing is
-  left in flight when one request of a group fails.
+- ``wait_all(handles)`` (``hvlite.handles``') waits for every handle and then raises the first
+  error, so nothing is left in flight, and no name taken, when one request of a group fails.
 """
 import collections
 import contextlib
@@ -39,7 +39,7 @@ from tensorflow.python.framework.func_graph import FuncGraph
 from .. import errors
 from ..buffers import is_aligned
 from ..dtypes import by_name
-from ..handles import auto_name
+from ..handles import auto_name, wait_all
 from ..process_sets import rank_and_size
 
 _from_dlpack = tf.experimental.dlpack.from_dlpack
@@ -147,20 +147,6 @@ def op_name(kind, name=None, process_set=None):
     index = counters[key]
     counters[key] += 1
     return "%s.%s.%d" % (_graph_prefix(graph), kind, index)
-
-
-def wait_all(handles):
-    """Wait for every handle; return their results or raise the first error."""
-    results, error = [], None
-    for handle in handles:
-        try:
-            results.append(handle.wait())
-        except Exception as e:   # noqa: BLE001 - re-raised below once all are done
-            results.append(None)
-            error = error or e
-    if error is not None:
-        raise error
-    return results
 
 
 def submit_all(submit_one, items):

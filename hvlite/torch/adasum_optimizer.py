@@ -19,7 +19,7 @@ import torch
 
 from ..collectives import Adasum
 from ..errors import HvliteNotSupportedError
-from ..handles import burst
+from ..handles import burst, wait_all
 from ..objects import allgather_object
 from ..process_sets import rank_and_size
 from .ops import allreduce_async_
@@ -83,8 +83,8 @@ class _AdasumOptimizer:
                     handle = allreduce_async_(delta, name="adasum." + self._names[p], op=Adasum,
                                               process_set=self._process_set)
                     sent.append((handle, delta, ctx))
-            for p, old, (handle, delta, ctx) in zip(self._params, start, sent):
-                handle.wait()
+            wait_all([handle for handle, _, _ in sent])   # every one: each frees its name
+            for p, old, (_, delta, ctx) in zip(self._params, start, sent):
                 p.copy_(old.add_(self._compression.decompress(delta, ctx).to(p.dtype)))
         self._passes_left = {p: self._passes for p in self._params}
         return loss

@@ -11,6 +11,7 @@ trains the same numbers; a stateless optimizer such as plain SGD stays stateless
 import torch
 
 from ..basics import rank
+from ..handles import wait_all
 from ..objects import allgather_object, broadcast_object
 from .ops import broadcast_async_
 
@@ -42,8 +43,7 @@ def broadcast_parameters(params, root_rank=0, process_set=None):
                 continue
             handles.append(broadcast_async_(tensor.data if tensor.requires_grad else tensor,
                                             root_rank, "broadcast_parameters." + name, process_set))
-        for h in handles:
-            h.wait()
+        wait_all(handles)       # every one, also after an error: each frees its name
 
 
 class _TensorSpec:
@@ -124,9 +124,7 @@ def broadcast_optimizer_state(optimizer, root_rank=0, model=None, process_set=No
     if rank() != root_rank:
         tensors = []
         state = _fill(structure, tensors)
-    handles = [broadcast_async_(t, root_rank, "broadcast_optimizer_state.%d" % i, process_set)
-               for i, t in enumerate(tensors)]
-    for h in handles:
-        h.wait()
+    wait_all([broadcast_async_(t, root_rank, "broadcast_optimizer_state.%d" % i, process_set)
+              for i, t in enumerate(tensors)])
     if rank() != root_rank:
         optimizer.load_state_dict(state)

@@ -35,7 +35,7 @@ from ..buffers import CUDA_MEMORY, NULL, allocate, memory, pointer
 from ..collectives import Adasum, Average, InPlace, Max, Min, Product, Source, Sum, reduce_op
 from ..dtypes import by_name
 from ..errors import HvliteInvalidArgument
-from ..handles import Group, Handle, auto_name, burst, submit_group
+from ..handles import Group, Handle, auto_name, burst, submit_group, wait_all
 from ..process_sets import rank_and_size
 from .compression import Compression
 
@@ -278,7 +278,7 @@ class _SparseHandle:
 
     def wait(self):
         if self._result is None:
-            indices, values = self._indices.wait(), self._values.wait()
+            indices, values = wait_all([self._indices, self._values])
             if self._divisor != 1:
                 values = values / self._divisor
             # the indices came from other ranks: check them before torch trusts them
@@ -367,9 +367,9 @@ def _gathered_gradients(ctx, grads):
         averaged = [allreduce_async(g, op=Average, process_set=process_set) for g in grads]
         counts = allgather_async(torch.tensor(ctx.rows, dtype=torch.int64),
                                  process_set=process_set)
-    averaged = [h.wait() for h in averaged]
+    *averaged, counts = wait_all(averaged + [counts])
     me, n = rank_and_size(process_set)
-    starts = counts.wait().reshape(n, len(grads))[:me].sum(0).tolist()
+    starts = counts.reshape(n, len(grads))[:me].sum(0).tolist()
     return [a.narrow(0, start, rows) for a, start, rows in zip(averaged, starts, ctx.rows)]
 
 

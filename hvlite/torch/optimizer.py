@@ -152,12 +152,16 @@ class _DistributedOptimizer:
             for p in self._params:
                 if p not in self._handles:     # no (or too few) backward passes: still take part
                     self._handles[p] = self._start(p)
+        error = None
         for p, (handle, ctx, sent) in self._handles.items():
-            if ctx == "sparse":
-                p.grad = handle.wait()
+            try:
+                result = handle.wait()
+            except Exception as e:   # noqa: BLE001 - every handle is still waited (each frees
+                error = error or e   # its name for the next step); the first error is raised
                 continue
-            handle.wait()
-            if p.grad.is_sparse:     # sparse_as_dense: back to the layout the optimizer expects
+            if ctx == "sparse":
+                p.grad = result
+            elif p.grad.is_sparse:   # sparse_as_dense: back to the layout the optimizer expects
                 p.grad = self._compression.decompress(sent, ctx).to_sparse(p.grad.sparse_dim())
             elif sent is not p.grad:
                 with torch.no_grad():
@@ -166,6 +170,8 @@ class _DistributedOptimizer:
         self._group_ready.clear()
         self._bucket, self._bucket_fill = [], 0
         self._delay = {p: self._passes for p in self._params}
+        if error is not None:
+            raise error
         self._synchronized = True
 
     @contextlib.contextmanager

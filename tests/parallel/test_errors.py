@@ -1,6 +1,7 @@
 """Errors every rank must see: mismatched shape/dtype/op/reduce op/root raise MismatchError on
-every rank, naming the tensor and the rank groups; a duplicate in-flight name is rejected on
-the rank that reuses it; local mistakes raise TypeError/ValueError before any communication.
+every rank, naming the tensor and the rank groups; a name reused before its first request was
+synchronized is rejected on the rank that reuses it, however long ago that request completed;
+local mistakes raise TypeError/ValueError before any communication.
 The engine keeps working after each error. SPMD: run by hvlrun."""
 import numpy as np
 import pytest
@@ -79,8 +80,29 @@ def test_duplicate_in_flight_name():
     else:
         hvd.barrier()                  # rank 0 has retried the name
         assert (hvd.allreduce(np.ones(2, np.float32), name="dup", op=hvd.Sum) == SIZE).all()
-    # the name is free again once the first one completed
+    # the name is free again once the first one was synchronized
     assert (hvd.allreduce(np.ones(2, np.float32), name="dup", op=hvd.Sum) == SIZE).all()
+
+
+@pytest.mark.parametrize("submit", [
+    lambda name: hvd.allreduce_async(np.ones(2, np.float32), name=name, op=hvd.Sum),
+    lambda name: hvd.allgather_async(np.ones((1, 2), np.float32), name=name),
+    lambda name: hvd.broadcast_async(np.ones(2, np.float32), 0, name=name),
+], ids=["allreduce", "allgather", "broadcast"])
+def test_name_stays_taken_until_synchronized(submit):
+    """Horovod's *_duplicate_name_error tests, without their race: a request that has certainly
+    completed (polled until done) still holds its name until it is synchronized, so submitting
+    the name again raises on every rank that does so; after synchronize it is free again."""
+    first = submit("x")
+    deadline = time.monotonic() + 30
+    while not hvd.poll(first):
+        assert time.monotonic() < deadline, "the first 'x' did not complete"
+        time.sleep(0.01)
+    with pytest.raises(hvd.HvliteInvalidArgument, match="'x' is already in flight on this rank") as raised:
+        submit("x")
+    assert "not been synchronized" in str(raised.value)
+    hvd.synchronize(first)
+    hvd.synchronize(submit("x"))      # free again: every rank runs it
 
 
 def test_local_argument_errors():

@@ -3,6 +3,8 @@ async and in-place forms; sparse_allreduce_async. (Gradients: test_torch_grads.p
 or on CUDA tensors with HVLITE_TEST_DEVICE=cuda (torch_device.py): results must come back on the
 input's device.
 SPMD: run by hvlrun."""
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -169,19 +171,20 @@ ASYNC_OPS = {
 
 @pytest.mark.parametrize("op", sorted(ASYNC_OPS))
 def test_duplicate_in_flight_name_raises(op):
-    """A name already in flight on this rank raises at submit, as a ValueError and a
+    """A name whose request has not been synchronized raises at submit, as a ValueError and a
     RuntimeError (Horovod's tests catch either); the first request still completes. Ranks
-    submit in turn, so the request is still in flight (others have not submitted) on every
-    rank but the last."""
+    submit in turn (as Horovod's *_duplicate_name_error tests do), so on the last rank the
+    first request has completed (polled until done) before the repeat: it raises there too."""
     t = torch.ones(SIZE * 2, 3, device=DEVICE)
     for turn in range(SIZE):
         if RANK == turn:
             first = ASYNC_OPS[op](t, "dup." + op)
-            if RANK < SIZE - 1:
-                with pytest.raises(hvd.HvliteInvalidArgument, match="dup." + op) as raised:
-                    ASYNC_OPS[op](t, "dup." + op)
-                assert isinstance(raised.value, ValueError)
-                assert isinstance(raised.value, RuntimeError)
+            while RANK == SIZE - 1 and not hvd.poll(first):
+                time.sleep(0.01)
+            with pytest.raises(hvd.HvliteInvalidArgument, match="dup." + op) as raised:
+                ASYNC_OPS[op](t, "dup." + op)
+            assert isinstance(raised.value, ValueError)
+            assert isinstance(raised.value, RuntimeError)
         hvd.barrier()
     hvd.synchronize(first)
 

@@ -5,7 +5,12 @@ negotiation gets no answer; "mpi": rank 1 stops inside a large allreduce on the 
 (run with HVLITE_SHM_DISABLE=1), so rank 0's collective makes no progress; "shm": inside one on
 the shared-memory plane, so rank 0 waits on its futex word for an arrival that never comes. With
 a short HVLITE_PEER_TIMEOUT_SECONDS rank 0 gets HvliteTimeoutError within seconds, naming rank 1;
-it wakes rank 1 (SIGCONT, so hvlrun's SIGTERM can end it) and exits 3."""
+it wakes rank 1 (SIGCONT, so hvlrun's SIGTERM can end it) and exits 3.
+
+With a second argument "shutdown" (WHERE "mpi" or "shm"), rank 0 also calls shutdown() from
+another thread half a second after rank 1 stopped: the wait on rank 1 looks at the shutdown flag
+and gives up once it is a second old, whatever the peer timeout, so rank 0's allreduce fails
+with HvliteShutdownError and its shutdown() returns within seconds."""
 import os
 import signal
 import sys
@@ -35,12 +40,26 @@ if rank == 1:
     threading.Thread(target=stop, daemon=True).start()
     if where == "negotiation":
         time.sleep(3600)                       # stopped long before this ends
+if rank == 0 and sys.argv[2:] == ["shutdown"]:
+    def shut_down():
+        while hvd.engine_counters()[where + "_collectives"] < 3:
+            time.sleep(0.001)
+        time.sleep(0.5)
+        began = time.monotonic()
+        hvd.shutdown()
+        # one write: the main thread prints at about the same time
+        sys.stdout.write("rank 0 shutdown() returned after %.1f s\n" % (time.monotonic() - began))
+        sys.stdout.flush()
+    threading.Thread(target=shut_down, daemon=True).start()
 start = time.monotonic()
 try:
     for _ in range(1000):
         hvd.allreduce_(big, op=hvd.Sum, name="big")
     print("rank", rank, "UNEXPECTED: completed", flush=True)
-except hvd.HvliteTimeoutError as e:
-    print("rank %d timeout after %.1f s: %s" % (rank, time.monotonic() - start, e), flush=True)
+except (hvd.HvliteTimeoutError, hvd.HvliteShutdownError) as e:
+    kind = "timeout" if isinstance(e, hvd.HvliteTimeoutError) else "shut down"
+    sys.stdout.write("rank %d %s after %.1f s: %s\n" % (rank, kind, time.monotonic() - start, e))
+    sys.stdout.flush()
+    time.sleep(1.0 if kind == "shut down" else 0)    # shutdown() prints when it returned
     os.kill(pids[1], signal.SIGCONT)
     sys.exit(3)

@@ -39,8 +39,31 @@ def plant(path, text):
     ("csrc/core/execute.c", '\n#include "coordinator.h"\n', "private to core/negotiate.c"),
     ("csrc/core/pset.c", "\nconst void *hvl__planted = &hvl__backend_shm;\n", "names the data plane hvl__backend_shm"),
     ("csrc/util/strmap.c", '\n#include "engine.h"\n', "util/ includes engine.h"),
+    # a leaf calling up is judged by where the callee is defined, public hvl_ names included
+    ("csrc/kernels/reduce_kernels.c", "\nint hvl__planted(void) { return (int)hvl_reducescatter_rows(4, 0, 2); }\n",
+     "kernels/reduce_kernels.c calls hvl_reducescatter_rows, defined in core/request.c: kernels/ is a leaf"),
+    ("csrc/util/buf.c", "\nint hvl__planted(void) { return hvl__adasum_dtype_ok(0); }\n",
+     "util/buf.c calls hvl__adasum_dtype_ok, defined in kernels/adasum_kernels.c: util/ is a leaf"),
 ])
 def test_a_planted_violation_is_reported(copy, where, text, expected):
     plant(copy / where, text)
     out = check(str(copy))
     assert out.returncode == 1 and expected in out.stdout, out.stdout
+
+
+def test_a_leaf_calling_up_is_found_whatever_the_name(copy):
+    """A non-static function with no hvl prefix, defined in core/, called from util/: reported
+    as a leaf calling out (the checker does not go by names' prefixes)."""
+    plant(copy / "csrc/core/fusion.c", "\nint planted_helper(int x) { return x + 1; }\n")
+    plant(copy / "csrc/util/util.c", "\nint hvl__planted(void) { return planted_helper(1); }\n")
+    out = check(str(copy))
+    assert out.returncode == 1, out.stdout
+    assert "util/util.c calls planted_helper, defined in core/fusion.c: util/ is a leaf" in out.stdout, out.stdout
+
+
+def test_leaves_calling_leaves_pass(copy):
+    """kernels/ may call util/ and kernels/; util/ may call util/."""
+    plant(copy / "csrc/kernels/reduce_kernels.c", "\nint hvl__planted(void) { return hvl_dtype_size(0) + (int)hvl__now(); }\n")
+    plant(copy / "csrc/util/buf.c", "\nint hvl__planted2(void) { return (int)hvl__now(); }\n")
+    out = check(str(copy))
+    assert out.returncode == 0, out.stdout
