@@ -12,7 +12,6 @@
  * Owns the pinned staging buffer (e->stage_buf). Entries whose buffers are host memory (a joined
  * rank's stand-ins) are left as they are. Nothing here reads or writes device memory itself.
  * bg thread only. */
-#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,11 +52,13 @@ static int reserve(hvl_engine *e, int64_t need)
     return HVL_OK;
 }
 
-/* Polls the engine stream's mark on every device in `devices` until each stream reached it. */
+/* Polls the engine stream's mark on every device in `devices` until each stream reached it,
+ * bounded like every wait on peers (the peer timeout, the shutdown and fatal flags). */
 static int wait_devices(hvl_engine *e, uint64_t devices, const hvl_batch *b, const char *what)
 {
     for (int d = 0; d < 64; d++)
         if (devices >> d & 1) HVL_CHECK(hvl__cuda_mark(d));
+    hvl_bound bound = hvl__peer_bound(e);
     double start = hvl__now(), nap_s = 2e-6;
     for (;;) {
         int all = 1;
@@ -67,15 +68,11 @@ static int wait_devices(hvl_engine *e, uint64_t devices, const hvl_batch *b, con
         }
         if (all) return HVL_OK;
         double waited = hvl__now() - start;
-        if (e->params.peer_timeout_s > 0 && waited > e->params.peer_timeout_s)
+        if (bound.timeout_s > 0 && waited > bound.timeout_s)
             return hvl__fail(HVL_ERR_TIMEOUT, "%s of tensor '%s': the GPU did not get there in %.0f s "
                              "(HVLITE_PEER_TIMEOUT_SECONDS): a kernel before it on the framework's "
                              "stream still runs or hangs", what, b->entries[0]->d.name, waited);
-        if (__atomic_load_n(&e->shutdown_requested, __ATOMIC_ACQUIRE))
-            return hvl__fail(HVL_ERR_SHUT_DOWN, "%s of tensor '%s': shut down while waiting for the "
-                             "GPU", what, b->entries[0]->d.name);
-        int fatal = __atomic_load_n(&e->fatal, __ATOMIC_ACQUIRE);
-        if (fatal != HVL_OK) return hvl__fail(fatal, "%s: the engine failed", what);
+        HVL_CHECK(hvl__bound_flags(&bound, waited, what));
         struct timespec ts = {0, (long)(nap_s * 1e9)};
         nanosleep(&ts, NULL);        /* copies take microseconds to milliseconds: short naps */
         nap_s = nap_s * 2 < 100e-6 ? nap_s * 2 : 100e-6;
@@ -117,7 +114,7 @@ int hvl__stage_in(hvl_engine *e, hvl_batch *b, hvl_stage *st)
     int rc = st->saved ? copy_in(e, b, st) : hvl__oom("staging pointers");
     /* every member agrees before anyone enters the collective */
     return hvl__agree(b->ps->comm, rc, "staging CUDA tensors through host memory",
-                      &b->failed_everywhere, e->params.peer_timeout_s);
+                      &b->failed_everywhere, hvl__peer_bound(e));
 }
 
 int hvl__stage_out(hvl_engine *e, hvl_batch *b, hvl_stage *st)
