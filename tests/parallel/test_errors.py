@@ -3,6 +3,8 @@ every rank, naming the tensor and the rank groups; a name reused before its firs
 synchronized is rejected on the rank that reuses it, however long ago that request completed;
 local mistakes raise TypeError/ValueError before any communication.
 The engine keeps working after each error. SPMD: run by hvlrun."""
+import time
+
 import numpy as np
 import pytest
 
