@@ -48,8 +48,6 @@ def write_build_info(mpi, folder, in_place):
         "version": VERSION,
         "mpi_source": mpi.source,
         "mpi_vendor": vendor,
-        "nccl": False,
-        "shm": sys.platform.startswith("linux"),   # futex + /dev/shm: built wherever the engine builds
     }
     if mpi.source == "pypi-mpich":
         # the wheel at run time is the one installed with hvlite (<sys.prefix>/bin/mpiexec): a

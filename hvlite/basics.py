@@ -184,7 +184,9 @@ def gloo_enabled():
 
 
 def cuda_built():
-    return bool(lib.hvl_nccl_built())
+    """True: CUDA tensors are taken (staged through host memory where no GPU plane runs them;
+    the CUDA driver is loaded at run time, so no build flag decides it)."""
+    return bool(lib.hvl_cuda_built())
 
 
 def rocm_built():

@@ -214,13 +214,31 @@ def test_check_build_report_not_built(tmp_path):
 
 
 def test_check_build_report_built():
-    info = {"version": "0.1.0", "mpi_source": "site", "mpi_vendor": "MPICH Version: 5.0.2\nx",
-            "nccl": True, "shm": False}
-    report = build_info.check_build_report(info, None, "not found")
+    info = {"version": "0.1.0", "mpi_source": "site", "mpi_vendor": "MPICH Version: 5.0.2\nx"}
+    engine = {"planes": ["nccl", "hierarchical", "mpi"], "nccl": True, "shm": False, "cuda": True,
+              "cuda_driver": None}
+    report = build_info.check_build_report(info, None, "not found", {}, engine)
     assert "hvlite version: 0.1.0" in report and "MPI source: site" in report
     assert "MPI vendor: MPICH Version: 5.0.2\n" in report
     assert "mpiexec: none found" in report
     assert "[X] MPI" in report and "[X] NCCL" in report and "[ ] shared memory" in report
+    assert "[X] CUDA tensors (the driver is loaded at run time: not found on this machine)" in report
+    assert "    1. NCCL: " in report and "    2. hierarchical: " in report and "    3. MPI: " in report
+    assert "staged through host memory" not in report           # NCCL runs them
+    unloadable = build_info.check_build_report(info, None, "not found", {}, None)
+    assert "engine: could not be loaded" in unloadable and "[ ] MPI" in unloadable
+
+
+def test_check_build_asks_the_engines_registry():
+    """The planes come from the built engine (its registry), in its order, not from a list kept
+    beside it."""
+    engine = build_info.ask_engine()
+    assert engine is not None
+    assert engine["planes"] == ["shm", "hierarchical", "mpi"] and engine["cuda"] and not engine["nccl"]
+    report = build_info.check_build_report(build_info.load_build_info(), None, "not found", {},
+                                           engine)
+    assert "[X] MPI" in report and "[ ] NCCL" in report and "[X] shared memory" in report
+    assert "CUDA tensors: staged through host memory" in report
 
 
 def test_rank_from_env_order():
@@ -246,16 +264,17 @@ def test_timeline_flags(capsys):
 
 
 def test_check_build_report_lists_data_planes_in_priority_order():
-    info = {"version": "0.1.0", "mpi_source": "site", "nccl": False, "shm": True}
-    report = build_info.check_build_report(info, None, "not found", {})
-    planes = report.split("Data planes")[1].splitlines()[1:]
-    assert [p.split(":")[0].split(". ")[1] for p in planes] == \
-        ["NCCL", "shared memory", "hierarchical", "MPI"]
-    assert "on; HVLITE_SHM_DISABLE=1 turns it off" in planes[1]
-    assert "off; hvlrun --hierarchical-allreduce" in planes[2]
-    off = build_info.check_build_report(info, None, "not found", {"HOROVOD_SHM_DISABLE": "1"})
+    info = {"version": "0.1.0", "mpi_source": "site"}
+    engine = {"planes": ["shm", "hierarchical", "mpi"], "nccl": False, "shm": True, "cuda": True}
+    report = build_info.check_build_report(info, None, "not found", {}, engine)
+    planes = report.split("Data planes")[1].splitlines()[1:4]
+    assert [p.split(":")[0].split(". ")[1] for p in planes] == ["shared memory", "hierarchical", "MPI"]
+    assert "on; HVLITE_SHM_DISABLE=1 turns it off" in planes[0]
+    assert "off; hvlrun --hierarchical-allreduce" in planes[1]
+    off = build_info.check_build_report(info, None, "not found", {"HOROVOD_SHM_DISABLE": "1"}, engine)
     assert "OFF: HVLITE_SHM_DISABLE is set" in off
-    hier = build_info.check_build_report(info, None, "not found", {"HVLITE_HIERARCHICAL_ALLREDUCE": "1"})
+    hier = build_info.check_build_report(info, None, "not found",
+                                         {"HVLITE_HIERARCHICAL_ALLREDUCE": "1"}, engine)
     assert "on: HVLITE_HIERARCHICAL_ALLREDUCE is set" in hier
 
 

@@ -1,10 +1,14 @@
-"""What the engine was built with, read without importing the engine.
+"""What the engine was built with, learned without loading the engine into hvlrun.
 
 Contract:
   * The engine's build writes ``hvlite/_build_info.json`` next to ``hvlite/__init__.py``; it is
     found relative to this package (never by importing ``hvlite``) and may be absent, which means
     "engine not built". Keys used: ``version``, ``mpi_source`` ("pypi-mpich" or "site"),
-    ``mpi_bindir``, ``mpi_vendor``, ``nccl``, ``shm``.
+    ``mpi_bindir``, ``mpi_vendor``.
+  * Which data planes were built, and whether CUDA tensors are taken, only the engine's registry
+    knows (csrc/backends/backend.c): :func:`ask_engine` loads the engine in a child Python (the
+    same hvlite as this hvlrun; nothing is initialised there) and asks it. It returns None when
+    the engine cannot be loaded; it never loads CUDA (the driver is only looked for).
   * :func:`find_mpiexec` looks in this order: ``$HVLITE_MPIEXEC``; the build's MPI
     (``<mpi_bindir>/mpiexec`` for "site", ``<sys.prefix>/bin/mpiexec`` for "pypi-mpich");
     ``mpiexec`` then ``mpirun`` on ``PATH``. A candidate from the build info that does not exist
@@ -17,15 +21,31 @@ Contract:
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Mapping, Optional, Tuple
 
 from ..world.mpi_command import query_flavour
 
-__all__ = ["BUILD_INFO_PATH", "load_build_info", "find_mpiexec", "check_build_report"]
+__all__ = ["BUILD_INFO_PATH", "load_build_info", "ask_engine", "find_mpiexec", "check_build_report"]
 
 BUILD_INFO_PATH = Path(__file__).resolve().parents[2] / "_build_info.json"
+_PACKAGE_ROOT = Path(__file__).resolve().parents[3]     # the folder holding this hvlite
+
+# Run in a child Python: the registry's planes in priority order, and the build facts it answers.
+_ASK_ENGINE = """
+import ctypes.util, json
+from hvlite._lib import ffi, lib
+out = ffi.new("hvl_backend_counters *")
+planes = []
+for i in range(lib.hvl_backend_count()):
+    lib.hvl_get_backend_counters(i, out)
+    planes.append(ffi.string(out.name).decode())
+print(json.dumps({"planes": planes, "nccl": bool(lib.hvl_nccl_built()),
+                  "shm": bool(lib.hvl_shm_built()), "cuda": bool(lib.hvl_cuda_built()),
+                  "cuda_driver": ctypes.util.find_library("cuda")}))
+"""
 
 
 def load_build_info(path: Optional[Path] = None) -> Optional[dict]:
@@ -52,6 +72,25 @@ def load_build_info(path: Optional[Path] = None) -> Optional[dict]:
     if not isinstance(info, dict):
         raise ValueError("%s does not hold a JSON object" % path)
     return info
+
+
+def ask_engine(timeout: float = 60.0) -> Optional[dict]:
+    """Ask the built engine's registry (see the module contract).
+
+    Returns:
+        ``{"planes": [names in priority order], "nccl", "shm", "cuda": bools, "cuda_driver":
+        the CUDA driver library found on this machine or None}``, or None when the engine
+        cannot be loaded (not built, or its MPI library missing). Cannot fail.
+    """
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), env.get("PYTHONPATH")]))
+    try:
+        done = subprocess.run([sys.executable, "-c", _ASK_ENGINE], env=env, capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        answer = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+    return answer if isinstance(answer, dict) and isinstance(answer.get("planes"), list) else None
 
 
 def _build_candidate(info: Optional[Mapping]) -> Optional[Path]:
@@ -98,7 +137,8 @@ def _box(flag: bool) -> str:
 
 
 def check_build_report(info: Optional[Mapping], mpiexec: Optional[str], how: str,
-                       environ: Optional[Mapping[str, str]] = None) -> str:
+                       environ: Optional[Mapping[str, str]] = None,
+                       engine: Optional[Mapping] = None) -> str:
     """Format the ``--check-build`` report.
 
     Args:
@@ -106,6 +146,7 @@ def check_build_report(info: Optional[Mapping], mpiexec: Optional[str], how: str
         mpiexec: the mpiexec :func:`find_mpiexec` chose, or None.
         how: where it came from (second value of :func:`find_mpiexec`).
         environ: the settings that decide which data planes are on; ``os.environ`` when omitted.
+        engine: the engine's answer (:func:`ask_engine`), or None when it could not be loaded.
 
     Returns:
         The report, several lines ending in a newline.
@@ -119,18 +160,31 @@ def check_build_report(info: Optional[Mapping], mpiexec: Optional[str], how: str
         lines.append("MPI source: %s" % info.get("mpi_source", "unknown"))
         vendor = str(info.get("mpi_vendor", "unknown")).strip().splitlines() or ["unknown"]
         lines.append("MPI vendor: %s" % vendor[0])
+        if engine is None:
+            lines.append("engine: could not be loaded (run `python -c 'import hvlite'` to see why)")
     if mpiexec is None:
         lines.append("mpiexec: none found (set HVLITE_MPIEXEC or put mpiexec on PATH)")
     else:
         lines.append("mpiexec: %s (%s), flavour %s" % (mpiexec, how, query_flavour(mpiexec)))
-    built = info is not None
+    engine = engine or {}
+    planes = engine.get("planes", [])
+    cuda = "CUDA tensors"
+    if engine.get("cuda"):
+        cuda += " (the driver is loaded at run time: %s on this machine)" % (
+            "found, %s" % engine["cuda_driver"] if engine.get("cuda_driver") else "not found")
     lines += ["", "Available features:",
-              "    %s MPI" % _box(built),
-              "    %s NCCL" % _box(built and bool(info.get("nccl"))),
-              "    %s shared memory" % _box(built and bool(info.get("shm")))]
-    if built:
-        lines += ["", "Data planes, in the order the engine offers each collective to them:"]
-        lines += ["    %d. %s" % (i + 1, text) for i, text in enumerate(_data_planes(info, environ))]
+              "    %s MPI" % _box("mpi" in planes),
+              "    %s NCCL" % _box(bool(engine.get("nccl"))),
+              "    %s shared memory" % _box(bool(engine.get("shm"))),
+              "    %s %s" % (_box(bool(engine.get("cuda"))), cuda)]
+    if planes:
+        lines += ["", "Data planes (the engine's registry), in the order it offers each "
+                      "collective to them:"]
+        lines += ["    %d. %s" % (i + 1, _describe_plane(name, environ))
+                  for i, name in enumerate(planes)]
+        if engine.get("cuda") and not engine.get("nccl"):
+            lines.append("    CUDA tensors: staged through host memory to the planes above "
+                         "(no plane of this build runs them on the GPU)")
     return "\n".join(lines) + "\n"
 
 
@@ -139,21 +193,22 @@ def _setting(environ: Mapping[str, str], suffix: str) -> str:
     return environ.get("HVLITE_" + suffix, environ.get("HOROVOD_" + suffix, "")).strip()
 
 
-def _data_planes(info: Mapping, environ: Optional[Mapping[str, str]]) -> list:
-    """Describe each backend of the engine's registry (csrc/backends/backend.c), in its priority order,
-    with whether this environment's settings leave it on. Cannot fail."""
+def _describe_plane(name: str, environ: Optional[Mapping[str, str]]) -> str:
+    """One plane of the registry, with whether this environment's settings leave it on. Cannot
+    fail (a plane this launcher does not know is named as it is)."""
     environ = os.environ if environ is None else environ
     shm_off = _setting(environ, "SHM_DISABLE") not in ("", "0")
     hier_on = _setting(environ, "HIERARCHICAL_ALLREDUCE") not in ("", "0")
-    planes = ["NCCL: GPU buffers (%s)" % ("built" if info.get("nccl") else "not built")]
-    if not info.get("shm"):
-        planes.append("shared memory: not built")
-    else:
-        planes.append("shared memory: collectives of a set whose ranks share one host, but "
-                      "broadcasts of 1 MiB or more at 2 ranks (%s)"
-                      % ("OFF: HVLITE_SHM_DISABLE is set" if shm_off else "on; HVLITE_SHM_DISABLE=1 turns it off"))
-        planes.append("hierarchical: allreduce of a set spread over hosts (%s)"
-                      % ("on: HVLITE_HIERARCHICAL_ALLREDUCE is set" if hier_on and not shm_off
-                         else "off; hvlrun --hierarchical-allreduce turns it on"))
-    planes.append("MPI: everything else (always)")
-    return planes
+    if name == "nccl":
+        return "NCCL: GPU buffers of sets whose ranks each have their own GPU"
+    if name == "shm":
+        return ("shared memory: collectives of a set whose ranks share one host, but broadcasts "
+                "of 1 MiB or more at 2 ranks (%s)" % ("OFF: HVLITE_SHM_DISABLE is set" if shm_off
+                                                      else "on; HVLITE_SHM_DISABLE=1 turns it off"))
+    if name == "hierarchical":
+        return ("hierarchical: allreduce of a set spread over hosts (%s)"
+                % ("on: HVLITE_HIERARCHICAL_ALLREDUCE is set" if hier_on and not shm_off
+                   else "off; hvlrun --hierarchical-allreduce turns it on"))
+    if name == "mpi":
+        return "MPI: everything else in host memory (always)"
+    return name

@@ -32,7 +32,7 @@ from ..world.run import HOST_LOST_CODE, START_TIMEOUT_CODE, run_job
 from ..world.say import say
 from ..world.spec import Launch, WorldSpec
 from ..world.start import command as launch_command
-from .build_info import check_build_report, find_mpiexec, load_build_info
+from .build_info import ask_engine, check_build_report, find_mpiexec, load_build_info
 from .flags import (DEFAULT_HEARTBEAT_TIMEOUT, build_parser, check_usage, first_discovered,
                     is_elastic)
 from .knobs import KNOBS, knob_env
@@ -81,7 +81,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     info = _build_info()
     mpiexec, how = find_mpiexec(info)
     if args.check_build:
-        sys.stdout.write(check_build_report(info, mpiexec, how, dict(os.environ, **knob_env(args))))
+        engine = ask_engine() if info is not None else None
+        sys.stdout.write(check_build_report(info, mpiexec, how, dict(os.environ, **knob_env(args)),
+                                            engine))
         return 0
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.module:
