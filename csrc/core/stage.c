@@ -7,11 +7,15 @@
  * engine's stream, bounded by the peer timeout and the shutdown and fatal flags.
  *
  * Agreement: a failed copy to the host would leave the other members waiting in the collective,
- * so the members agree on the stage-in (hvl__agree) and fail the batch alike. The copy back
- * runs after the collective; a failure there is this rank's alone (fatal to its engine).
- * Owns the pinned staging buffer (e->stage_buf). Entries whose buffers are host memory (a joined
- * rank's stand-ins) are left as they are. Nothing here reads or writes device memory itself.
- * bg thread only. */
+ * so the members agree on the stage-in (hvl__agree) and fail the batch alike (this rank keeps its
+ * own error's status and message). The copy back runs after the collective; a failure there is
+ * this rank's alone (fatal to its engine).
+ * Owns the pinned staging buffer (e->stage_buf). It is only freed or reused when no copy can
+ * still touch it: every batch waits for its copies, and after an error with copies queued the
+ * copies are waited for (bounded); when that wait gives up too (a kernel before them hangs), the
+ * buffer is abandoned to them (never freed: a leak rather than memory written after its free).
+ * Entries whose buffers are host memory (a joined rank's stand-ins) are left as they are.
+ * Nothing here reads or writes device memory itself. bg thread only. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,20 +28,44 @@
 
 static int64_t aligned(int64_t n) { return (n + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN; }
 
-/* Bytes of an entry's output: the input's for allreduce and broadcast (staged in place), this
- * rank's rows for reducescatter; 0 where the engine owns the result (allgather, alltoall). */
-static int64_t output_bytes(const hvl_batch *b, const hvl_entry *en)
+/* Bytes of an entry's output kept apart from its input in the pinned buffer: this rank's rows
+ * for reducescatter; 0 for allreduce and broadcast (staged in place) and where the engine owns
+ * the result (allgather, alltoall). */
+static int64_t separate_output_bytes(const hvl_batch *b, const hvl_entry *en)
+{
+    if (b->op != HVL_REDUCESCATTER) return 0;
+    return hvl_reducescatter_rows(en->d.shape[0], b->ps->rank, b->ps->size) * hvl__row_bytes(en);
+}
+
+/* Bytes copied back to the caller's device output: the whole tensor for allreduce and
+ * broadcast (but an in-place broadcast's root, whose tensor is unchanged), this rank's rows for
+ * reducescatter, nothing where the engine owns the result. */
+static int64_t result_bytes(const hvl_engine *e, const hvl_batch *b, const hvl_entry *en,
+                            const hvl_stage_saved *saved)
 {
     switch (b->op) {
-    case HVL_ALLREDUCE: case HVL_BROADCAST: return hvl__desc_bytes(&en->d);
-    case HVL_REDUCESCATTER:
-        return hvl_reducescatter_rows(en->d.shape[0], b->ps->rank, b->ps->size) * hvl__row_bytes(en);
+    case HVL_ALLREDUCE: return hvl__desc_bytes(&en->d);
+    case HVL_BROADCAST:
+        return e->rank == b->root_rank && saved->output == saved->input ? 0 : hvl__desc_bytes(&en->d);
+    case HVL_REDUCESCATTER: return separate_output_bytes(b, en);
     default: return 0;
     }
 }
 
-/* Room in the pinned buffer: grown (never shrunk) to the next power of 2 from STAGE_MIN. */
-static int reserve(hvl_engine *e, int64_t need)
+/* Gives the pinned buffer up to copies that may still be queued on it: never freed or reused. */
+static void abandon(hvl_engine *e)
+{
+    if (e->stage_buf)
+        hvl__log_once("stage abandoned", HVL_LOG_WARNING, "a GPU copy of the staged path did not "
+                      "finish; its page-locked buffer (%lld bytes) is left to it, not freed",
+                      (long long)e->stage_cap);
+    e->stage_buf = NULL;
+    e->stage_cap = 0;
+}
+
+/* Room in the pinned buffer: grown (never shrunk) to the next power of 2 from STAGE_MIN. The old
+ * buffer is idle (see the file note). `dev`: a device whose context makes the allocation. */
+static int reserve(hvl_engine *e, int dev, int64_t need)
 {
     if (need <= e->stage_cap) return HVL_OK;
     int64_t cap = e->stage_cap > STAGE_MIN ? e->stage_cap : STAGE_MIN;
@@ -46,7 +74,7 @@ static int reserve(hvl_engine *e, int64_t need)
     e->stage_buf = NULL;
     e->stage_cap = 0;
     void *buf;
-    HVL_CHECK(hvl__cuda_host_alloc(&buf, cap));
+    HVL_CHECK(hvl__cuda_host_alloc(dev, &buf, cap));
     e->stage_buf = buf;
     e->stage_cap = cap;
     return HVL_OK;
@@ -79,53 +107,87 @@ static int wait_devices(hvl_engine *e, uint64_t devices, const hvl_batch *b, con
     }
 }
 
+/* Waits for the batch's copies; if the wait gives up, they may still run: abandon the buffer. */
+static int finish_copies(hvl_engine *e, uint64_t devices, const hvl_batch *b, const char *what)
+{
+    int rc = devices ? wait_devices(e, devices, b, what) : HVL_OK;
+    if (rc != HVL_OK) abandon(e);
+    return rc;
+}
+
+/* After error rc with copies already queued: wait for them (bounded) before the caller lets go
+ * of the memory they touch, then return rc with its own message. */
+static int settle(hvl_engine *e, uint64_t devices, const hvl_batch *b, int rc)
+{
+    char why[1024];
+    snprintf(why, sizeof(why), "%s", hvl_last_error());
+    finish_copies(e, devices, b, "finishing the copies queued before an error");
+    return hvl__fail(rc, "%s", why);
+}
+
 /* Copies this rank's device inputs into the pinned buffer and points the entries at the copies
  * (the caller's pointers are kept in st). */
 static int copy_in(hvl_engine *e, hvl_batch *b, hvl_stage *st)
 {
     int64_t need = 0;
-    for (int i = 0; i < b->count; i++)
-        if (b->entries[i]->device >= 0)
-            need += aligned(hvl__desc_bytes(&b->entries[i]->d)) + aligned(output_bytes(b, b->entries[i]));
+    int first = -1, rc = HVL_OK;
+    for (int i = 0; i < b->count; i++) {
+        const hvl_entry *en = b->entries[i];
+        if (en->device < 0) continue;
+        need += aligned(hvl__desc_bytes(&en->d)) + aligned(separate_output_bytes(b, en));
+        if (first < 0) first = en->device;
+    }
     if (need == 0) return HVL_OK;
-    HVL_CHECK(reserve(e, need));
+    HVL_CHECK(reserve(e, first, need));
     char *at = e->stage_buf;
     for (int i = 0; i < b->count; i++) {
         hvl_entry *en = b->entries[i];
         if (en->device < 0) continue;
-        int64_t in_bytes = hvl__desc_bytes(&en->d), out_bytes = output_bytes(b, en);
-        int in_place = b->op == HVL_ALLREDUCE || b->op == HVL_BROADCAST;
+        int64_t in_bytes = hvl__desc_bytes(&en->d), out_bytes = separate_output_bytes(b, en);
         int sends = b->op != HVL_BROADCAST || e->rank == b->root_rank;   /* others only receive */
         st->saved[i] = (hvl_stage_saved){en->input, en->output, 1};
         st->devices |= 1ull << en->device;
-        if (en->ready_event) HVL_CHECK(hvl__cuda_wait_event(en->device, en->ready_event));
-        if (sends && in_bytes > 0) HVL_CHECK(hvl__cuda_copy_to_host(en->device, at, en->input, in_bytes));
+        if (en->ready_event) HVL_CHECK_GOTO(hvl__cuda_wait_event(en->device, en->ready_event), rc, failed);
+        if (sends && in_bytes > 0)
+            HVL_CHECK_GOTO(hvl__cuda_copy_to_host(en->device, at, en->input, in_bytes), rc, failed);
         en->input = at;
-        en->output = in_place ? at : out_bytes > 0 ? at + aligned(in_bytes) : NULL;
+        en->output = b->op == HVL_REDUCESCATTER ? at + aligned(in_bytes)
+                     : b->op == HVL_ALLREDUCE || b->op == HVL_BROADCAST ? at : NULL;
         at += aligned(in_bytes) + aligned(out_bytes);
     }
-    return wait_devices(e, st->devices, b, "copying to host memory");
+    return finish_copies(e, st->devices, b, "copying to host memory");
+failed:
+    return settle(e, st->devices, b, rc);
 }
 
 int hvl__stage_in(hvl_engine *e, hvl_batch *b, hvl_stage *st)
 {
     memset(st, 0, sizeof(*st));
     st->saved = calloc((size_t)b->count, sizeof(*st->saved));
-    int rc = st->saved ? copy_in(e, b, st) : hvl__oom("staging pointers");
+    int mine = st->saved ? copy_in(e, b, st) : hvl__oom("staging pointers");
+    char why[1024] = "";
+    if (mine != HVL_OK) snprintf(why, sizeof(why), "%s", hvl_last_error());
     /* every member agrees before anyone enters the collective */
-    return hvl__agree(b->ps->comm, rc, "staging CUDA tensors through host memory",
-                      &b->failed_everywhere, hvl__peer_bound(e));
+    int rc = hvl__agree(b->ps->comm, mine, "staging CUDA tensors through host memory",
+                        &b->failed_everywhere, hvl__peer_bound(e));
+    if (rc != HVL_OK && mine != HVL_OK && b->failed_everywhere)
+        return hvl__fail(mine, "%s", why);             /* this rank's own error, as it was */
+    return rc;
 }
 
 int hvl__stage_out(hvl_engine *e, hvl_batch *b, hvl_stage *st)
 {
-    for (int i = 0; i < b->count; i++) {
+    int rc = HVL_OK;
+    for (int i = 0; st->saved && i < b->count; i++) {
         hvl_entry *en = b->entries[i];
-        int64_t bytes = output_bytes(b, en);
-        if (!st->saved || !st->saved[i].staged || bytes == 0) continue;
-        HVL_CHECK(hvl__cuda_copy_to_device(en->device, st->saved[i].output, en->output, bytes));
+        int64_t bytes = st->saved[i].staged ? result_bytes(e, b, en, &st->saved[i]) : 0;
+        if (bytes > 0)
+            HVL_CHECK_GOTO(hvl__cuda_copy_to_device(en->device, st->saved[i].output, en->output, bytes),
+                           rc, failed);
     }
-    return st->devices ? wait_devices(e, st->devices, b, "copying back to the GPU") : HVL_OK;
+    return finish_copies(e, st->devices, b, "copying back to the GPU");
+failed:
+    return settle(e, st->devices, b, rc);
 }
 
 void hvl__stage_end(hvl_batch *b, hvl_stage *st)
@@ -141,7 +203,7 @@ void hvl__stage_end(hvl_batch *b, hvl_stage *st)
 
 void hvl__stage_free(hvl_engine *e)
 {
-    hvl__cuda_host_free(e->stage_buf);
+    hvl__cuda_host_free(e->stage_buf);     /* idle, or already abandoned (NULL) */
     e->stage_buf = NULL;
     e->stage_cap = 0;
     hvl__cuda_release();

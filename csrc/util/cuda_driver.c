@@ -183,17 +183,20 @@ int hvl__cuda_mark_reached(int dev, int *done)
     return rc == CU_NOT_READY ? HVL_OK : check(rc, "cuEventQuery");
 }
 
-int hvl__cuda_host_alloc(void **out, int64_t bytes)
+int hvl__cuda_host_alloc(int dev, void **out, int64_t bytes)
 {
     *out = NULL;
-    HVL_CHECK(hvl__cuda_load());
+    HVL_CHECK(hvl__cuda_use(dev));      /* cuMemHostAlloc needs a current context */
     return check(cu.host_alloc(out, (size_t)(bytes > 0 ? bytes : 1), HOST_ALLOC_PORTABLE),
                  "cuMemHostAlloc (page-locked staging memory)");
 }
 
 void hvl__cuda_host_free(void *p)
 {
-    if (p && hvl__cuda_loaded()) cu.host_free(p);
+    if (!p || !hvl__cuda_loaded()) return;
+    for (int dev = 0; dev < HVL_CUDA_MAX_DEVICES; dev++)     /* any context of ours will do */
+        if (devices[dev].ctx && cu.ctx_set_current(devices[dev].ctx) == CU_SUCCESS) break;
+    cu.host_free(p);
 }
 
 void hvl__cuda_release(void)

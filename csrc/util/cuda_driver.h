@@ -39,8 +39,10 @@ int hvl__cuda_copy_to_device(int dev, void *device, const void *host, int64_t by
  * the stream has reached the mark. Neither call waits: the caller polls, bounded. */
 int hvl__cuda_mark(int dev);
 int hvl__cuda_mark_reached(int dev, int *done);
-/* Page-locked host memory that every context can copy from asynchronously; NULL-safe free. */
-int hvl__cuda_host_alloc(void **out, int64_t bytes);
+/* Page-locked host memory that every context can copy from asynchronously, allocated with
+ * device `dev`'s context current; NULL-safe free (with one of the engine's contexts current).
+ * The caller frees it only when no copy can still touch it. */
+int hvl__cuda_host_alloc(int dev, void **out, int64_t bytes);
 void hvl__cuda_host_free(void *p);
 /* Destroys the streams and events and releases the contexts this thread took (the engine's
  * stop). The library stays loaded. Cannot fail. */

@@ -1,4 +1,4 @@
-"""Horovod's torch collectives on the hvlite engine (CPU tensors).
+"""Horovod's torch collectives on the hvlite engine (CPU and CUDA tensors).
 
 Contract: every function is a collective: every rank calls it, in the same order, with the same
 name (or every rank with none), dtype, and the shape rules of its op (see ``hvlite.ops``).
@@ -20,9 +20,16 @@ of each rank's loss, these are equal for allreduce and alltoall, ``1/n`` of it f
 and broadcast, and ``n`` times it for reducescatter (so reducescatter then allgather has
 allreduce's gradient). Backward passes are collectives too: every rank runs them, same order.
 
-Errors: ``TypeError`` for a non-tensor, an unsupported dtype or a CUDA tensor (the NCCL backend
-is not built yet: move tensors to the CPU); ``ValueError`` for bad arguments; ``HvliteError``
-subclasses for what the engine and the other ranks report.
+CUDA tensors: results come back on the input's device. At submit an event is recorded on the
+current stream of the tensor's device (after the output is allocated), which the engine's copies
+wait for on the engine's own stream; when the handle completes the result is written, for any
+stream. Every rank of the set must use the same kind of memory for a tensor (else MismatchError
+on every rank).
+
+Errors: ``TypeError`` for a non-tensor, an unsupported dtype or a tensor on another device kind
+(neither CPU nor CUDA); ``ValueError`` for bad arguments; ``HvliteError`` subclasses for what the
+engine and the other ranks report (a CUDA tensor on a machine without the CUDA driver fails at
+submit).
 """
 import math
 
@@ -197,7 +204,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     """Reduce ``tensor`` over every rank (default op: Average); differentiable.
 
     Args:
-        tensor: CPU tensor, same shape and dtype on every rank.
+        tensor: CPU or CUDA tensor, same shape, dtype and kind of memory on every rank.
         average: deprecated; False means Sum.
         name: unique among this rank's pending collectives; generated if None.
         compression: Compression.none or Compression.fp16 (compresses on the wire).
@@ -295,7 +302,7 @@ def sparse_allreduce_async(tensor, name=None, op=Average, process_set=None):
     the set's size for Average, when the handle is called (or synchronized).
 
     Args:
-        tensor: a sparse COO CPU tensor, same dense shape on every rank (any number of
+        tensor: a sparse COO tensor (CPU or CUDA), same dense shape on every rank (any number of
             non-zeros).
         name: unique among this rank's pending collectives; generated if None.
         op: Average or Sum.
@@ -538,7 +545,8 @@ barrier = _np_ops.barrier
 
 def join(device=-1, process_set=None):
     """Declare that this rank has no more batches; see ``hvlite.join``. ``device`` is accepted
-    for Horovod compatibility (CPU only). Returns the rank that joined last."""
+    for Horovod compatibility (the engine needs no device for it). Returns the rank that joined
+    last."""
     return _np_ops.join(process_set)
 
 
