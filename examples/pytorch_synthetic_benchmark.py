@@ -22,6 +22,14 @@ import torch
 import torch.nn.functional as F
 
 
+def shortcut(cin, cout, stride):
+    """The residual path's projection where the shape changes (None: identity)."""
+    if stride == 1 and cin == cout:
+        return None
+    return torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 1, stride, bias=False),
+                               torch.nn.BatchNorm2d(cout))
+
+
 class Block(torch.nn.Module):
     def __init__(self, cin, cout, stride):
         super().__init__()
@@ -29,10 +37,7 @@ class Block(torch.nn.Module):
         self.bn1 = torch.nn.BatchNorm2d(cout)
         self.conv2 = torch.nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
         self.bn2 = torch.nn.BatchNorm2d(cout)
-        self.short = None
-        if stride != 1 or cin != cout:
-            self.short = torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                             torch.nn.BatchNorm2d(cout))
+        self.short = shortcut(cin, cout, stride)
 
     def forward(self, x):
         y = F.relu(self.bn1(self.conv1(x)))
@@ -69,10 +74,7 @@ class Bottleneck(torch.nn.Module):
         self.bn2 = torch.nn.BatchNorm2d(width)
         self.conv3 = torch.nn.Conv2d(width, cout, 1, bias=False)
         self.bn3 = torch.nn.BatchNorm2d(cout)
-        self.short = None
-        if stride != 1 or cin != cout:
-            self.short = torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                             torch.nn.BatchNorm2d(cout))
+        self.short = shortcut(cin, cout, stride)
 
     def forward(self, x):
         y = F.relu(self.bn1(self.conv1(x)))

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from jobs import MULTIPLIER, run_job
+from jobs import MULTIPLIER, run_job, run_spmd
 
 
 def _gpu_count():
@@ -37,12 +37,7 @@ SPMD_FILES = {"tests/gpu/test_cuda_only.py": {},
 @pytest.mark.parametrize("np_", [1, 2, 4])
 @pytest.mark.parametrize("path", sorted(SPMD_FILES))
 def test_gpu_spmd_file(path, np_):
-    env = dict({"HVLITE_SPMD": "1"}, **SPMD_FILES[path])
-    job = run_job(np_, ["python", "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", path],
-                  timeout=600, env=env)
-    assert job.returncode == 0, "hvlrun -np %d pytest %s failed (rc %d)\n--- stdout\n%s\n--- stderr\n%s" % (
-        np_, path, job.returncode, job.stdout[-6000:], job.stderr[-3000:])
-    assert " passed" in job.stdout
+    run_spmd(np_, path, timeout=600, env=SPMD_FILES[path])
 
 
 def test_killed_rank_during_a_cuda_allreduce_ends_the_job_naming_it():
