@@ -73,10 +73,13 @@ def main():
         return worker(args.worker, args.model, args.batch_size, args.iters, args.warmup)
     py, bindir = sys.executable, os.path.dirname(sys.executable)
     common = ["--batch-size", str(args.batch_size), "--iters", str(args.iters), "--warmup", str(args.warmup)]
+    # The example takes Horovod's flags: one step per iteration gives the median step.
+    example = ["--batch-size", str(args.batch_size), "--num-iters", str(args.iters),
+               "--num-warmup-batches", str(args.warmup), "--num-batches-per-iter", "1"]
     rows = []
     for model in args.models:
         hvl = run([os.path.join(bindir, "hvlrun"), "-np", str(args.ranks), py, EXAMPLE, "--model", model,
-                   "--json"] + common)
+                   "--json"] + example)
         ddp = run([os.path.join(bindir, "torchrun"), "--standalone", "--nproc_per_node", str(args.ranks),
                    __file__, "--worker", "ddp", "--model", model] + common)
         one = run([py, __file__, "--worker", "single", "--model", model] + common)

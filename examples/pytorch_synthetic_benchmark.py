@@ -1,17 +1,23 @@
-"""Synthetic training throughput with hvlite (Horovod's pytorch_synthetic_benchmark, on CPU).
+"""Synthetic training throughput with hvlite: Horovod's pytorch_synthetic_benchmark, drop-in.
 
-    hvlrun -np 2 python examples/pytorch_synthetic_benchmark.py --model resnet --batch-size 32
-    hvlrun -np 2 python examples/pytorch_synthetic_benchmark.py --model mlp --iters 30
+    hvlrun -np 2 python examples/pytorch_synthetic_benchmark.py                   # ResNet-50
+    hvlrun -np 2 python examples/pytorch_synthetic_benchmark.py --model resnet --num-iters 5
+    hvlrun -np 4 python examples/pytorch_synthetic_benchmark.py --fp16-allreduce  # on GPUs
 
-Models (built here: torchvision does not import beside this torch build):
+Horovod's flags (--model, --batch-size, --num-warmup-batches, --num-batches-per-iter,
+--num-iters, --fp16-allreduce, --use-adasum, --no-cuda) and Horovod's lines: img/sec per device
+for each iteration, their mean +- 1.96 standard deviations, and the total over all devices. Each
+rank uses the GPU of its local rank when CUDA is available (unless --no-cuda), else the CPU.
+
+Models built here (torchvision's are used for any other name, when torchvision is installed):
+  resnet50  ResNet-50 (3-4-6-3 bottleneck blocks, widths 64-512 times 4) on 224x224 images, 1000
+          classes: 161 parameter tensors, 25.6 M parameters, torchvision's layout — the default;
   resnet  ResNet-34 layout (3-4-6-3 basic blocks, widths 16-128) on 32x32 images: 110 parameter
           tensors, 1.3 M parameters — many small gradients, where fusion matters;
   mlp     5 fully connected layers of width 1024: 10 parameter tensors, 4.2 M parameters — few
-          large gradients, where bandwidth matters;
-  resnet50  ResNet-50 (3-4-6-3 bottleneck blocks, widths 64-512 times 4) on 224x224 images, 1000
-          classes: 161 parameter tensors, 25.6 M parameters — the standard GPU benchmark.
-Prints samples/s per rank and in total (median step time over --iters after --warmup steps).
-``--json`` prints one JSON line instead (used by bench/torch_training.py).
+          large gradients, where bandwidth matters.
+``--json`` prints one JSON line instead: samples/s over all ranks, each rank's from its median
+iteration (bench/torch_training.py runs it with --num-batches-per-iter 1: the median step).
 """
 import argparse
 import json
@@ -101,8 +107,11 @@ class ResNet50(torch.nn.Module):
         return self.fc(F.adaptive_avg_pool2d(self.blocks(self.stem(x)), 1).flatten(1))
 
 
+BUILT_HERE = ("resnet50", "resnet", "mlp")
+
+
 def build(name):
-    """(model, input batch maker) for a model name."""
+    """(model, input batch maker) for a model name: one built here, else torchvision's."""
     if name == "resnet50":
         return ResNet50(), lambda b: (torch.randn(b, 3, 224, 224), torch.randint(0, 1000, (b,)))
     if name == "resnet":
@@ -113,55 +122,112 @@ def build(name):
             layers += [torch.nn.Linear(1024, 1024), torch.nn.ReLU()]
         model = torch.nn.Sequential(*layers, torch.nn.Linear(1024, 10))
         return model, lambda b: (torch.randn(b, 1024), torch.randint(0, 10, (b,)))
-    raise ValueError("unknown model %r (resnet, resnet50, mlp)" % name)
+    try:
+        from torchvision import models
+    except ImportError:
+        raise SystemExit("unknown model %r: built here are %s; any other needs torchvision"
+                         % (name, ", ".join(BUILT_HERE)))
+    if not callable(getattr(models, name, None)):
+        raise SystemExit("unknown model %r: neither built here (%s) nor in torchvision.models"
+                         % (name, ", ".join(BUILT_HERE)))
+    return getattr(models, name)(), \
+        lambda b: (torch.randn(b, 3, 224, 224), torch.randint(0, 1000, (b,)))
 
 
-def step_times(model, optimizer, batch, iters, warmup):
+def step_times(model, optimizer, batch, iters, warmup, per_iter=1):
+    """Seconds of each of `iters` timed iterations of `per_iter` training steps, after `warmup`
+    steps. On a GPU each iteration ends with a synchronize, so it times the work, not the launch."""
     x, y = batch
-    times = []
-    for i in range(warmup + iters):
-        t = time.perf_counter()
+    cuda = x.is_cuda
+
+    def step():
         optimizer.zero_grad()
         F.cross_entropy(model(x), y).backward()
         optimizer.step()
-        if i >= warmup:
-            times.append(time.perf_counter() - t)
+
+    for _ in range(warmup):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        for _ in range(per_iter):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
     return times
 
 
-def main():
+def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="resnet", choices=["resnet", "resnet50", "mlp"])
-    p.add_argument("--batch-size", type=int, default=32, help="per rank")
-    p.add_argument("--iters", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--fp16-allreduce", action="store_true")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--model", default="resnet50",
+                   help="resnet50, resnet, mlp, or any torchvision model (default resnet50)")
+    p.add_argument("--batch-size", type=int, default=32, help="per rank (default 32)")
+    p.add_argument("--num-warmup-batches", type=int, default=10,
+                   help="steps before timing (default 10)")
+    p.add_argument("--num-batches-per-iter", type=int, default=10,
+                   help="steps in one timed iteration (default 10)")
+    p.add_argument("--num-iters", type=int, default=10, help="timed iterations (default 10)")
+    p.add_argument("--fp16-allreduce", action="store_true",
+                   help="send gradients as float16 (hvd.Compression.fp16)")
+    p.add_argument("--use-adasum", action="store_true",
+                   help="reduce with Adasum instead of averaging (power-of-2 ranks)")
+    p.add_argument("--no-cuda", action="store_true", help="train on the CPU even with a GPU")
+    p.add_argument("--json", action="store_true", help="print one JSON line (for bench/)")
     args = p.parse_args()
+    args.cuda = not args.no_cuda and torch.cuda.is_available()
+    return args
 
+
+def main():
+    args = parse_args()
     import hvlite.torch as hvd
     hvd.init()
     torch.manual_seed(0)
-    torch.set_num_threads(1)
+    if args.cuda:
+        torch.cuda.set_device(hvd.local_rank())
+    else:
+        torch.set_num_threads(1)  # ranks share the cores: one thread each, no oversubscription
+    device = torch.device("cuda" if args.cuda else "cpu")
     model, make_batch = build(args.model)
+    model.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression)
+                                         compression=compression,
+                                         op=hvd.Adasum if args.use_adasum else hvd.Average)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    times = step_times(model, optimizer, make_batch(args.batch_size), args.iters, args.warmup)
-    per_rank = args.batch_size / statistics.median(times)
-    total = hvd.allreduce(torch.tensor(per_rank, dtype=torch.float64), op=hvd.Sum, name="rate").item()
-    if hvd.rank() == 0:
-        params = sum(1 for _ in model.parameters())
-        if args.json:
-            print(json.dumps({"runner": "hvlite", "model": args.model, "ranks": hvd.size(),
-                              "samples_per_s": total, "parameter_tensors": params}))
-        else:
-            print("model %s (%d parameter tensors), batch %d per rank, %d ranks" %
-                  (args.model, params, args.batch_size, hvd.size()))
-            print("samples/s per rank: %.1f   total: %.1f" % (per_rank, total))
+    batch = tuple(t.to(device) for t in make_batch(args.batch_size))
+    if hvd.rank() == 0 and not args.json:
+        print("Model: %s\nBatch size: %d\nNumber of %ss: %d\nRunning benchmark..."
+              % (args.model, args.batch_size, "GPU" if args.cuda else "CPU", hvd.size()), flush=True)
+    times = step_times(model, optimizer, batch, args.num_iters, args.num_warmup_batches,
+                       args.num_batches_per_iter)
+    samples = args.batch_size * args.num_batches_per_iter
+    # Every rank's rate for each iteration, summed over ranks once timing is over.
+    rates = hvd.allreduce(torch.tensor([samples / t for t in times], dtype=torch.float64),
+                          op=hvd.Sum, name="benchmark.rates")
+    median = hvd.allreduce(torch.tensor(samples / statistics.median(times), dtype=torch.float64),
+                           op=hvd.Sum, name="benchmark.median")
+    if hvd.rank() != 0:
+        return
+    if args.json:
+        print(json.dumps({"runner": "hvlite", "model": args.model, "ranks": hvd.size(),
+                          "samples_per_s": median.item(),
+                          "parameter_tensors": sum(1 for _ in model.parameters())}))
+        return
+    unit = "GPU" if args.cuda else "CPU"
+    per_device = [r / hvd.size() for r in rates.tolist()]
+    for i, r in enumerate(per_device):
+        print("Iter #%d: %.1f img/sec per %s" % (i, r, unit))
+    mean = statistics.fmean(per_device)
+    conf = 1.96 * (statistics.stdev(per_device) if len(per_device) > 1 else 0.0)
+    print("Img/sec per %s: %.1f +-%.1f" % (unit, mean, conf))
+    print("Total img/sec on %d %s(s): %.1f +-%.1f" % (hvd.size(), unit, hvd.size() * mean,
+                                                     hvd.size() * conf))
 
 
 if __name__ == "__main__":

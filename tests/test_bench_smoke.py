@@ -114,3 +114,42 @@ def test_elastic_reform_bench_smoke():
     row = [line for line in job.stdout.splitlines() if line.startswith("numpy ")]
     assert len(row) == 1 and len(row[0].split()) == 7, job.stdout
     assert all(float(v) > 0 for v in row[0].split()[2:]), job.stdout
+
+
+def _synthetic(extra):
+    job = run_job(2, ["python", "examples/pytorch_synthetic_benchmark.py", "--model", "mlp",
+                      "--batch-size", "4", "--num-warmup-batches", "1",
+                      "--num-batches-per-iter", "2", "--num-iters", "3"] + extra, timeout=180)
+    assert job.returncode == 0, job.stdout + job.stderr
+    return [line.split(": ", 1)[-1] for line in job.stdout.splitlines()
+            if line.startswith("[0]")]
+
+
+def test_synthetic_benchmark_prints_horovods_lines():
+    """examples/pytorch_synthetic_benchmark.py takes Horovod's flags and prints its lines: one
+    per iteration, the mean +- 1.96 std per device, the total on all devices (on CPUs here)."""
+    lines = _synthetic([])
+    assert lines[:3] == ["Model: mlp", "Batch size: 4", "Number of CPUs: 2"], lines
+    iters = [float(l.split()[2]) for l in lines if l.startswith("Iter #")]
+    assert len(iters) == 3 and min(iters) > 0, lines
+    per = [l for l in lines if l.startswith("Img/sec per CPU: ")]
+    total = [l for l in lines if l.startswith("Total img/sec on 2 CPU(s): ")]
+    assert len(per) == 1 and len(total) == 1, lines
+    mean, conf = (float(v) for v in per[0].split(": ")[1].split(" +-"))
+    assert abs(mean - sum(iters) / 3) < 0.1 and conf >= 0, lines
+    assert abs(float(total[0].split(": ")[1].split(" +-")[0]) - 2 * mean) < 0.2, lines
+
+
+def test_synthetic_benchmark_adasum_fp16_json():
+    """--use-adasum, --fp16-allreduce and --json (bench/torch_training.py's form) together."""
+    lines = _synthetic(["--use-adasum", "--fp16-allreduce", "--json"])
+    result = json.loads([l for l in lines if l.startswith("{")][0])
+    assert result["model"] == "mlp" and result["ranks"] == 2, lines
+    assert result["samples_per_s"] > 0 and result["parameter_tensors"] == 10, lines
+
+
+def test_synthetic_benchmark_unknown_model():
+    job = run_job(2, ["python", "examples/pytorch_synthetic_benchmark.py", "--model", "nosuch"],
+                  timeout=120)
+    assert job.returncode != 0
+    assert "unknown model 'nosuch'" in job.stdout + job.stderr, job.stdout + job.stderr
