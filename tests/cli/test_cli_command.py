@@ -239,6 +239,7 @@ def test_check_build_asks_the_engines_registry():
                                            engine)
     assert "[X] MPI" in report and "[ ] NCCL" in report and "[X] shared memory" in report
     assert "CUDA tensors: staged through host memory" in report
+    assert "\nNCCL library: " in report          # where it would come from, or what was tried
 
 
 def test_rank_from_env_order():

@@ -14,8 +14,10 @@ Contract:
     ``mpiexec`` then ``mpirun`` on ``PATH``. A candidate from the build info that does not exist
     is skipped.
   * :func:`check_build_report` formats the ``--check-build`` text: the build, the features, and
-    the data planes in the engine's priority order with whether the settings leave each on; it
-    runs at most one ``mpiexec --version``.
+    the data planes in the engine's priority order with whether the settings leave each on, and
+    the NCCL library a GPU plane would load (hvlite/_nccl_find.py, asked in the same child, which
+    loads it to read its version; the launcher never does); it runs at most one
+    ``mpiexec --version``.
 """
 
 import json
@@ -42,9 +44,17 @@ planes = []
 for i in range(lib.hvl_backend_count()):
     lib.hvl_get_backend_counters(i, out)
     planes.append(ffi.string(out.name).decode())
+from hvlite import _nccl_find
+try:
+    found = _nccl_find.find_nccl()
+    nccl_lib = {"path": found.path, "source": found.source, "tried": found.tried}
+    if found.path:
+        nccl_lib["version"] = _nccl_find.nccl_version(found)
+except _nccl_find.NcclNotFound as e:
+    nccl_lib = {"error": str(e)}
 print(json.dumps({"planes": planes, "nccl": bool(lib.hvl_nccl_built()),
                   "shm": bool(lib.hvl_shm_built()), "cuda": bool(lib.hvl_cuda_built()),
-                  "cuda_driver": ctypes.util.find_library("cuda")}))
+                  "cuda_driver": ctypes.util.find_library("cuda"), "nccl_lib": nccl_lib}))
 """
 
 
@@ -177,6 +187,8 @@ def check_build_report(info: Optional[Mapping], mpiexec: Optional[str], how: str
               "    %s NCCL" % _box(bool(engine.get("nccl"))),
               "    %s shared memory" % _box(bool(engine.get("shm"))),
               "    %s %s" % (_box(bool(engine.get("cuda"))), cuda)]
+    if "nccl_lib" in engine:
+        lines.append("NCCL library: %s" % _describe_nccl_lib(engine["nccl_lib"]))
     if planes:
         lines += ["", "Data planes (the engine's registry), in the order it offers each "
                       "collective to them:"]
@@ -186,6 +198,15 @@ def check_build_report(info: Optional[Mapping], mpiexec: Optional[str], how: str
             lines.append("    CUDA tensors: staged through host memory to the planes above "
                          "(no plane of this build runs them on the GPU)")
     return "\n".join(lines) + "\n"
+
+
+def _describe_nccl_lib(found: Mapping) -> str:
+    """The child's answer on the NCCL library, in one line. Cannot fail."""
+    if found.get("error"):
+        return "unusable: %s" % found["error"]
+    if not found.get("path"):
+        return "none found (tried %s)" % "; ".join(found.get("tried", []))
+    return "NCCL %s from %s (%s)" % (found.get("version", "?"), found["path"], found["source"])
 
 
 def _setting(environ: Mapping[str, str], suffix: str) -> str:

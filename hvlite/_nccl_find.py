@@ -1,0 +1,105 @@
+"""Finds the NCCL library the engine's GPU plane will load at run time (stdlib only).
+
+NCCL is never linked: a CPU machine must load hvlite without it, and the NCCL a user has is
+usually the one their torch brought. Order, as documented in the README:
+
+1. ``HVLITE_NCCL_LIB``: a path to ``libnccl.so.2``. Set but not a file is an error (a setting
+   the user wrote is never silently passed over).
+2. The ``nvidia-nccl-cu*`` wheel installed in this Python (torch's CUDA builds depend on it),
+   found through the wheel's own file list, as :mod:`hvlite._mpi_find` finds the mpich wheel.
+3. The system's: ``libnccl.so.2`` where the loader finds it (``ldconfig``'s cache,
+   ``LD_LIBRARY_PATH``), asked through :func:`ctypes.util.find_library`.
+
+Contract:
+  * :func:`find_nccl` returns a :class:`NcclLibrary`: the path (or soname) and where it came
+    from, or ``path`` None when none of the three has one; ``tried`` lists what was looked at,
+    for messages. Raises :class:`NcclNotFound` only for a ``HVLITE_NCCL_LIB`` that is not a
+    file. Loads nothing.
+  * :func:`nccl_version` loads the library (``ctypes``; no GPU needed) and returns its version
+    as ``"2.32.3"``. Raises :class:`NcclNotFound` when it cannot be loaded or is not NCCL (no
+    ``ncclGetVersion``).
+"""
+import ctypes
+import ctypes.util
+import os
+from dataclasses import dataclass, field
+from typing import List, Mapping, Optional
+
+SONAME = "libnccl.so.2"
+# torch's CUDA 13 and CUDA 12 builds depend on these; NVIDIA's unsuffixed name last.
+WHEELS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl")
+
+
+class NcclNotFound(RuntimeError):
+    """The NCCL library asked for cannot be used; the message says which and why."""
+
+
+@dataclass
+class NcclLibrary:
+    path: Optional[str]  # an absolute path, the soname for the system's loader, None: not found
+    source: str          # "HVLITE_NCCL_LIB", the wheel's name, "system", or "" (not found)
+    tried: List[str] = field(default_factory=list)
+
+
+def _wheel_library(name: str) -> Optional[str]:
+    """libnccl.so.2 of the installed wheel `name`, from the wheel's file list; None if the wheel
+    is not installed or lists no such file."""
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+        dist = distribution(name)
+    except (ImportError, PackageNotFoundError):
+        return None
+    for f in dist.files or ():
+        if str(f).replace("\\", "/").endswith("/" + SONAME):
+            path = os.path.realpath(str(dist.locate_file(f)))
+            if os.path.isfile(path):
+                return path
+    return None
+
+
+def find_nccl(environ: Optional[Mapping[str, str]] = None) -> NcclLibrary:
+    """The NCCL library to load, in the documented order (see the module's docstring)."""
+    environ = os.environ if environ is None else environ
+    tried = []
+    given = environ.get("HVLITE_NCCL_LIB", "").strip()
+    if given:
+        if not os.path.isfile(given):
+            raise NcclNotFound("HVLITE_NCCL_LIB=%s: no such file (it should name %s)"
+                               % (given, SONAME))
+        return NcclLibrary(os.path.abspath(given), "HVLITE_NCCL_LIB", ["HVLITE_NCCL_LIB"])
+    tried.append("HVLITE_NCCL_LIB (unset)")
+    for wheel in WHEELS:
+        path = _wheel_library(wheel)
+        if path:
+            return NcclLibrary(path, wheel, tried + [wheel])
+    tried.append("the %s wheels (none installed in this Python)" % "/".join(WHEELS))
+    if ctypes.util.find_library("nccl"):
+        return NcclLibrary(SONAME, "system", tried + ["system"])
+    tried.append("the system (%s not on the loader's path)" % SONAME)
+    return NcclLibrary(None, "", tried)
+
+
+def nccl_version(library: NcclLibrary) -> str:
+    """Load `library` (found: ``path`` not None) and return NCCL's version, e.g. ``"2.32.3"``."""
+    try:
+        lib = ctypes.CDLL(library.path)
+    except OSError as e:
+        raise NcclNotFound("cannot load NCCL from %s (%s): %s"
+                           % (library.path, library.source, e)) from None
+    try:
+        get_version = lib.ncclGetVersion
+    except AttributeError:
+        raise NcclNotFound("%s (%s) is not NCCL: it has no ncclGetVersion"
+                           % (library.path, library.source)) from None
+    code = ctypes.c_int(0)
+    if get_version(ctypes.byref(code)) != 0:
+        raise NcclNotFound("ncclGetVersion failed in %s" % library.path)
+    return format_version(code.value)
+
+
+def format_version(code: int) -> str:
+    """NCCL's version code as text: major*10000 + minor*100 + patch since 2.9, major*1000 +
+    minor*100 + patch before (nccl.h's NCCL_VERSION)."""
+    if code >= 10000:
+        return "%d.%d.%d" % (code // 10000, code % 10000 // 100, code % 100)
+    return "%d.%d.%d" % (code // 1000, code % 1000 // 100, code % 100)
