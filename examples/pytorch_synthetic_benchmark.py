@@ -7,7 +7,8 @@
 Horovod's flags (--model, --batch-size, --num-warmup-batches, --num-batches-per-iter,
 --num-iters, --fp16-allreduce, --use-adasum, --no-cuda) and Horovod's lines: img/sec per device
 for each iteration, their mean +- 1.96 standard deviations, and the total over all devices. Each
-rank uses the GPU of its local rank when CUDA is available (unless --no-cuda), else the CPU.
+rank uses the GPU of its local rank (modulo the GPUs there are) when CUDA is available (unless
+--no-cuda), else the CPU.
 
 Models built here (torchvision's are used for any other name, when torchvision is installed):
   resnet50  ResNet-50 (3-4-6-3 bottleneck blocks, widths 64-512 times 4) on 224x224 images, 1000
@@ -187,7 +188,8 @@ def main():
     hvd.init()
     torch.manual_seed(0)
     if args.cuda:
-        torch.cuda.set_device(hvd.local_rank())
+        # One GPU per rank; with more ranks than GPUs they share (hvlite stages their buffers).
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     else:
         torch.set_num_threads(1)  # ranks share the cores: one thread each, no oversubscription
     device = torch.device("cuda" if args.cuda else "cpu")
