@@ -40,16 +40,19 @@ class MpiBuild:
     rpath_dirs: list = field(default_factory=list)      # the wrapper's rpaths, then library_dirs
 
 
-def _wheel_mpicc():
-    """mpicc of the installed mpich wheel, found through the wheel's own file list, so it is
-    recognised wherever pip put it (a venv, pip's isolated build environment, ~/.local)."""
+def wheel_file(wheel, suffix):
+    """The real path of the file ending in `suffix` that the installed `wheel` lists, found
+    through the wheel's own file list, so it is found wherever pip put it (a venv, pip's isolated
+    build environment, ~/.local); None if the wheel is not installed or lists no such file.
+    Also finds NCCL's library in torch's nvidia-nccl wheel (hvlite/_nccl_find.py)."""
     try:
         from importlib.metadata import PackageNotFoundError, distribution
-        dist = distribution("mpich")
+        dist = distribution(wheel)
     except (ImportError, PackageNotFoundError):
         return None
     for f in dist.files or ():
-        if str(f).replace("\\", "/").endswith("bin/mpicc"):
+        name = str(f).replace("\\", "/")
+        if name == suffix or name.endswith("/" + suffix):
             path = os.path.realpath(str(dist.locate_file(f)))
             if os.path.isfile(path):
                 return path
@@ -59,7 +62,7 @@ def _wheel_mpicc():
 def _candidates():
     """(mpicc, source, label) in the documented order; the wheel's own mpicc is "pypi-mpich"
     however it was named (HVLITE_MPICC, PATH, or found through the wheel)."""
-    wheel = _wheel_mpicc()
+    wheel = wheel_file("mpich", "bin/mpicc")
 
     def source(path):
         return "pypi-mpich" if wheel and os.path.realpath(path) == wheel else "site"

@@ -6,7 +6,8 @@ usually the one their torch brought. Order, as documented in the README:
 1. ``HVLITE_NCCL_LIB``: a path to ``libnccl.so.2``. Set but not a file is an error (a setting
    the user wrote is never silently passed over).
 2. The ``nvidia-nccl-cu*`` wheel installed in this Python (torch's CUDA builds depend on it),
-   found through the wheel's own file list, as :mod:`hvlite._mpi_find` finds the mpich wheel.
+   found through the wheel's own file list (:func:`hvlite._mpi_find.wheel_file`, which finds
+   the mpich wheel's mpicc too).
 3. The system's: ``libnccl.so.2`` where the loader finds it (``ldconfig``'s cache,
    ``LD_LIBRARY_PATH``), asked through :func:`ctypes.util.find_library`.
 
@@ -25,6 +26,8 @@ import os
 from dataclasses import dataclass, field
 from typing import List, Mapping, Optional
 
+from ._mpi_find import wheel_file
+
 SONAME = "libnccl.so.2"
 # torch's CUDA 13 and CUDA 12 builds depend on these; NVIDIA's unsuffixed name last.
 WHEELS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl")
@@ -41,22 +44,6 @@ class NcclLibrary:
     tried: List[str] = field(default_factory=list)
 
 
-def _wheel_library(name: str) -> Optional[str]:
-    """libnccl.so.2 of the installed wheel `name`, from the wheel's file list; None if the wheel
-    is not installed or lists no such file."""
-    try:
-        from importlib.metadata import PackageNotFoundError, distribution
-        dist = distribution(name)
-    except (ImportError, PackageNotFoundError):
-        return None
-    for f in dist.files or ():
-        if str(f).replace("\\", "/").endswith("/" + SONAME):
-            path = os.path.realpath(str(dist.locate_file(f)))
-            if os.path.isfile(path):
-                return path
-    return None
-
-
 def find_nccl(environ: Optional[Mapping[str, str]] = None) -> NcclLibrary:
     """The NCCL library to load, in the documented order (see the module's docstring)."""
     environ = os.environ if environ is None else environ
@@ -69,7 +56,7 @@ def find_nccl(environ: Optional[Mapping[str, str]] = None) -> NcclLibrary:
         return NcclLibrary(os.path.abspath(given), "HVLITE_NCCL_LIB", ["HVLITE_NCCL_LIB"])
     tried.append("HVLITE_NCCL_LIB (unset)")
     for wheel in WHEELS:
-        path = _wheel_library(wheel)
+        path = wheel_file(wheel, "nvidia/nccl/lib/" + SONAME)
         if path:
             return NcclLibrary(path, wheel, tried + [wheel])
     tried.append("the %s wheels (none installed in this Python)" % "/".join(WHEELS))
