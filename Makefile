@@ -23,11 +23,14 @@ export HVLITE_MPICC
 setup: $(STAMP) build
 
 # torch==2.13.0 is pinned: pip takes the CPU wheel on this machine's disk (never a CUDA build).
+# NCCL's wheel (as torch's CUDA builds bring it; from disk too) gives the tests nccl.h to check
+# the GPU plane's declarations against, and a real library for the finder and --check-build.
 $(STAMP): Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "setuptools>=64" wheel cffi numpy ml_dtypes pytest mpich mpi4py "torch==2.13.0" \
 		"tensorflow-cpu==2.21.0" scikit-learn pyyaml
+	$(PY) -m pip install -q --no-deps "nvidia-nccl-cu13==2.30.7"
 	touch $(STAMP)
 
 build: $(STAMP)

@@ -16,6 +16,9 @@ Contract:
     from, or ``path`` None when none of the three has one; ``tried`` lists what was looked at,
     for messages. Raises :class:`NcclNotFound` only for a ``HVLITE_NCCL_LIB`` that is not a
     file. Loads nothing.
+  * :func:`engine_library` is what the engine is told to load (``hvlite.init()`` puts it in
+    ``HVLITE_NCCL_LIB`` when that is unset): the wheel's library, or None, where the engine's
+    own ``dlopen("libnccl.so.2")`` finds the system's. Reads metadata only; loads nothing.
   * :func:`nccl_version` loads the library (``ctypes``; no GPU needed) and returns its version
     as ``"2.32.3"``. Raises :class:`NcclNotFound` when it cannot be loaded or is not NCCL (no
     ``ncclGetVersion``).
@@ -64,6 +67,19 @@ def find_nccl(environ: Optional[Mapping[str, str]] = None) -> NcclLibrary:
         return NcclLibrary(SONAME, "system", tried + ["system"])
     tried.append("the system (%s not on the loader's path)" % SONAME)
     return NcclLibrary(None, "", tried)
+
+
+def engine_library(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The wheel's NCCL for the engine when ``HVLITE_NCCL_LIB`` is unset, else None (see the
+    module's docstring)."""
+    environ = os.environ if environ is None else environ
+    if environ.get("HVLITE_NCCL_LIB", "").strip():
+        return None
+    for wheel in WHEELS:
+        path = wheel_file(wheel, "nvidia/nccl/lib/" + SONAME)
+        if path:
+            return path
+    return None
 
 
 def nccl_version(library: NcclLibrary) -> str:

@@ -50,6 +50,16 @@ def _check_same_settings(process_sets):
                          "sets at run time" % (sets, old_sets or "no extra process sets"))
 
 
+def _tell_engine_where_nccl_is():
+    """The engine's GPU plane loads HVLITE_NCCL_LIB, else the loader's libnccl.so.2; torch's
+    NCCL lives in its nvidia-nccl wheel, off the loader's path, so point the engine at it
+    (read from the wheel's metadata; nothing is loaded here)."""
+    from . import _nccl_find
+    path = _nccl_find.engine_library()
+    if path:
+        os.environ["HVLITE_NCCL_LIB"] = path
+
+
 def init(comm=None, process_sets=None):
     """Start hvlite on this rank (collective: every rank calls it).
 
@@ -73,6 +83,7 @@ def init(comm=None, process_sets=None):
     if is_initialized() and _started_with is not None:
         _check_same_settings(process_sets)
         return
+    _tell_engine_where_nccl_is()
     _check(lib.hvl_init())
     _refuse_split_slurm_step()
     _setup_global(size())
@@ -208,8 +219,9 @@ def mpi_vendor():
 
 def engine_counters():
     """The engine's counters since init, as a dict: cycles, collectives, tensors_fused, ..., and
-    per data plane ``<plane>_collectives`` and ``<plane>_bytes`` (planes ``shm``,
-    ``hierarchical``, ``mpi``: what each ran)."""
+    per data plane ``<plane>_collectives`` and ``<plane>_bytes`` (planes ``nccl``, ``shm``,
+    ``hierarchical``, ``mpi``: what each ran; a staged CUDA batch counts for the host plane
+    that ran it)."""
     c = ffi.new("hvl_counters *")
     _check(lib.hvl_get_counters(c))
     counters = {f: getattr(c, f) for f, _ in ffi.typeof("hvl_counters").fields}

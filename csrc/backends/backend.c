@@ -7,7 +7,7 @@
 #include "backend.h"
 
 static const hvl_backend *const registry[] = {
-    /* NCCL (GPU buffers) plugs in here, before shared memory. */
+    &hvl__backend_nccl,     /* CUDA tensors, every member on its own GPU (loaded at first use) */
     &hvl__backend_shm,      /* every member of the set on this host (HVLITE_SHM_DISABLE=1: off) */
     &hvl__backend_hier,     /* allreduce across hosts, if HVLITE_HIERARCHICAL_ALLREDUCE=1 */
     &hvl__backend_mpi,      /* everything; last */
@@ -37,25 +37,33 @@ void hvl__planes_close(hvl_pset *ps, int clean)
     }
 }
 
-static int pick(const hvl_engine *e, const hvl_pset *ps, int op, int reduce_op, int dtype,
-                int memory, int64_t bytes)
+int hvl__planes_prepare(hvl_engine *e, hvl_pset *ps, int device)
 {
-    int adasum = op == HVL_ALLREDUCE && reduce_op == HVL_ADASUM;
+    for (int i = 0; i < NPLANES; i++)
+        if (registry[i]->prepare && ps->plane_state[i])
+            HVL_CHECK(registry[i]->prepare(e, ps, ps->plane_state[i], device));
+    return HVL_OK;
+}
+
+static int pick(const hvl_engine *e, const hvl_pset *ps, const hvl_batch_kind *k)
+{
+    int adasum = k->op == HVL_ALLREDUCE && k->reduce_op == HVL_ADASUM;
     for (int i = 0; i < NPLANES; i++) {
         void *state = ps->plane_state[i];
         if (registry[i]->open && !state) continue;      /* it does not serve this set */
         if (adasum && !registry[i]->adasum) continue;
-        if (registry[i]->can_run(e, ps, state, op, dtype, memory, bytes)) return i;
+        if (registry[i]->can_run(e, ps, state, k)) return i;
     }
     return -1;
 }
 
-hvl_plane hvl__plane_for(const hvl_engine *e, const hvl_pset *ps, int op, int reduce_op, int dtype,
-                         int memory, int64_t bytes)
+hvl_plane hvl__plane_for(const hvl_engine *e, const hvl_pset *ps, const hvl_batch_kind *k)
 {
-    int i = pick(e, ps, op, reduce_op, dtype, memory, bytes), staged = 0;
-    if (i < 0 && memory != HVL_MEMORY_HOST) {
-        i = pick(e, ps, op, reduce_op, dtype, HVL_MEMORY_HOST, bytes);
+    int i = pick(e, ps, k), staged = 0;
+    if (i < 0 && k->memory != HVL_MEMORY_HOST) {
+        hvl_batch_kind host = *k;
+        host.memory = HVL_MEMORY_HOST;
+        i = pick(e, ps, &host);
         staged = 1;
     }
     if (i < 0) i = NPLANES - 1;

@@ -12,13 +12,17 @@
  *   communicators may be freed; otherwise peers may be gone). A plane without state leaves
  *   both NULL. A non-OK status from `open` is fatal to the engine.
  * - Choice. For each batch the registry asks, in priority order, every plane that has state for
- *   the set (or needs none) whether it `can_run` (op, dtype, memory kind, bytes of the agreed
- *   batch: the same on every member, so every member picks alike); the first that accepts runs
- *   it. MPI accepts everything in host memory and comes last.
- * - Memory kinds. A plane that accepts HVL_MEMORY_CUDA gets device pointers and must not touch
- *   them from the CPU. A batch of CUDA tensors that no plane accepts is staged: the registry
- *   offers it again as host memory, and the engine runs it on host copies (core/stage.c), so a
- *   host plane only ever sees host memory.
+ *   the set (or needs none) whether it `can_run` the batch (hvl_batch_kind: what the agreed
+ *   responses say, the same on every member, so every member picks alike); the first that
+ *   accepts runs it. MPI accepts everything in host memory and comes last.
+ * - Memory kinds. A batch of CUDA tensors that no plane accepts is staged: the registry offers
+ *   it again as host memory, and the engine runs it on host copies (core/stage.c), so a host
+ *   plane only ever sees host memory. A plane that accepts HVL_MEMORY_CUDA (a device plane)
+ *   has `run_device`, which gets the batch's device pointers (hvl_device_batch) and never
+ *   touches them from the CPU; the engine calls nothing else of it for such a batch. Before a
+ *   CUDA batch is offered, every member calls each plane's `prepare` at the same point of the
+ *   agreed list: there a device plane decides, with collectives among the set if it must,
+ *   whether it serves the set's CUDA batches (the same answer on every member).
  * - Collectives run among the members of `ps` (this rank is one); ranks and counts are indexed
  *   by the rank within the set. Errors follow the engine's rule (util.h): set the message where
  *   it happens. A failed collective is fatal unless the plane agreed the failure with every
@@ -42,14 +46,46 @@ typedef struct hvl_stream {
     void (*drain)(struct hvl_stream *s, int64_t off, int64_t n, const void *from);
 } hvl_stream;
 
+/* What the planes are asked to run: the agreed facts of one batch. */
+typedef struct {
+    int op, reduce_op, dtype;
+    int memory;                 /* hvl_memory of its tensors */
+    int64_t bytes;              /* payload */
+    double prescale, postscale;
+    int even_rows;              /* reducescatter: dim 0 splits evenly over the set's members */
+} hvl_batch_kind;
+
+/* A batch of CUDA tensors for a device plane (run_device). Inputs were written on the caller's
+ * stream up to ready_event (NULL: already written); the plane's work waits for it on the GPU,
+ * and when run_device returns the outputs are written. */
+typedef struct {
+    const void *input;          /* device pointers; input == output: in place */
+    void *output;
+    int64_t count;              /* elements */
+    int device;                 /* CUDA ordinal; -1: a joined rank's stand-in, host zeros that
+                                   take part as zeros (its output is scratch) */
+    void *ready_event;
+} hvl_device_tensor;
+typedef struct {
+    hvl_batch_kind kind;
+    int root;                   /* broadcast: the root's rank within the set */
+    int ntensors;
+    const hvl_device_tensor *tensors;
+    const int64_t *counts;      /* reducescatter: each member's elements of the result */
+    const char *name;           /* the first tensor's name, for messages */
+} hvl_device_batch;
+
 typedef struct {
     const char *name;
     int (*open)(hvl_engine *e, hvl_pset *ps, void **state);    /* optional */
     void (*close)(void *state, int clean);                      /* optional */
-    /* 1 if this plane runs `op` on `dtype` in `memory` (hvl_memory) for `bytes` of payload
-     * among `ps`. */
-    int (*can_run)(const hvl_engine *e, const hvl_pset *ps, const void *state, int op, int dtype,
-                   int memory, int64_t bytes);
+    /* 1 if this plane runs a batch of kind `k` among `ps`. */
+    int (*can_run)(const hvl_engine *e, const hvl_pset *ps, const void *state, const hvl_batch_kind *k);
+    /* Optional: before a CUDA batch is offered (see Memory kinds); `device` is this rank's CUDA
+     * device for the batch, -1 if it has none (a joined rank). Non-OK is fatal. */
+    int (*prepare)(hvl_engine *e, hvl_pset *ps, void *state, int device);
+    /* A device plane's whole batch (see Memory kinds). */
+    int (*run_device)(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device_batch *b);
     /* In place when src == dst. count elements. */
     int (*allreduce)(hvl_engine *e, hvl_pset *ps, void *state, const void *src, void *dst,
                      int64_t count, int dtype, int reduce_op);
@@ -86,14 +122,16 @@ typedef struct hvl_plane {
  * on failure the planes opened so far are closed again. close: every plane's close. */
 int hvl__planes_open(hvl_engine *e, hvl_pset *ps);
 void hvl__planes_close(hvl_pset *ps, int clean);
+/* Every plane's prepare for a CUDA batch of ps (every member, at the same point). */
+int hvl__planes_prepare(hvl_engine *e, hvl_pset *ps, int device);
 /* The first plane, in priority order, that runs this batch in its memory; failing that (CUDA
  * memory and no device plane takes it), the first that runs it in host memory, staged (MPI takes
  * every host batch). An Adasum allreduce goes to the first plane that has .adasum. */
-hvl_plane hvl__plane_for(const hvl_engine *e, const hvl_pset *ps, int op, int reduce_op, int dtype,
-                         int memory, int64_t bytes);
+hvl_plane hvl__plane_for(const hvl_engine *e, const hvl_pset *ps, const hvl_batch_kind *k);
 /* Counts one collective of `bytes` run by p (any thread reads them: hvl_get_backend_counters). */
 void hvl__plane_count(hvl_engine *e, const hvl_plane *p, int64_t bytes);
 
+extern const hvl_backend hvl__backend_nccl;   /* CUDA memory, one GPU per member (NCCL) */
 extern const hvl_backend hvl__backend_mpi;
 extern const hvl_backend hvl__backend_shm;    /* every member on this host */
 extern const hvl_backend hvl__backend_hier;   /* allreduce across hosts: shm, MPI, shm */

@@ -58,11 +58,10 @@ static int allreduce(hvl_engine *e, hvl_pset *ps, void *state, const void *src, 
     return hvl__shm_allreduce_plain(e, ps, state, allreduce_stream, src, dst, count, dtype, reduce_op);
 }
 
-static int can_run(const hvl_engine *e, const hvl_pset *ps, const void *state, int op, int dtype,
-                   int memory, int64_t bytes)
+static int can_run(const hvl_engine *e, const hvl_pset *ps, const void *state, const hvl_batch_kind *k)
 {
-    (void)e; (void)ps; (void)state; (void)dtype; (void)bytes;
-    return op == HVL_ALLREDUCE && memory == HVL_MEMORY_HOST;
+    (void)e; (void)ps; (void)state;
+    return k->op == HVL_ALLREDUCE && k->memory == HVL_MEMORY_HOST;
 }
 
 /* Only sets spread over several hosts, when HVLITE_HIERARCHICAL_ALLREDUCE asks for it (agreed

@@ -19,11 +19,10 @@ static int finish(hvl_engine *e, int mpi_rc, MPI_Request *req, const char *what)
     return hvl__mpi_progress_wait(req, hvl__peer_bound(e), what);
 }
 
-static int can_run(const hvl_engine *e, const hvl_pset *ps, const void *state, int op, int dtype,
-                   int memory, int64_t bytes)
+static int can_run(const hvl_engine *e, const hvl_pset *ps, const void *state, const hvl_batch_kind *k)
 {
-    (void)e; (void)ps; (void)state; (void)op; (void)dtype; (void)bytes;
-    return memory == HVL_MEMORY_HOST;
+    (void)e; (void)ps; (void)state;
+    return k->memory == HVL_MEMORY_HOST;
 }
 
 static int allreduce(hvl_engine *e, hvl_pset *ps, void *state, const void *src, void *dst, int64_t count, int dtype, int reduce_op)

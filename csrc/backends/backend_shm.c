@@ -218,14 +218,13 @@ static int alltoallv(hvl_engine *e, hvl_pset *ps, void *state, const void *src, 
 #define BROADCAST_TWO_RANKS_MAX ((int64_t)1 << 20)   /* see the note at the top */
 
 /* bytes is the agreed response's size, the same on every rank, so every rank picks alike. */
-static int can_run(const hvl_engine *e, const hvl_pset *ps, const void *state, int op, int dtype,
-                   int memory, int64_t bytes)
+static int can_run(const hvl_engine *e, const hvl_pset *ps, const void *state, const hvl_batch_kind *k)
 {
     const hvl_shm *s = state;
-    (void)e; (void)ps; (void)dtype;
-    if (memory != HVL_MEMORY_HOST) return 0;
-    if (op == HVL_BROADCAST && s->local_size == 2 && bytes >= BROADCAST_TWO_RANKS_MAX) return 0;
-    return hvl__op_is(op, HVL_OPF_DATA);
+    (void)e; (void)ps;
+    if (k->memory != HVL_MEMORY_HOST) return 0;
+    if (k->op == HVL_BROADCAST && s->local_size == 2 && k->bytes >= BROADCAST_TWO_RANKS_MAX) return 0;
+    return hvl__op_is(k->op, HVL_OPF_DATA);
 }
 
 /* Only sets whose members all share this host (the same answer on every member), of two or

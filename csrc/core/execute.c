@@ -240,15 +240,15 @@ static void finish_batch(hvl_engine *e, hvl_batch *b, int rc, hvl_outcome *o)
 }
 
 /* A batch of CUDA tensors on a host plane: on host copies of its buffers (stage.h). The set's
- * first member says once per set that its CUDA tensors take this path. */
+ * first member says once per set and op that this op's CUDA tensors take this path. */
 static int run_staged(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outcome *o)
 {
     char key[64];
-    snprintf(key, sizeof(key), "staged path, set %d", b->ps->id);
+    snprintf(key, sizeof(key), "staged path, set %d, op %d", b->ps->id, b->op);
     if (e->rank == b->ps->ranks[0])
-        hvl__log_once(key, HVL_LOG_WARNING, "process set %d: CUDA tensors go through host memory (copied "
-                      "to page-locked memory on hvlite's stream, reduced on the %s plane, copied back): "
-                      "no data plane of this build runs them on the GPU", b->ps->id, p->be->name);
+        hvl__log_once(key, HVL_LOG_WARNING, "process set %d: CUDA %s goes through host memory (copied "
+                      "to page-locked memory on hvlite's stream, run on the %s plane, copied back): "
+                      "no GPU plane runs it here", b->ps->id, hvl__op_name(b->op), p->be->name);
     hvl_stage st;
     int rc = hvl__stage_in(e, b, &st);
     if (rc == HVL_OK) rc = run_batch(e, p, b, o);
@@ -257,17 +257,67 @@ static int run_staged(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outco
     return rc;
 }
 
+/* A batch of CUDA tensors on a device plane: the plane gets the device pointers and runs it
+ * whole (fusion included). A joined rank's stand-ins are host memory with device -1. */
+static int run_device(hvl_engine *e, const hvl_plane *p, const hvl_batch_kind *k, hvl_batch *b)
+{
+    hvl_device_tensor *t = calloc((size_t)b->count, sizeof(*t));
+    int64_t *counts = malloc(sizeof(int64_t) * (size_t)b->ps->size);
+    int rc = HVL_OK;
+    if (!t || !counts) {
+        rc = hvl__oom("a device batch");
+        goto out;
+    }
+    for (int i = 0; i < b->count; i++) {
+        hvl_entry *en = b->entries[i];
+        t[i] = (hvl_device_tensor){en->input, en->output, entry_elems(en), en->device, en->ready_event};
+    }
+    if (b->op == HVL_REDUCESCATTER) {
+        hvl_entry *en = b->entries[0];
+        int64_t row_elems = hvl__row_bytes(en) / hvl_dtype_size(b->dtype);
+        for (int r = 0; r < b->ps->size; r++)
+            counts[r] = hvl_reducescatter_rows(en->d.shape[0], r, b->ps->size) * row_elems;
+    }
+    int root = b->op == HVL_BROADCAST ? hvl__pset_rank_of(b->ps, b->root_rank) : 0;
+    hvl_device_batch db = {*k, root, b->count, t, counts, b->entries[0]->d.name};
+    rc = p->be->run_device(e, b->ps, p->state, &db);
+out:
+    free(t);
+    free(counts);
+    return rc;
+}
+
+/* The agreed facts of a batch the planes choose by (the same on every member). */
+static hvl_batch_kind kind_of(const hvl_batch *b)
+{
+    hvl_batch_kind k = {b->op, b->reduce_op, b->dtype, b->memory, b->bytes, b->prescale, b->postscale, 0};
+    const hvl_entry *en = b->entries[0];
+    if (b->op == HVL_REDUCESCATTER && en->d.ndim > 0) k.even_rows = en->d.shape[0] % b->ps->size == 0;
+    return k;
+}
+
+/* This rank's CUDA device for a batch: its first tensor's; -1 if it has only stand-ins. */
+static int batch_device(const hvl_batch *b)
+{
+    for (int i = 0; i < b->count; i++)
+        if (b->entries[i]->device >= 0) return b->entries[i]->device;
+    return -1;
+}
+
 /* One batch on its plane; its entries finish with the outcome. */
 static int execute_one(hvl_engine *e, hvl_batch *b)
 {
+    int data = hvl__op_is(b->op, HVL_OPF_DATA);
+    hvl_batch_kind k = kind_of(b);
+    if (data && b->memory != HVL_MEMORY_HOST) HVL_CHECK(hvl__planes_prepare(e, b->ps, batch_device(b)));
     hvl_outcome *o = calloc((size_t)b->count, sizeof(hvl_outcome));
     if (!o) return hvl__oom("a batch's outcomes");
-    int data = hvl__op_is(b->op, HVL_OPF_DATA);
-    hvl_plane p = data ? hvl__plane_for(e, b->ps, b->op, b->reduce_op, b->dtype, b->memory, b->bytes)
-                       : (hvl_plane){0};
+    hvl_plane p = data ? hvl__plane_for(e, b->ps, &k) : (hvl_plane){0};
     b->backend = data ? p.be->name : "none";
     double t0 = hvl__now();
-    int rc = p.staged ? run_staged(e, &p, b, o) : run_batch(e, &p, b, o);
+    int rc = p.staged ? run_staged(e, &p, b, o)
+           : data && b->memory != HVL_MEMORY_HOST ? run_device(e, &p, &k, b)
+           : run_batch(e, &p, b, o);
     rc = hvl__peers_explain(e, rc);          /* a timeout names the silent ranks */
     if (data) {
         hvl__count(&e->counters.collectives, 1);

@@ -65,6 +65,11 @@ static const param_def table[] = {
     {"SHM_CHUNK", P_INT64, RANK0, F(shm_chunk), "0",
      "bytes per shared-memory pipeline step and rank (segment: 2 per rank on the host); "
      "0 = 1 MiB, or 4 MiB when the host runs more ranks than cores"},
+    {"NCCL_DISABLE", P_INT, RANK0, F(nccl_disable), "0",
+     "1: CUDA tensors never run on NCCL; they take the staged path (host copies, CPU planes)"},
+    {"NCCL_LIB", P_PATH, LOCAL, F(nccl_lib), "",
+     "the NCCL library (libnccl.so.2) the GPU plane loads; hvlite.init() sets it to torch's "
+     "nvidia-nccl wheel when unset; else the loader's libnccl.so.2"},
     {"TEST_FAKE_HOSTS", P_INT, RANK0, F(test_fake_hosts), "0",
      "tests only: split each host's ranks into this many consecutive fake hosts"},
     {"TEST_STOP_AT", P_PATH, LOCAL, F(test_stop_at), "",
@@ -76,6 +81,8 @@ static const param_def table[] = {
     {"MPIEXEC", P_OTHER, LOCAL, 0, "", "hvlrun: the mpiexec to launch with"},
     {"TEST_TIMEOUT_MULTIPLIER", P_OTHER, LOCAL, 0, "1", "tests: stretch every job timeout"},
     {"SPMD", P_OTHER, LOCAL, 0, "0", "tests: set inside SPMD test jobs"},
+    {"TEST_DEVICE", P_OTHER, LOCAL, 0, "cpu", "tests: cpu or cuda, where the torch SPMD tests put tensors"},
+    {"TEST_NCCL_HOSTID", P_OTHER, LOCAL, 0, "", "tests: per-rank gives each SPMD rank its own NCCL_HOSTID"},
 };
 #undef F
 #define NPARAMS (sizeof(table) / sizeof(table[0]))

@@ -44,6 +44,10 @@ static struct {
     CUresult (*copy_to_device)(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream);
     CUresult (*host_alloc)(void **p, size_t bytes, unsigned int flags);
     CUresult (*host_free)(void *p);
+    CUresult (*bus_id)(char *id, int len, CUdevice dev);
+    CUresult (*mem_alloc)(CUdeviceptr *p, size_t bytes);
+    CUresult (*mem_free)(CUdeviceptr p);
+    CUresult (*memset_async)(CUdeviceptr p, unsigned char value, size_t n, CUstream stream);
     CUresult (*error_name)(CUresult rc, const char **name);
     CUresult (*error_string)(CUresult rc, const char **text);
 } cu;
@@ -59,7 +63,9 @@ static const struct { void **slot; const char *name; } symbols[] = {
     SYMBOL(event_destroy, "cuEventDestroy_v2"), SYMBOL(event_record, "cuEventRecord"),
     SYMBOL(event_query, "cuEventQuery"), SYMBOL(copy_to_host, "cuMemcpyDtoHAsync_v2"),
     SYMBOL(copy_to_device, "cuMemcpyHtoDAsync_v2"), SYMBOL(host_alloc, "cuMemHostAlloc"),
-    SYMBOL(host_free, "cuMemFreeHost"), SYMBOL(error_name, "cuGetErrorName"),
+    SYMBOL(host_free, "cuMemFreeHost"), SYMBOL(bus_id, "cuDeviceGetPCIBusId"),
+    SYMBOL(mem_alloc, "cuMemAlloc_v2"), SYMBOL(mem_free, "cuMemFree_v2"),
+    SYMBOL(memset_async, "cuMemsetD8Async"), SYMBOL(error_name, "cuGetErrorName"),
     SYMBOL(error_string, "cuGetErrorString"),
 };
 #undef SYMBOL
@@ -199,6 +205,45 @@ void hvl__cuda_host_free(void *p)
     cu.host_free(p);
 }
 
+int hvl__cuda_stream(int dev, void **stream)
+{
+    *stream = NULL;
+    HVL_CHECK(hvl__cuda_use(dev));
+    *stream = devices[dev].stream;
+    return HVL_OK;
+}
+
+int hvl__cuda_bus_id(int dev, char *out, int len)
+{
+    CUdevice handle;
+    out[0] = '\0';
+    HVL_CHECK(hvl__cuda_use(dev));
+    HVL_CHECK(check(cu.device_get(&handle, dev), "cuDeviceGet"));
+    return check(cu.bus_id(out, len, handle), "cuDeviceGetPCIBusId");
+}
+
+int hvl__cuda_device_alloc(int dev, void **out, int64_t bytes)
+{
+    CUdeviceptr p = 0;
+    *out = NULL;
+    HVL_CHECK(hvl__cuda_use(dev));
+    HVL_CHECK(check(cu.mem_alloc(&p, (size_t)(bytes > 0 ? bytes : 1)), "cuMemAlloc"));
+    *out = (void *)(uintptr_t)p;
+    return HVL_OK;
+}
+
+void hvl__cuda_device_free(int dev, void *p)
+{
+    if (p && hvl__cuda_use(dev) == HVL_OK) cu.mem_free((CUdeviceptr)(uintptr_t)p);
+}
+
+int hvl__cuda_zero(int dev, void *device, int64_t bytes)
+{
+    HVL_CHECK(hvl__cuda_use(dev));
+    return check(cu.memset_async((CUdeviceptr)(uintptr_t)device, 0, (size_t)bytes, devices[dev].stream),
+                 "cuMemsetD8Async");
+}
+
 void hvl__cuda_release(void)
 {
     if (!hvl__cuda_loaded()) return;
@@ -224,7 +269,8 @@ SAME(stream_destroy, cuStreamDestroy_v2); SAME(stream_wait_event, cuStreamWaitEv
 SAME(event_create, cuEventCreate); SAME(event_destroy, cuEventDestroy_v2);
 SAME(event_record, cuEventRecord); SAME(event_query, cuEventQuery);
 SAME(copy_to_host, cuMemcpyDtoHAsync_v2); SAME(copy_to_device, cuMemcpyHtoDAsync_v2);
-SAME(host_alloc, cuMemHostAlloc); SAME(host_free, cuMemFreeHost);
+SAME(host_alloc, cuMemHostAlloc); SAME(host_free, cuMemFreeHost); SAME(bus_id, cuDeviceGetPCIBusId);
+SAME(mem_alloc, cuMemAlloc_v2); SAME(mem_free, cuMemFree_v2); SAME(memset_async, cuMemsetD8Async);
 SAME(error_name, cuGetErrorName); SAME(error_string, cuGetErrorString);
 _Static_assert(CU_SUCCESS == (int)CUDA_SUCCESS && CU_NOT_READY == (int)CUDA_ERROR_NOT_READY, "codes");
 _Static_assert(STREAM_NON_BLOCKING == (unsigned)CU_STREAM_NON_BLOCKING && EVENT_DISABLE_TIMING ==

@@ -44,6 +44,16 @@ int hvl__cuda_mark_reached(int dev, int *done);
  * The caller frees it only when no copy can still touch it. */
 int hvl__cuda_host_alloc(int dev, void **out, int64_t bytes);
 void hvl__cuda_host_free(void *p);
+/* The engine's stream on the device (a CUstream / cudaStream_t), for libraries that queue work
+ * on it (NCCL). */
+int hvl__cuda_stream(int dev, void **stream);
+/* The device's PCI bus id, "0000:3b:00.0": what tells two ranks' GPUs apart on one host. */
+int hvl__cuda_bus_id(int dev, char *out, int len);
+/* Device memory (cuMemAlloc), freed with the device's context current; NULL-safe free. */
+int hvl__cuda_device_alloc(int dev, void **out, int64_t bytes);
+void hvl__cuda_device_free(int dev, void *p);
+/* Zeroes device memory, asynchronously on the engine's stream. */
+int hvl__cuda_zero(int dev, void *device, int64_t bytes);
 /* Destroys the streams and events and releases the contexts this thread took (the engine's
  * stop). The library stays loaded. Cannot fail. */
 void hvl__cuda_release(void);

@@ -224,7 +224,7 @@ def test_check_build_report_built():
     assert "[X] MPI" in report and "[X] NCCL" in report and "[ ] shared memory" in report
     assert "[X] CUDA tensors (the driver is loaded at run time: not found on this machine)" in report
     assert "    1. NCCL: " in report and "    2. hierarchical: " in report and "    3. MPI: " in report
-    assert "staged through host memory" not in report           # NCCL runs them
+    assert "no plane of this build runs them on the GPU" not in report     # NCCL runs some
     unloadable = build_info.check_build_report(info, None, "not found", {}, None)
     assert "engine: could not be loaded" in unloadable and "[ ] MPI" in unloadable
 
@@ -234,11 +234,12 @@ def test_check_build_asks_the_engines_registry():
     beside it."""
     engine = build_info.ask_engine()
     assert engine is not None
-    assert engine["planes"] == ["shm", "hierarchical", "mpi"] and engine["cuda"] and not engine["nccl"]
+    assert engine["planes"] == ["nccl", "shm", "hierarchical", "mpi"] and engine["cuda"] and engine["nccl"]
     report = build_info.check_build_report(build_info.load_build_info(), None, "not found", {},
                                            engine)
-    assert "[X] MPI" in report and "[ ] NCCL" in report and "[X] shared memory" in report
-    assert "CUDA tensors: staged through host memory" in report
+    assert "[X] MPI" in report and "[X] NCCL" in report and "[X] shared memory" in report
+    assert "    1. NCCL: CUDA allreduce, broadcast and reducescatter" in report
+    assert "CUDA tensors: on NCCL where it runs them; otherwise" in report
     assert "\nNCCL library: " in report          # where it would come from, or what was tried
 
 

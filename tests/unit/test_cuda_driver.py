@@ -9,49 +9,22 @@ finds them in libcuda.so.1 at run time. Two things are checked here without a GP
 - a process that runs collectives on host memory never loads CUDA (no ``libcuda`` or
   ``libcudart`` mapped afterwards), as a CPU-only user expects.
 """
-import glob
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CSRC = os.path.join(ROOT, "csrc")
-
-
-def cuda_header_dir():
-    """A folder holding the toolkit's cuda.h, or None."""
-    candidates = [os.path.join(os.environ[v], "include") for v in ("CUDA_HOME", "CUDA_PATH")
-                  if os.environ.get(v)]
-    candidates += ["/usr/local/cuda/include"] + sorted(glob.glob("/usr/local/cuda-*/include"))
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        candidates.append(os.path.join(os.path.dirname(os.path.dirname(nvcc)), "include"))
-    return next((d for d in candidates if os.path.isfile(os.path.join(d, "cuda.h"))), None)
+from c_check import CSRC, compile_c, cuda_header_dir
 
 
 def test_driver_declarations_match_cuda_h():
     include = cuda_header_dir()
     if include is None:
         pytest.skip("no CUDA toolkit header (cuda.h) on this machine to compare the declarations with")
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler")
-    args = [compiler, "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror", "-fsyntax-only",
-            "-include", os.path.join(include, "cuda.h"), "-I", CSRC, "-I", os.path.join(CSRC, "util")]
-    sys.path.insert(0, os.path.join(ROOT, "hvlite"))
-    try:
-        import _mpi_find                      # the build's MPI: util.h includes mpi.h
-    finally:
-        sys.path.pop(0)
-    for folder in _mpi_find.find_mpi().include_dirs:
-        args += ["-I", folder]
-    args.append(os.path.join(CSRC, "util", "cuda_driver.c"))
-    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    compile_c(["-fsyntax-only", "-include", os.path.join(include, "cuda.h"),
+               os.path.join(CSRC, "util", "cuda_driver.c")])
 
 
 def test_host_collectives_never_load_cuda(tmp_path):

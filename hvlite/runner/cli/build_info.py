@@ -197,6 +197,10 @@ def check_build_report(info: Optional[Mapping], mpiexec: Optional[str], how: str
         if engine.get("cuda") and not engine.get("nccl"):
             lines.append("    CUDA tensors: staged through host memory to the planes above "
                          "(no plane of this build runs them on the GPU)")
+        elif engine.get("cuda"):
+            lines.append("    CUDA tensors: on NCCL where it runs them; otherwise (ranks sharing "
+                         "a GPU, no NCCL, allgather, alltoall) staged through host memory to the "
+                         "host planes")
     return "\n".join(lines) + "\n"
 
 
@@ -221,7 +225,10 @@ def _describe_plane(name: str, environ: Optional[Mapping[str, str]]) -> str:
     shm_off = _setting(environ, "SHM_DISABLE") not in ("", "0")
     hier_on = _setting(environ, "HIERARCHICAL_ALLREDUCE") not in ("", "0")
     if name == "nccl":
-        return "NCCL: GPU buffers of sets whose ranks each have their own GPU"
+        return ("NCCL: CUDA allreduce, broadcast and reducescatter of sets whose ranks each have "
+                "their own GPU (%s)" % ("OFF: HVLITE_NCCL_DISABLE is set"
+                                        if _setting(environ, "NCCL_DISABLE") not in ("", "0")
+                                        else "on; HVLITE_NCCL_DISABLE=1 turns it off"))
     if name == "shm":
         return ("shared memory: collectives of a set whose ranks share one host, but broadcasts "
                 "of 1 MiB or more at 2 ranks (%s)" % ("OFF: HVLITE_SHM_DISABLE is set" if shm_off

@@ -1,0 +1,583 @@
+/* backend_nccl.c: the NCCL data plane. It runs batches of CUDA tensors on the GPU for a process
+ * set whose members each have a GPU of their own; every other CUDA batch keeps the staged path
+ * (core/stage.c).
+ *
+ * - Loading. libnccl.so.2 is opened with dlopen the first time a set decides (HVLITE_NCCL_LIB,
+ *   which hvlite.init() fills in with torch's nvidia-nccl wheel when it is unset; else the
+ *   loader's libnccl.so.2), so a process that never submits a CUDA tensor loads neither NCCL nor
+ *   CUDA. The declarations follow nccl.h's documented signatures; tests/unit/test_nccl_plane.py
+ *   compiles this file against NVIDIA's nccl.h to check them.
+ * - Deciding, once per set, at its first CUDA batch (prepare, on every member at the same point
+ *   of the agreed list): the members exchange, over MPI and bounded, whether they loaded NCCL,
+ *   their (host, GPU) pair as NCCL tells GPUs apart (host: NCCL_HOSTID, else hostname and boot
+ *   id; GPU: its PCI bus id) and their device. Every member alike then takes NCCL only if every
+ *   member loaded it and no two share a pair (NCCL refuses them: "Duplicate GPU detected");
+ *   otherwise the set's first member says once why the set stays staged. A member with no device
+ *   yet (it joined before its first CUDA tensor) leaves the set undecided until the next batch.
+ * - Communicator: a unique id from the set's first member, broadcast over MPI (bounded), then a
+ *   nonblocking ncclCommInitRankConfig polled under the peer bound; the members agree on the
+ *   outcome, and a failure anywhere leaves the set staged everywhere. Aborted (see drop_comm)
+ *   when the set is removed or the engine stops.
+ * - Running (run_device): on the engine's stream of the device, after each input's ready event;
+ *   a fused batch is one NCCL group of per-tensor calls (no fusion buffer, no copies). Scale
+ *   factors fold into ncclAvg or ncclRedOpCreatePreMulSum where the op is linear (Sum, Average
+ *   on floating types); Min, Max, Product and scaled integer reductions stay staged (there is no
+ *   kernel of ours on the GPU to scale with). Allgather and alltoall stay staged too: the engine
+ *   owns their results in host memory (hvlite.h).
+ * - Never hanging: the wait polls the stream's mark and ncclCommGetAsyncError, bounded by the
+ *   peer timeout and the engine's shutdown and fatal flags; on an NCCL error or a timeout the
+ *   communicator is aborted and the error is fatal to this engine, as a failed MPI collective is.
+ * bg thread only, except the library's loading (pthread_once). */
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "backend.h"
+#include "cuda_driver.h"
+#include "half.h"
+#include "kernels.h"
+
+#ifndef NCCL_MAJOR      /* the build: no nccl.h (the test supplies it, and with it these types) */
+typedef int ncclResult_t;
+typedef struct ncclComm *ncclComm_t;
+typedef struct { char internal[128]; } ncclUniqueId;
+typedef int ncclDataType_t;
+typedef int ncclRedOp_t;
+typedef int ncclScalarResidence_t;
+typedef struct CUstream_st *cudaStream_t;
+#endif
+
+/* Values from nccl.h (checked against it by the test). */
+#define NC_SUCCESS 0
+#define NC_IN_PROGRESS 7
+#define NC_INT8 0                     /* ncclDataType_t */
+#define NC_UINT8 1
+#define NC_INT32 2
+#define NC_INT64 4
+#define NC_FLOAT16 6
+#define NC_FLOAT32 7
+#define NC_FLOAT64 8
+#define NC_BFLOAT16 9
+#define NC_SUM 0                      /* ncclRedOp_t */
+#define NC_PROD 1
+#define NC_MAX 2
+#define NC_MIN 3
+#define NC_AVG 4
+#define NC_SCALAR_HOST 1              /* ncclScalarHostImmediate */
+#define NC_API_MAGIC 0xcafebeefu      /* NCCL_API_MAGIC */
+#define NC_CONFIG_VERSION 21400       /* the first config layout (NCCL 2.14), which every later
+                                         NCCL still reads: our struct is its prefix */
+
+/* ncclConfig_t as NCCL 2.14 laid it out (NCCL reads `size` bytes of a config of `version`). */
+typedef struct {
+    size_t size;
+    unsigned int magic, version;
+    int blocking, cga_cluster_size, min_ctas, max_ctas;
+    const char *net_name;
+} nccl_config;
+
+static struct {
+    ncclResult_t (*get_version)(int *version);
+    ncclResult_t (*get_unique_id)(ncclUniqueId *id);
+    ncclResult_t (*comm_init_rank_config)(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
+                                          nccl_config *config);
+    ncclResult_t (*comm_abort)(ncclComm_t comm);
+    ncclResult_t (*comm_get_async_error)(ncclComm_t comm, ncclResult_t *async_error);
+    const char *(*get_error_string)(ncclResult_t result);
+    const char *(*get_last_error)(ncclComm_t comm);
+    ncclResult_t (*all_reduce)(const void *send, void *recv, size_t count, ncclDataType_t type,
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+    ncclResult_t (*broadcast)(const void *send, void *recv, size_t count, ncclDataType_t type,
+                              int root, ncclComm_t comm, cudaStream_t stream);
+    ncclResult_t (*reduce_scatter)(const void *send, void *recv, size_t recv_count,
+                                   ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
+                                   cudaStream_t stream);
+    ncclResult_t (*group_start)(void);
+    ncclResult_t (*group_end)(void);
+    ncclResult_t (*premulsum_create)(ncclRedOp_t *op, void *scalar, ncclDataType_t type,
+                                     ncclScalarResidence_t residence, ncclComm_t comm);
+    ncclResult_t (*red_op_destroy)(ncclRedOp_t op, ncclComm_t comm);
+} nc;
+
+#define SYMBOL(slot, name) {(void **)&nc.slot, name}
+static const struct { void **slot; const char *name; } symbols[] = {
+    SYMBOL(get_version, "ncclGetVersion"), SYMBOL(get_unique_id, "ncclGetUniqueId"),
+    SYMBOL(comm_init_rank_config, "ncclCommInitRankConfig"), SYMBOL(comm_abort, "ncclCommAbort"),
+    SYMBOL(comm_get_async_error, "ncclCommGetAsyncError"),
+    SYMBOL(get_error_string, "ncclGetErrorString"), SYMBOL(get_last_error, "ncclGetLastError"),
+    SYMBOL(all_reduce, "ncclAllReduce"), SYMBOL(broadcast, "ncclBroadcast"),
+    SYMBOL(reduce_scatter, "ncclReduceScatter"), SYMBOL(group_start, "ncclGroupStart"),
+    SYMBOL(group_end, "ncclGroupEnd"), SYMBOL(premulsum_create, "ncclRedOpCreatePreMulSum"),
+    SYMBOL(red_op_destroy, "ncclRedOpDestroy"),
+};
+#undef SYMBOL
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static int loaded;                 /* 1 once every symbol was found (written under load_once) */
+static char load_error[HVL_PATH_MAX + 600];   /* the path, and what went wrong */
+static int nccl_version;           /* e.g. 22809 */
+
+static void load(void)
+{
+    const char *path = hvl__engine.params.nccl_lib[0] ? hvl__engine.params.nccl_lib : "libnccl.so.2";
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        snprintf(load_error, sizeof(load_error), "NCCL could not be loaded from %s (%s)", path, dlerror());
+        return;
+    }
+    for (size_t i = 0; i < sizeof(symbols) / sizeof(symbols[0]); i++) {
+        *symbols[i].slot = dlsym(lib, symbols[i].name);
+        if (!*symbols[i].slot) {
+            snprintf(load_error, sizeof(load_error), "%s has no %s: NCCL 2.14 or later is needed", path,
+                     symbols[i].name);
+            return;
+        }
+    }
+    if (nc.get_version(&nccl_version) != NC_SUCCESS) {
+        snprintf(load_error, sizeof(load_error), "%s: ncclGetVersion failed", path);
+        return;
+    }
+    hvl__log(HVL_LOG_DEBUG, "NCCL %d.%d.%d loaded from %s", nccl_version / 10000, nccl_version / 100 % 100,
+             nccl_version % 100, path);
+    loaded = 1;
+}
+
+static int load_nccl(void)
+{
+    pthread_once(&load_once, load);
+    return loaded ? HVL_OK : hvl__fail(HVL_ERR_NCCL, "%s", load_error);
+}
+
+/* NCCL's status as the engine's: the call, NCCL's words, and the communicator's last error. */
+static int check(ncclResult_t rc, ncclComm_t comm, const char *what)
+{
+    if (rc == NC_SUCCESS || rc == NC_IN_PROGRESS) return HVL_OK;
+    const char *last = comm && nc.get_last_error ? nc.get_last_error(comm) : NULL;
+    return hvl__fail(HVL_ERR_NCCL, "NCCL: %s failed: %s (%d)%s%s", what, nc.get_error_string(rc), rc,
+                     last && last[0] ? ": " : "", last && last[0] ? last : "");
+}
+
+/* ---- per set ---- */
+enum { UNDECIDED, USE_NCCL, STAGED };
+typedef struct {
+    int mode;
+    int device;                 /* this rank's GPU for the set (USE_NCCL) */
+    ncclComm_t comm;
+    void *zeros, *scratch;      /* a joined rank's stand-ins on the device (grown, never shrunk) */
+    int64_t zeros_cap, scratch_cap;
+} nccl_set;
+
+/* What each member tells the others when a set decides (int64 words for the exchange). */
+typedef struct {
+    int32_t ok, device;         /* ok: NCCL and the GPU are usable here; device: -1 if none yet */
+    char host[128];             /* NCCL_HOSTID, else hostname:boot id */
+    char bus[32];               /* the GPU's PCI bus id */
+    char why[192];              /* !ok: why not */
+} member_info;
+#define INFO_WORDS ((int)((sizeof(member_info) + 7) / 8))
+
+/* The host as NCCL tells hosts apart: NCCL_HOSTID when set, else hostname and boot id. */
+static void host_key(char *out, size_t len)
+{
+    const char *id = getenv("NCCL_HOSTID");
+    if (id && id[0]) {
+        snprintf(out, len, "id:%s", id);
+        return;
+    }
+    char name[64] = "", boot[40] = "";
+    gethostname(name, sizeof(name) - 1);
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof(boot), f)) boot[0] = '\0';
+        fclose(f);
+        boot[strcspn(boot, "\n")] = '\0';
+    }
+    snprintf(out, len, "%s:%s", name, boot);
+}
+
+static void describe_self(int device, member_info *me)
+{
+    memset(me, 0, sizeof(*me));
+    me->device = device;
+    host_key(me->host, sizeof(me->host));
+    if (device < 0) return;
+    int rc = load_nccl();
+    if (rc == HVL_OK) rc = hvl__cuda_bus_id(device, me->bus, sizeof(me->bus));
+    me->ok = rc == HVL_OK;
+    if (!me->ok) snprintf(me->why, sizeof(me->why), "%s", hvl_last_error());
+}
+
+/* The set's verdict from every member's info (the same on every member): 1 for NCCL; 0 with
+ * `why`; -1 while a member has no device. */
+static int verdict(const hvl_pset *ps, const member_info *all, char *why, size_t len)
+{
+    for (int i = 0; i < ps->size; i++)
+        if (all[i].device < 0) return -1;
+    for (int i = 0; i < ps->size; i++)
+        if (!all[i].ok) {
+            snprintf(why, len, "rank %d: %s", ps->ranks[i], all[i].why);
+            return 0;
+        }
+    for (int i = 0; i < ps->size; i++)
+        for (int j = i + 1; j < ps->size; j++)
+            if (strcmp(all[i].host, all[j].host) == 0 && strcmp(all[i].bus, all[j].bus) == 0) {
+                snprintf(why, len, "ranks %d and %d share the GPU %s on one host (NCCL refuses two ranks "
+                         "on one GPU; give each rank its own GPU, or its own NCCL_HOSTID)",
+                         ps->ranks[i], ps->ranks[j], all[i].bus);
+                return 0;
+            }
+    return 1;
+}
+
+/* Polls a nonblocking communicator until its last call settled, under the peer bound. */
+static int settle(hvl_engine *e, ncclComm_t comm, const char *what)
+{
+    hvl_bound bound = hvl__peer_bound(e);
+    double start = hvl__now(), nap_s = 2e-6;
+    for (;;) {
+        ncclResult_t state = NC_IN_PROGRESS;
+        HVL_CHECK(check(nc.comm_get_async_error(comm, &state), comm, "ncclCommGetAsyncError"));
+        if (state != NC_IN_PROGRESS) return check(state, comm, what);
+        double waited = hvl__now() - start;
+        if (bound.timeout_s > 0 && waited > bound.timeout_s)
+            return hvl__fail(HVL_ERR_TIMEOUT, "NCCL: %s did not finish in %.0f s (HVLITE_PEER_TIMEOUT_SECONDS): "
+                             "a peer is stopped, gone or unreachable", what, waited);
+        HVL_CHECK(hvl__bound_flags(&bound, waited, what));
+        struct timespec ts = {0, (long)(nap_s * 1e9)};
+        nanosleep(&ts, NULL);
+        nap_s = nap_s * 2 < 100e-6 ? nap_s * 2 : 100e-6;
+    }
+}
+
+/* This member's communicator for the set (collective over the set's members). */
+static int create_comm(hvl_engine *e, hvl_pset *ps, nccl_set *s)
+{
+    struct { int32_t rc; char id[sizeof(ncclUniqueId)]; } root = {HVL_OK, {0}};
+    if (ps->rank == 0) {
+        ncclUniqueId id;
+        root.rc = check(nc.get_unique_id(&id), NULL, "ncclGetUniqueId");
+        memcpy(root.id, &id, sizeof(id));
+    }
+    HVL_CHECK(hvl__bcast_bytes(ps->comm, &root, (int)sizeof(root), 0, hvl__peer_bound(e), "NCCL unique id"));
+    if (root.rc != HVL_OK)
+        return ps->rank == 0 ? root.rc : hvl__fail(HVL_ERR_NCCL, "NCCL: ncclGetUniqueId failed on rank %d",
+                                                   ps->ranks[0]);
+    ncclUniqueId id;
+    memcpy(&id, root.id, sizeof(id));
+    nccl_config config = {sizeof(nccl_config), NC_API_MAGIC, NC_CONFIG_VERSION, 0 /* nonblocking */,
+                          INT_MIN, INT_MIN, INT_MIN, NULL};
+    HVL_CHECK(hvl__cuda_use(s->device));          /* NCCL takes the thread's current device */
+    int rc = check(nc.comm_init_rank_config(&s->comm, ps->size, id, ps->rank, &config), NULL,
+                   "ncclCommInitRankConfig");
+    if (rc == HVL_OK) rc = settle(e, s->comm, "ncclCommInitRankConfig");
+    return rc;
+}
+
+/* Aborted, never destroyed, clean stop or not: ncclCommDestroy finalizes with the peers, which
+ * could hang a stop whose peers are gone, and every batch has finished (nothing to flush). */
+static void drop_comm(nccl_set *s)
+{
+    if (!s->comm) return;
+    if (hvl__cuda_use(s->device) == HVL_OK) nc.comm_abort(s->comm);
+    s->comm = NULL;
+}
+
+static int open_set(hvl_engine *e, hvl_pset *ps, void **state)
+{
+    (void)e; (void)ps;
+    nccl_set *s = calloc(1, sizeof(*s));
+    if (!s) return hvl__oom("NCCL plane state");
+    s->device = -1;
+    *state = s;
+    return HVL_OK;
+}
+
+static void close_set(void *state, int clean)
+{
+    nccl_set *s = state;
+    (void)clean;
+    drop_comm(s);
+    hvl__cuda_device_free(s->device, s->zeros);
+    hvl__cuda_device_free(s->device, s->scratch);
+    free(s);
+}
+
+static void stay_staged(const hvl_pset *ps, nccl_set *s, const char *why)
+{
+    char key[64];
+    s->mode = STAGED;
+    snprintf(key, sizeof(key), "nccl staged, set %d", ps->id);
+    if (ps->rank == 0)
+        hvl__log_once(key, HVL_LOG_WARNING, "process set %d: CUDA tensors take the staged path, not NCCL: %s",
+                      ps->id, why);
+}
+
+/* Every member's info, in set order (collective). */
+static int exchange(hvl_engine *e, hvl_pset *ps, const member_info *me, member_info *all)
+{
+    int64_t mine[INFO_WORDS], *words = malloc(sizeof(int64_t) * INFO_WORDS * (size_t)ps->size);
+    if (!words) return hvl__oom("NCCL set-up");
+    memset(mine, 0, sizeof(mine));
+    memcpy(mine, me, sizeof(*me));
+    int rc = hvl__allgather_i64(ps->comm, mine, INFO_WORDS, words, hvl__peer_bound(e), "NCCL set-up");
+    for (int i = 0; i < ps->size && rc == HVL_OK; i++)
+        memcpy(&all[i], words + (size_t)i * INFO_WORDS, sizeof(member_info));
+    free(words);
+    return rc;
+}
+
+/* The set's decision (see the top); non-OK only when the exchange itself failed (fatal). */
+static int prepare(hvl_engine *e, hvl_pset *ps, void *state, int device)
+{
+    nccl_set *s = state;
+    if (s->mode != UNDECIDED) return HVL_OK;
+    if (e->params.nccl_disable) {           /* agreed from rank 0: alike on every member */
+        stay_staged(ps, s, "HVLITE_NCCL_DISABLE=1");
+        return HVL_OK;
+    }
+    member_info me, *all = malloc(sizeof(member_info) * (size_t)ps->size);
+    if (!all) return hvl__oom("NCCL set-up");
+    describe_self(device, &me);
+    char why[400];
+    int rc = exchange(e, ps, &me, all);
+    int v = rc == HVL_OK ? verdict(ps, all, why, sizeof(why)) : -1;
+    free(all);
+    if (v == 0) stay_staged(ps, s, why);
+    if (v <= 0) return rc;                  /* v < 0: a member has no device yet; next batch */
+    s->device = device;
+    int everywhere = 0, local = create_comm(e, ps, s);
+    rc = hvl__agree(ps->comm, local, "the NCCL communicator", &everywhere, hvl__peer_bound(e));
+    if (rc == HVL_OK) {
+        s->mode = USE_NCCL;
+        if (ps->rank == 0)
+            hvl__log(HVL_LOG_INFO, "process set %d: CUDA tensors run on NCCL %d.%d.%d (%d ranks, one GPU each)",
+                     ps->id, nccl_version / 10000, nccl_version / 100 % 100, nccl_version % 100, ps->size);
+    } else if (everywhere) {                /* failed on some member, agreed: staged everywhere */
+        drop_comm(s);
+        stay_staged(ps, s, hvl_last_error());
+        rc = HVL_OK;
+    }
+    return rc;
+}
+
+/* ---- running ---- */
+static int nccl_dtype(int dtype)
+{
+    switch (dtype) {
+    case HVL_UINT8: return NC_UINT8;
+    case HVL_INT8: return NC_INT8;
+    case HVL_INT32: return NC_INT32;
+    case HVL_INT64: return NC_INT64;
+    case HVL_FLOAT16: return NC_FLOAT16;
+    case HVL_BFLOAT16: return NC_BFLOAT16;
+    case HVL_FLOAT32: return NC_FLOAT32;
+    case HVL_FLOAT64: return NC_FLOAT64;
+    default: return -1;                     /* 16-bit integers and bool: NCCL has none */
+    }
+}
+
+static int is_float(int dtype) { return dtype >= HVL_FLOAT16 && dtype <= HVL_FLOAT64; }
+
+/* 1 if NCCL computes this reduction with its scale factors: unscaled, or linear (Sum, Average)
+ * on a floating type, where the factors fold into one pre-multiplier. */
+static int reduction_ok(const hvl_batch_kind *k)
+{
+    if (nccl_dtype(k->dtype) < 0) return 0;
+    int scaled = k->prescale != 1.0 || k->postscale != 1.0;
+    switch (k->reduce_op) {
+    case HVL_SUM: case HVL_AVERAGE: return !scaled || is_float(k->dtype);
+    case HVL_MIN: case HVL_MAX: case HVL_PRODUCT: return !scaled;
+    default: return 0;                      /* Adasum: the MPI plane's, staged */
+    }
+}
+
+static int can_run(const hvl_engine *e, const hvl_pset *ps, const void *state, const hvl_batch_kind *k)
+{
+    const nccl_set *s = state;
+    (void)e; (void)ps;
+    if (k->memory != HVL_MEMORY_CUDA || s->mode != USE_NCCL || !s->comm) return 0;
+    switch (k->op) {
+    case HVL_ALLREDUCE: return reduction_ok(k);
+    case HVL_REDUCESCATTER: return k->even_rows && reduction_ok(k);
+    case HVL_BROADCAST: return 1;
+    default: return 0;                      /* allgather, alltoall: host results (see the top) */
+    }
+}
+
+/* The NCCL op for the batch's reduction, its factors folded in; *custom: destroy it after. */
+static int reduction_op(nccl_set *s, const hvl_device_batch *b, int nranks, ncclRedOp_t *op, int *custom)
+{
+    const hvl_batch_kind *k = &b->kind;
+    double factor = k->prescale * k->postscale;
+    *custom = 0;
+    switch (k->reduce_op) {
+    case HVL_MIN: *op = NC_MIN; return HVL_OK;
+    case HVL_MAX: *op = NC_MAX; return HVL_OK;
+    case HVL_PRODUCT: *op = NC_PROD; return HVL_OK;
+    case HVL_SUM: if (factor == 1.0) { *op = NC_SUM; return HVL_OK; } break;
+    case HVL_AVERAGE: if (factor == 1.0) { *op = NC_AVG; return HVL_OK; } factor /= nranks; break;
+    }
+    union { double f64; float f32; uint16_t u16; } scalar;
+    switch (k->dtype) {
+    case HVL_FLOAT16: scalar.u16 = float_to_half((float)factor); break;
+    case HVL_BFLOAT16: scalar.u16 = float_to_bf16((float)factor); break;
+    case HVL_FLOAT32: scalar.f32 = (float)factor; break;
+    default: scalar.f64 = factor; break;
+    }
+    HVL_CHECK(check(nc.premulsum_create(op, &scalar, nccl_dtype(k->dtype), NC_SCALAR_HOST, s->comm), s->comm,
+                    "ncclRedOpCreatePreMulSum"));
+    *custom = 1;
+    return HVL_OK;
+}
+
+/* Device room for a joined rank's stand-ins: zeros as input, scratch for the outputs. */
+static int grow(int dev, void **buf, int64_t *cap, int64_t need, int zero)
+{
+    if (need <= *cap) return HVL_OK;
+    hvl__cuda_device_free(dev, *buf);
+    *buf = NULL;
+    *cap = 0;
+    HVL_CHECK(hvl__cuda_device_alloc(dev, buf, need));
+    *cap = need;
+    return zero ? hvl__cuda_zero(dev, *buf, need) : HVL_OK;
+}
+
+static int stand_ins(nccl_set *s, const hvl_device_batch *b)
+{
+    int64_t esize = hvl_dtype_size(b->kind.dtype), most = 0, total = 0;
+    for (int i = 0; i < b->ntensors; i++)
+        if (b->tensors[i].device < 0) {
+            if (b->tensors[i].count > most) most = b->tensors[i].count;
+            total += (b->tensors[i].count * esize + 255) / 256 * 256;   /* each its own output */
+        }
+    if (!total) return HVL_OK;
+    HVL_CHECK(grow(s->device, &s->zeros, &s->zeros_cap, most * esize, 1));
+    return grow(s->device, &s->scratch, &s->scratch_cap, total, 0);
+}
+
+/* Queues the batch's NCCL calls, one group, on `stream`, with reduction `op`. */
+static int enqueue(nccl_set *s, const hvl_pset *ps, const hvl_device_batch *b, ncclRedOp_t op,
+                   cudaStream_t stream)
+{
+    const hvl_batch_kind *k = &b->kind;
+    int type = nccl_dtype(k->dtype), rc;
+    int64_t esize = hvl_dtype_size(k->dtype), scratch_off = 0;
+    HVL_CHECK(check(nc.group_start(), s->comm, "ncclGroupStart"));
+    rc = HVL_OK;
+    for (int i = 0; i < b->ntensors && rc == HVL_OK; i++) {
+        const hvl_device_tensor *t = &b->tensors[i];
+        const void *in = t->input;
+        void *out = t->output;
+        if (t->device < 0) {                /* a joined rank: zeros in, scratch out */
+            in = s->zeros;
+            out = (char *)s->scratch + scratch_off;
+            scratch_off += (t->count * esize + 255) / 256 * 256;
+        }
+        if (k->op == HVL_ALLREDUCE)
+            rc = check(nc.all_reduce(in, out, (size_t)t->count, type, op, s->comm, stream), s->comm, "ncclAllReduce");
+        else if (k->op == HVL_REDUCESCATTER)
+            rc = check(nc.reduce_scatter(in, out, (size_t)b->counts[ps->rank], type, op, s->comm, stream),
+                       s->comm, "ncclReduceScatter");
+        else                                 /* broadcast, as bytes; the root copies in to out */
+            rc = check(nc.broadcast(in, out, (size_t)(t->count * esize), NC_UINT8, b->root, s->comm, stream),
+                       s->comm, "ncclBroadcast");
+    }
+    int end = check(nc.group_end(), s->comm, "ncclGroupEnd");
+    return rc != HVL_OK ? rc : end;
+}
+
+/* Waits until the stream passed the batch, polling NCCL's asynchronous error too, bounded. */
+static int wait_done(hvl_engine *e, nccl_set *s, const hvl_device_batch *b, const char *what)
+{
+    HVL_CHECK(hvl__cuda_mark(s->device));
+    hvl_bound bound = hvl__peer_bound(e);
+    double start = hvl__now(), nap_s = 2e-6;
+    for (;;) {
+        int done = 0;
+        HVL_CHECK(hvl__cuda_mark_reached(s->device, &done));
+        if (done) return HVL_OK;
+        ncclResult_t async = NC_SUCCESS;
+        HVL_CHECK(check(nc.comm_get_async_error(s->comm, &async), s->comm, "ncclCommGetAsyncError"));
+        if (async != NC_SUCCESS && async != NC_IN_PROGRESS) return check(async, s->comm, what);
+        double waited = hvl__now() - start;
+        if (bound.timeout_s > 0 && waited > bound.timeout_s)
+            return hvl__fail(HVL_ERR_TIMEOUT, "%s of tensor '%s': no progress in %.0f s "
+                             "(HVLITE_PEER_TIMEOUT_SECONDS): a peer is stopped, gone or unreachable",
+                             what, b->name, waited);
+        HVL_CHECK(hvl__bound_flags(&bound, waited, what));
+        struct timespec ts = {0, (long)(nap_s * 1e9)};
+        nanosleep(&ts, NULL);                /* collectives take microseconds and up: short naps */
+        nap_s = nap_s * 2 < 50e-6 ? nap_s * 2 : 50e-6;
+    }
+}
+
+static int run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device_batch *b)
+{
+    nccl_set *s = state;
+    const char *what = b->kind.op == HVL_ALLREDUCE ? "NCCL allreduce"
+                     : b->kind.op == HVL_BROADCAST ? "NCCL broadcast" : "NCCL reducescatter";
+    for (int i = 0; i < b->ntensors; i++)
+        if (b->tensors[i].device >= 0 && b->tensors[i].device != s->device)
+            return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s' is on cuda:%d, but this rank's NCCL communicator "
+                             "for process set %d is on cuda:%d (its first CUDA tensor's): one GPU per rank",
+                             b->name, b->tensors[i].device, ps->id, s->device);
+    void *stream;
+    int rc = hvl__cuda_stream(s->device, &stream);
+    for (int i = 0; i < b->ntensors && rc == HVL_OK; i++)
+        if (b->tensors[i].ready_event) rc = hvl__cuda_wait_event(s->device, b->tensors[i].ready_event);
+    if (rc == HVL_OK) rc = stand_ins(s, b);
+    ncclRedOp_t op = NC_SUM;
+    int custom = 0;
+    if (rc == HVL_OK && b->kind.op != HVL_BROADCAST) rc = reduction_op(s, b, ps->size, &op, &custom);
+    if (rc == HVL_OK) rc = enqueue(s, ps, b, op, stream);
+    if (rc == HVL_OK) rc = settle(e, s->comm, what);       /* the group is queued (or failed) */
+    if (custom) nc.red_op_destroy(op, s->comm);           /* after the calls that use it settled */
+    if (rc == HVL_OK) rc = wait_done(e, s, b, what);
+    if (rc != HVL_OK) {                      /* the peers may be mid-collective: never hang on it */
+        char message[1024];
+        snprintf(message, sizeof(message), "%s", hvl_last_error());
+        drop_comm(s);
+        s->mode = STAGED;
+        hvl__fail(rc, "%s", message);
+    }
+    return rc;
+}
+
+const hvl_backend hvl__backend_nccl = {
+    .name = "nccl",
+    .open = open_set,
+    .close = close_set,
+    .can_run = can_run,
+    .prepare = prepare,
+    .run_device = run_device,
+};
+
+#ifdef NCCL_MAJOR
+/* Compiled against nccl.h (tests/unit/test_nccl_plane.py): each slot has the type of the
+ * function dlsym fills it from, and the constants and the config prefix are the header's. */
+#include <stddef.h>
+#define SAME(slot, fn) _Static_assert(__builtin_types_compatible_p(__typeof__(nc.slot), __typeof__(&fn)), #fn)
+SAME(get_version, ncclGetVersion); SAME(get_unique_id, ncclGetUniqueId);
+SAME(comm_abort, ncclCommAbort);
+SAME(comm_get_async_error, ncclCommGetAsyncError); SAME(get_error_string, ncclGetErrorString);
+SAME(get_last_error, ncclGetLastError); SAME(all_reduce, ncclAllReduce); SAME(broadcast, ncclBroadcast);
+SAME(reduce_scatter, ncclReduceScatter); SAME(group_start, ncclGroupStart); SAME(group_end, ncclGroupEnd);
+SAME(premulsum_create, ncclRedOpCreatePreMulSum); SAME(red_op_destroy, ncclRedOpDestroy);
+_Static_assert(__builtin_types_compatible_p(__typeof__(nc.comm_init_rank_config),
+               ncclResult_t (*)(ncclComm_t *, int, ncclUniqueId, int, nccl_config *)), "init");
+#define AT(ours, theirs) _Static_assert(offsetof(nccl_config, ours) == offsetof(ncclConfig_t, theirs), #theirs)
+AT(size, size); AT(magic, magic); AT(version, version); AT(blocking, blocking);
+AT(cga_cluster_size, cgaClusterSize); AT(min_ctas, minCTAs); AT(max_ctas, maxCTAs); AT(net_name, netName);
+_Static_assert(NC_SUCCESS == ncclSuccess && NC_IN_PROGRESS == ncclInProgress, "results");
+_Static_assert(NC_INT8 == ncclInt8 && NC_UINT8 == ncclUint8 && NC_INT32 == ncclInt32 && NC_INT64 == ncclInt64 &&
+               NC_FLOAT16 == ncclFloat16 && NC_FLOAT32 == ncclFloat32 && NC_FLOAT64 == ncclFloat64 &&
+               NC_BFLOAT16 == ncclBfloat16, "types");
+_Static_assert(NC_SUM == ncclSum && NC_PROD == ncclProd && NC_MAX == ncclMax && NC_MIN == ncclMin &&
+               NC_AVG == ncclAvg && NC_SCALAR_HOST == ncclScalarHostImmediate && NC_API_MAGIC == NCCL_API_MAGIC,
+               "ops");
+_Static_assert(sizeof(ncclUniqueId) == 128, "unique id");
+#endif

@@ -1,0 +1,51 @@
+"""Compiling engine files by themselves, for the unit tests that check them without a GPU:
+the CUDA toolkit's include folder, the build's MPI include flags, and a syntax-only compile."""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CSRC = os.path.join(ROOT, "csrc")
+ENGINE_INCLUDES = [os.path.join(CSRC, d) for d in ("", "util", "core", "backends", "kernels", "observe")]
+
+
+def cuda_header_dir():
+    """A folder holding the toolkit's cuda.h, or None."""
+    candidates = [os.path.join(os.environ[v], "include") for v in ("CUDA_HOME", "CUDA_PATH")
+                  if os.environ.get(v)]
+    candidates += ["/usr/local/cuda/include"] + sorted(glob.glob("/usr/local/cuda-*/include"))
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(os.path.join(os.path.dirname(os.path.dirname(nvcc)), "include"))
+    return next((d for d in candidates if os.path.isfile(os.path.join(d, "cuda.h"))), None)
+
+
+def compiler():
+    found = shutil.which("cc") or shutil.which("gcc")
+    if found is None:
+        pytest.skip("no C compiler")
+    return found
+
+
+def mpi_include_args():
+    """-I flags for the build's MPI (the engine's headers include mpi.h)."""
+    sys.path.insert(0, os.path.join(ROOT, "hvlite"))
+    try:
+        import _mpi_find
+    finally:
+        sys.path.pop(0)
+    return [arg for folder in _mpi_find.find_mpi().include_dirs for arg in ("-I", folder)]
+
+
+def compile_c(args, timeout=120):
+    """Runs the compiler with the engine's warnings as errors; the test fails with its output."""
+    command = [compiler(), "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror"]
+    for folder in ENGINE_INCLUDES:
+        command += ["-I", folder]
+    done = subprocess.run(command + mpi_include_args() + list(args), capture_output=True,
+                          text=True, timeout=timeout)
+    assert done.returncode == 0, " ".join(command + list(args)) + "\n" + done.stderr
