@@ -72,6 +72,12 @@ def memcpy_floor(nbytes, comm, iters=20):
 def init_gloo(comm):
     """torch.distributed with gloo over loopback, rendezvous port chosen by rank 0; None if
     torch is not installed."""
+    return init_torch_distributed(comm, "gloo")
+
+
+def init_torch_distributed(comm, backend):
+    """torch.distributed with `backend` (gloo, nccl), rendezvous on loopback at a port rank 0
+    chose; None if torch is not installed."""
     try:
         import torch.distributed as dist
     except ImportError:
@@ -83,7 +89,7 @@ def init_gloo(comm):
             port = s.getsockname()[1]
     port = comm.bcast(port, root=0)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=comm.rank, world_size=comm.size)
+    dist.init_process_group(backend, rank=comm.rank, world_size=comm.size)
     return dist
 
 

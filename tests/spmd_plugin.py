@@ -31,6 +31,12 @@ else:
     def pytest_sessionstart(session):
         hvlite.init()
         _rank.append(hvlite.rank())
+        if os.environ.get("HVLITE_TEST_NCCL_HOSTID") == "per-rank":
+            # ranks sharing one GPU look like hosts of their own to NCCL (and to hvlite's NCCL
+            # plane), which then runs them over its socket transport on loopback; read at the
+            # first CUDA batch, so setting it after init is in time
+            os.environ["NCCL_HOSTID"] = "hvlite-test-rank-%d" % hvlite.rank()
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
 
     @pytest.fixture(autouse=True)
     def _nothing_left_in_flight():

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from jobs import MULTIPLIER, run_job, run_spmd
+from jobs import MULTIPLIER, processes_here, run_job, run_spmd, shm_files
 
 
 def _gpu_count():
@@ -30,14 +30,46 @@ pytestmark = pytest.mark.skipif(GPUS == 0, reason="no CUDA GPU here (torch.cuda.
                                 "is False): the GPU suite runs with `make test-gpu` on a GPU machine")
 
 SPMD_FILES = {"tests/gpu/test_cuda_only.py": {},
+              "tests/gpu/test_nccl_plane.py": {},
               "tests/parallel/test_torch_ops.py": {"HVLITE_TEST_DEVICE": "cuda"},
               "tests/parallel/test_torch_training.py": {"HVLITE_TEST_DEVICE": "cuda"}}
+# How the ranks meet NCCL: as they are (sharing the GPU: staged, which NCCL refuses), or each
+# with its own NCCL_HOSTID (NCCL over its socket transport on loopback)
+PLANES = {"shared-gpu": {}, "nccl-hostid": {"HVLITE_TEST_NCCL_HOSTID": "per-rank"}}
 
 
 @pytest.mark.parametrize("np_", [1, 2, 4])
+@pytest.mark.parametrize("plane", sorted(PLANES))
 @pytest.mark.parametrize("path", sorted(SPMD_FILES))
-def test_gpu_spmd_file(path, np_):
-    run_spmd(np_, path, timeout=600, env=SPMD_FILES[path])
+def test_gpu_spmd_file(path, plane, np_):
+    run_spmd(np_, path, timeout=600, env=dict(SPMD_FILES[path], **PLANES[plane]))
+
+
+@pytest.mark.skipif(GPUS > 1, reason="needs ranks that share a GPU")
+def test_ranks_sharing_the_gpu_are_staged_with_a_one_line_notice():
+    job = run_spmd(2, "tests/gpu/test_nccl_plane.py", timeout=600)
+    notices = [line for line in (job.stdout + job.stderr).splitlines()
+               if "CUDA tensors take the staged path, not NCCL" in line]
+    assert len(notices) == 1, notices
+    assert "ranks 0 and 1 share the GPU" in notices[0] and "NCCL_HOSTID" in notices[0]
+
+
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGSTOP"])
+def test_a_rank_lost_inside_a_nccl_allreduce_ends_the_job_naming_it(signal_name):
+    """Rank 1 is killed or frozen while every rank is inside one NCCL allreduce; the others end
+    within the peer timeout (10 s here), naming it, and nothing is left behind."""
+    start = time.monotonic()
+    job = run_job(2, ["python", "tests/scenarios/lose_rank_in_nccl.py", signal_name], timeout=180,
+                  env={"HVLITE_PEER_TIMEOUT_SECONDS": "10"})
+    elapsed = time.monotonic() - start
+    out = job.stdout + job.stderr
+    assert job.returncode != 0, out
+    assert "NCCL allreduce" in out or signal_name == "SIGKILL", out
+    assert "rank 1" in out, out
+    assert elapsed < 60 * MULTIPLIER, "job took %.1f s to end after rank 1 was lost" % elapsed
+    assert "unreachable" not in out
+    assert not processes_here("lose_rank_in_nccl.py"), "processes left behind"
+    assert not shm_files(), "/dev/shm files left behind"
 
 
 def test_killed_rank_during_a_cuda_allreduce_ends_the_job_naming_it():
