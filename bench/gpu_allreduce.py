@@ -29,19 +29,8 @@ import hvlite.torch as hvd
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import human, init_gloo, ms, ratio, timed  # noqa: E402
+from gpu_cases import SIZES, cases, on_gpu  # noqa: E402
 from tables import add_json_arg, print_table, write_json  # noqa: E402
-
-SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
-GROUP = (160, 100 << 10)
-
-
-def on_gpu(fn, device):
-    """fn, then wait for the device: a call's time covers the GPU work it queued."""
-    def call():
-        fn()
-        torch.cuda.synchronize(device)
-    return call
-
 
 def row(label, tensors, dist, device, comm, iters):
     """One table row: hvlite, gloo, floor (seconds) for these tensors (one call allreduces all)."""
@@ -79,14 +68,8 @@ def main():
     torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     device = torch.device("cuda", torch.cuda.current_device())
     dist = init_gloo(comm)
-    rows = []
-    for nbytes in [n for n in SIZES if n <= args.max_bytes]:
-        rows.append(row("allreduce", [torch.zeros(nbytes // 4, device=device)], dist, device,
-                        comm, args.iters))
-    count, each = GROUP
-    rows.append(row("%d x %s" % (count, human(each)),
-                    [torch.zeros(each // 4, device=device) for _ in range(count)], dist, device,
-                    comm, args.iters))
+    rows = [row(label, tensors, dist, device, comm, args.iters)
+            for label, tensors in cases(device, args.max_bytes)]
     planes = {k: v for k, v in hvlite.engine_counters().items() if k.endswith("_collectives")}
     if comm.rank == 0:
         table = print_table(

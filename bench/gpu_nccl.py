@@ -25,18 +25,8 @@ import hvlite.torch as hvd
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import human, init_torch_distributed, ms, ratio, timed  # noqa: E402
+from gpu_cases import SIZES, cases, on_gpu  # noqa: E402
 from tables import add_json_arg, print_table, write_json  # noqa: E402
-
-SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
-GROUP = (160, 100 << 10)
-
-
-def on_gpu(fn, device):
-    def call():
-        fn()
-        torch.cuda.synchronize(device)
-    return call
-
 
 def busbw(nbytes, seconds, n):
     return "%.2f" % (nbytes * 2 * (n - 1) / n / seconds / 1e9) if seconds and n > 1 else "-"
@@ -76,14 +66,8 @@ def main():
     torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     device = torch.device("cuda", torch.cuda.current_device())
     dist = init_torch_distributed(comm, "nccl")
-    rows = []
-    for nbytes in [n for n in SIZES if n <= args.max_bytes]:
-        rows.append(row("allreduce", [torch.zeros(nbytes // 4, device=device)], dist, device,
-                        comm, args.iters))
-    count, each = GROUP
-    rows.append(row("%d x %s" % (count, human(each)),
-                    [torch.zeros(each // 4, device=device) for _ in range(count)], dist, device,
-                    comm, args.iters))
+    rows = [row(label, tensors, dist, device, comm, args.iters)
+            for label, tensors in cases(device, args.max_bytes)]
     planes = {k: v for k, v in hvlite.engine_counters().items() if k.endswith("_collectives") and v}
     if comm.rank == 0:
         table = print_table(
