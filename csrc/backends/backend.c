@@ -37,11 +37,11 @@ void hvl__planes_close(hvl_pset *ps, int clean)
     }
 }
 
-int hvl__planes_prepare(hvl_engine *e, hvl_pset *ps, int device)
+int hvl__planes_prepare(hvl_engine *e, hvl_pset *ps, const hvl_batch_kind *k, int device)
 {
     for (int i = 0; i < NPLANES; i++)
         if (registry[i]->prepare && ps->plane_state[i])
-            HVL_CHECK(registry[i]->prepare(e, ps, ps->plane_state[i], device));
+            HVL_CHECK(registry[i]->prepare(e, ps, ps->plane_state[i], k, device));
     return HVL_OK;
 }
 

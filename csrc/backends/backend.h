@@ -81,9 +81,9 @@ typedef struct {
     void (*close)(void *state, int clean);                      /* optional */
     /* 1 if this plane runs a batch of kind `k` among `ps`. */
     int (*can_run)(const hvl_engine *e, const hvl_pset *ps, const void *state, const hvl_batch_kind *k);
-    /* Optional: before a CUDA batch is offered (see Memory kinds); `device` is this rank's CUDA
-     * device for the batch, -1 if it has none (a joined rank). Non-OK is fatal. */
-    int (*prepare)(hvl_engine *e, hvl_pset *ps, void *state, int device);
+    /* Optional: before a CUDA batch of kind `k` is offered (see Memory kinds); `device` is this
+     * rank's CUDA device for the batch, -1 if it has none (a joined rank). Non-OK is fatal. */
+    int (*prepare)(hvl_engine *e, hvl_pset *ps, void *state, const hvl_batch_kind *k, int device);
     /* A device plane's whole batch (see Memory kinds). */
     int (*run_device)(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device_batch *b);
     /* In place when src == dst. count elements. */
@@ -123,7 +123,7 @@ typedef struct hvl_plane {
 int hvl__planes_open(hvl_engine *e, hvl_pset *ps);
 void hvl__planes_close(hvl_pset *ps, int clean);
 /* Every plane's prepare for a CUDA batch of ps (every member, at the same point). */
-int hvl__planes_prepare(hvl_engine *e, hvl_pset *ps, int device);
+int hvl__planes_prepare(hvl_engine *e, hvl_pset *ps, const hvl_batch_kind *k, int device);
 /* The first plane, in priority order, that runs this batch in its memory; failing that (CUDA
  * memory and no device plane takes it), the first that runs it in host memory, staged (MPI takes
  * every host batch). An Adasum allreduce goes to the first plane that has .adasum. */

@@ -7,8 +7,8 @@
  *   loader's libnccl.so.2), so a process that never submits a CUDA tensor loads neither NCCL nor
  *   CUDA. The declarations follow nccl.h's documented signatures; tests/unit/test_nccl_plane.py
  *   compiles this file against NVIDIA's nccl.h to check them.
- * - Deciding, once per set, at its first CUDA batch (prepare, on every member at the same point
- *   of the agreed list): the members exchange, over MPI and bounded, whether they loaded NCCL,
+ * - Deciding, once per set, at its first CUDA batch that NCCL would run (prepare, on every
+ *   member at the same point of the agreed list; a set that only allgathers never opens NCCL): the members exchange, over MPI and bounded, whether they loaded NCCL,
  *   their (host, GPU) pair as NCCL tells GPUs apart (host: NCCL_HOSTID, else hostname and boot
  *   id; GPU: its PCI bus id) and their device. Every member alike then takes NCCL only if every
  *   member loaded it and no two share a pair (NCCL refuses them: "Duplicate GPU detected");
@@ -16,8 +16,10 @@
  *   yet (it joined before its first CUDA tensor) leaves the set undecided until the next batch.
  * - Communicator: a unique id from the set's first member, broadcast over MPI (bounded), then a
  *   nonblocking ncclCommInitRankConfig polled under the peer bound; the members agree on the
- *   outcome, and a failure anywhere leaves the set staged everywhere. Aborted (see drop_comm)
- *   when the set is removed or the engine stops.
+ *   outcome (bounded by twice the peer timeout, as a member that failed at once waits for the
+ *   others' bootstrap to give up), and a failure anywhere leaves the set staged everywhere.
+ *   Aborted, on a helper thread waited for with a bound (drop_comm), when the set is removed,
+ *   the engine stops or a collective fails.
  * - Running (run_device): on the engine's stream of the device, after each input's ready event;
  *   a fused batch is one NCCL group of per-tensor calls (no fusion buffer, no copies). Scale
  *   factors fold into ncclAvg or ncclRedOpCreatePreMulSum where the op is linear (Sum, Average
@@ -69,10 +71,11 @@ typedef struct CUstream_st *cudaStream_t;
 #define NC_AVG 4
 #define NC_SCALAR_HOST 1              /* ncclScalarHostImmediate */
 #define NC_API_MAGIC 0xcafebeefu      /* NCCL_API_MAGIC */
-#define NC_CONFIG_VERSION 21400       /* the first config layout (NCCL 2.14), which every later
-                                         NCCL still reads: our struct is its prefix */
+#define NC_CONFIG_VERSION 21700       /* the config layout of NCCL 2.17, which later NCCLs still
+                                         read: our struct is a prefix of theirs */
 
-/* ncclConfig_t as NCCL 2.14 laid it out (NCCL reads `size` bytes of a config of `version`). */
+/* ncclConfig_t as NCCL 2.17 laid it out (NCCL copies `size` bytes over its defaults, and fields
+ * newer than `version` keep their defaults). */
 typedef struct {
     size_t size;
     unsigned int magic, version;
@@ -159,6 +162,49 @@ static int check(ncclResult_t rc, ncclComm_t comm, const char *what)
     const char *last = comm && nc.get_last_error ? nc.get_last_error(comm) : NULL;
     return hvl__fail(HVL_ERR_NCCL, "NCCL: %s failed: %s (%d)%s%s", what, nc.get_error_string(rc), rc,
                      last && last[0] ? ": " : "", last && last[0] ? last : "");
+}
+
+/* ---- which batches NCCL runs ---- */
+static int nccl_dtype(int dtype)
+{
+    switch (dtype) {
+    case HVL_UINT8: return NC_UINT8;
+    case HVL_INT8: return NC_INT8;
+    case HVL_INT32: return NC_INT32;
+    case HVL_INT64: return NC_INT64;
+    case HVL_FLOAT16: return NC_FLOAT16;
+    case HVL_BFLOAT16: return NC_BFLOAT16;
+    case HVL_FLOAT32: return NC_FLOAT32;
+    case HVL_FLOAT64: return NC_FLOAT64;
+    default: return -1;                     /* 16-bit integers and bool: NCCL has none */
+    }
+}
+
+static int is_float(int dtype) { return dtype >= HVL_FLOAT16 && dtype <= HVL_FLOAT64; }
+
+/* 1 if NCCL computes this reduction with its scale factors: unscaled, or linear (Sum, Average)
+ * on a floating type, where the factors fold into one pre-multiplier. */
+static int reduction_ok(const hvl_batch_kind *k)
+{
+    if (nccl_dtype(k->dtype) < 0) return 0;
+    int scaled = k->prescale != 1.0 || k->postscale != 1.0;
+    switch (k->reduce_op) {
+    case HVL_SUM: case HVL_AVERAGE: return !scaled || is_float(k->dtype);
+    case HVL_MIN: case HVL_MAX: case HVL_PRODUCT: return !scaled;
+    default: return 0;                      /* Adasum: the MPI plane's, staged */
+    }
+}
+
+/* 1 if NCCL runs a batch of this kind (whether this set uses NCCL aside). */
+static int runs(const hvl_batch_kind *k)
+{
+    if (k->memory != HVL_MEMORY_CUDA) return 0;
+    switch (k->op) {
+    case HVL_ALLREDUCE: return reduction_ok(k);
+    case HVL_REDUCESCATTER: return k->even_rows && reduction_ok(k);
+    case HVL_BROADCAST: return 1;
+    default: return 0;                      /* allgather, alltoall: host results (see the top) */
+    }
 }
 
 /* ---- per set ---- */
@@ -277,13 +323,56 @@ static int create_comm(hvl_engine *e, hvl_pset *ps, nccl_set *s)
     return rc;
 }
 
-/* Aborted, never destroyed, clean stop or not: ncclCommDestroy finalizes with the peers, which
- * could hang a stop whose peers are gone, and every batch has finished (nothing to flush). */
+/* ncclCommAbort of one communicator, on a helper thread: NCCL's abort joins its proxy thread,
+ * which may wait for ever on a stopped peer of the same host, and the engine must not. The one
+ * of the two threads that finishes last frees it. */
+typedef struct {
+    ncclComm_t comm;
+    int device;
+    int refs;                   /* atomic: the waiter's and the helper's */
+    int done;                   /* atomic: the abort returned */
+} abort_call;
+
+static void abort_release(abort_call *a)
+{
+    if (__atomic_sub_fetch(&a->refs, 1, __ATOMIC_ACQ_REL) == 0) free(a);
+}
+
+static void *abort_helper(void *arg)
+{
+    abort_call *a = arg;
+    if (hvl__cuda_adopt(a->device) == HVL_OK) nc.comm_abort(a->comm);   /* the comm's context */
+    __atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
+    abort_release(a);
+    return NULL;
+}
+
+/* Aborted, never destroyed, clean stop or not: ncclCommDestroy finalizes with the peers, and
+ * every batch has finished (nothing to flush). Waited for up to the peer timeout (30 s when that
+ * is off); an abort still stuck then is left to its thread, and the communicator leaks. */
 static void drop_comm(nccl_set *s)
 {
     if (!s->comm) return;
-    if (hvl__cuda_use(s->device) == HVL_OK) nc.comm_abort(s->comm);
+    abort_call *a = calloc(1, sizeof(*a));
+    pthread_t thread;
+    if (!a) return;                         /* out of memory: the communicator leaks */
+    *a = (abort_call){s->comm, s->device, 2, 0};
     s->comm = NULL;
+    if (pthread_create(&thread, NULL, abort_helper, a) != 0) {
+        free(a);
+        return;
+    }
+    pthread_detach(thread);
+    double limit = hvl__engine.params.peer_timeout_s > 0 ? hvl__engine.params.peer_timeout_s : 30.0;
+    double start = hvl__now();
+    while (!__atomic_load_n(&a->done, __ATOMIC_ACQUIRE) && hvl__now() - start < limit) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    if (!__atomic_load_n(&a->done, __ATOMIC_ACQUIRE))
+        hvl__log(HVL_LOG_WARNING, "ncclCommAbort did not return in %.0f s (a peer on this host is "
+                 "stopped?): its communicator is left behind", limit);
+    abort_release(a);
 }
 
 static int open_set(hvl_engine *e, hvl_pset *ps, void **state)
@@ -331,10 +420,10 @@ static int exchange(hvl_engine *e, hvl_pset *ps, const member_info *me, member_i
 }
 
 /* The set's decision (see the top); non-OK only when the exchange itself failed (fatal). */
-static int prepare(hvl_engine *e, hvl_pset *ps, void *state, int device)
+static int prepare(hvl_engine *e, hvl_pset *ps, void *state, const hvl_batch_kind *k, int device)
 {
     nccl_set *s = state;
-    if (s->mode != UNDECIDED) return HVL_OK;
+    if (s->mode != UNDECIDED || !runs(k)) return HVL_OK;   /* a set that only allgathers: no NCCL */
     if (e->params.nccl_disable) {           /* agreed from rank 0: alike on every member */
         stay_staged(ps, s, "HVLITE_NCCL_DISABLE=1");
         return HVL_OK;
@@ -350,7 +439,12 @@ static int prepare(hvl_engine *e, hvl_pset *ps, void *state, int device)
     if (v <= 0) return rc;                  /* v < 0: a member has no device yet; next batch */
     s->device = device;
     int everywhere = 0, local = create_comm(e, ps, s);
-    rc = hvl__agree(ps->comm, local, "the NCCL communicator", &everywhere, hvl__peer_bound(e));
+    if (local != HVL_OK) drop_comm(s);
+    /* A member whose set-up failed at once gets here while the others still wait in NCCL's
+     * bootstrap for it, up to the peer timeout: twice that lets every member agree. */
+    hvl_bound agreement = hvl__peer_bound(e);
+    agreement.timeout_s *= 2;
+    rc = hvl__agree(ps->comm, local, "the NCCL communicator", &everywhere, agreement);
     if (rc == HVL_OK) {
         s->mode = USE_NCCL;
         if (ps->rank == 0)
@@ -364,50 +458,14 @@ static int prepare(hvl_engine *e, hvl_pset *ps, void *state, int device)
     return rc;
 }
 
-/* ---- running ---- */
-static int nccl_dtype(int dtype)
-{
-    switch (dtype) {
-    case HVL_UINT8: return NC_UINT8;
-    case HVL_INT8: return NC_INT8;
-    case HVL_INT32: return NC_INT32;
-    case HVL_INT64: return NC_INT64;
-    case HVL_FLOAT16: return NC_FLOAT16;
-    case HVL_BFLOAT16: return NC_BFLOAT16;
-    case HVL_FLOAT32: return NC_FLOAT32;
-    case HVL_FLOAT64: return NC_FLOAT64;
-    default: return -1;                     /* 16-bit integers and bool: NCCL has none */
-    }
-}
-
-static int is_float(int dtype) { return dtype >= HVL_FLOAT16 && dtype <= HVL_FLOAT64; }
-
-/* 1 if NCCL computes this reduction with its scale factors: unscaled, or linear (Sum, Average)
- * on a floating type, where the factors fold into one pre-multiplier. */
-static int reduction_ok(const hvl_batch_kind *k)
-{
-    if (nccl_dtype(k->dtype) < 0) return 0;
-    int scaled = k->prescale != 1.0 || k->postscale != 1.0;
-    switch (k->reduce_op) {
-    case HVL_SUM: case HVL_AVERAGE: return !scaled || is_float(k->dtype);
-    case HVL_MIN: case HVL_MAX: case HVL_PRODUCT: return !scaled;
-    default: return 0;                      /* Adasum: the MPI plane's, staged */
-    }
-}
-
 static int can_run(const hvl_engine *e, const hvl_pset *ps, const void *state, const hvl_batch_kind *k)
 {
     const nccl_set *s = state;
     (void)e; (void)ps;
-    if (k->memory != HVL_MEMORY_CUDA || s->mode != USE_NCCL || !s->comm) return 0;
-    switch (k->op) {
-    case HVL_ALLREDUCE: return reduction_ok(k);
-    case HVL_REDUCESCATTER: return k->even_rows && reduction_ok(k);
-    case HVL_BROADCAST: return 1;
-    default: return 0;                      /* allgather, alltoall: host results (see the top) */
-    }
+    return s->mode == USE_NCCL && s->comm && runs(k);
 }
 
+/* ---- running ---- */
 /* The NCCL op for the batch's reduction, its factors folded in; *custom: destroy it after. */
 static int reduction_op(nccl_set *s, const hvl_device_batch *b, int nranks, ncclRedOp_t *op, int *custom)
 {
@@ -535,7 +593,7 @@ static int run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device
     if (rc == HVL_OK && b->kind.op != HVL_BROADCAST) rc = reduction_op(s, b, ps->size, &op, &custom);
     if (rc == HVL_OK) rc = enqueue(s, ps, b, op, stream);
     if (rc == HVL_OK) rc = settle(e, s->comm, what);       /* the group is queued (or failed) */
-    if (custom) nc.red_op_destroy(op, s->comm);           /* after the calls that use it settled */
+    if (custom && rc == HVL_OK) nc.red_op_destroy(op, s->comm);   /* once the calls settled */
     if (rc == HVL_OK) rc = wait_done(e, s, b, what);
     if (rc != HVL_OK) {                      /* the peers may be mid-collective: never hang on it */
         char message[1024];

@@ -309,7 +309,7 @@ static int execute_one(hvl_engine *e, hvl_batch *b)
 {
     int data = hvl__op_is(b->op, HVL_OPF_DATA);
     hvl_batch_kind k = kind_of(b);
-    if (data && b->memory != HVL_MEMORY_HOST) HVL_CHECK(hvl__planes_prepare(e, b->ps, batch_device(b)));
+    if (data && b->memory != HVL_MEMORY_HOST) HVL_CHECK(hvl__planes_prepare(e, b->ps, &k, batch_device(b)));
     hvl_outcome *o = calloc((size_t)b->count, sizeof(hvl_outcome));
     if (!o) return hvl__oom("a batch's outcomes");
     hvl_plane p = data ? hvl__plane_for(e, b->ps, &k) : (hvl_plane){0};

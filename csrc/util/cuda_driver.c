@@ -155,6 +155,13 @@ int hvl__cuda_use(int dev)
     return check(cu.ctx_set_current(devices[dev].ctx), "cuCtxSetCurrent");
 }
 
+int hvl__cuda_adopt(int dev)
+{
+    if (!hvl__cuda_loaded() || dev < 0 || dev >= HVL_CUDA_MAX_DEVICES || !devices[dev].ctx)
+        return hvl__fail(HVL_ERR_CUDA, "CUDA device %d: not in use by hvlite", dev);
+    return check(cu.ctx_set_current(devices[dev].ctx), "cuCtxSetCurrent");
+}
+
 int hvl__cuda_wait_event(int dev, void *event)
 {
     HVL_CHECK(hvl__cuda_use(dev));

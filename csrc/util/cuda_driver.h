@@ -6,7 +6,7 @@
  * wrap the driver calls in the engine's error rule: each returns an hvl_status and sets the
  * message (the driver's own error name and text) where the call failed.
  *
- * Threads: hvl__cuda_load and hvl__cuda_loaded from any thread; everything else on the
+ * Threads: hvl__cuda_load, _loaded and _adopt from any thread; everything else on the
  * background thread only (the per-device streams and events below are its own). Pointers to
  * device memory are passed through as opaque values, never dereferenced. */
 #ifndef HVLITE_CUDA_DRIVER_H
@@ -28,6 +28,10 @@ int hvl__cuda_driver_version(void);    /* e.g. 13000 for CUDA 13.0; 0 if not loa
  * made on first use, non-blocking with respect to the legacy default stream, and is the
  * engine's until hvl__cuda_release. HVL_ERR_CUDA for a device the driver does not have. */
 int hvl__cuda_use(int dev);
+/* Any thread: makes device `dev`'s context, which the background thread already took
+ * (hvl__cuda_use), current on the calling thread; for a helper thread the bg thread started
+ * after that. HVL_ERR_CUDA if the engine never used the device. */
+int hvl__cuda_adopt(int dev);
 /* Work queued on the engine's stream after this waits for `event` (recorded by the framework on
  * its own stream); the calling thread does not wait. */
 int hvl__cuda_wait_event(int dev, void *event);
