@@ -91,3 +91,21 @@ def test_allgather_and_alltoall_stay_staged_but_right():
     gathered = hvd.allgather(x, name="ag")
     assert torch.equal(gathered.cpu(), torch.cat([torch.full((2, 3), float(r)) for r in range(SIZE)]))
     assert nccl_ran() == before
+
+
+def test_a_desync_on_cuda_tensors_is_a_deadlock_on_every_rank_and_the_engine_goes_on():
+    """Deadlock detection runs in negotiation, before any plane: NCCL underneath changes
+    nothing (allreduce on rank 0, allgather on the others)."""
+    if SIZE < 2:
+        pytest.skip("needs two ranks to disagree")
+    x = torch.ones(4, device=CUDA)
+    with pytest.raises(hvd.HvliteDeadlockError) as raised:
+        if RANK == 0:
+            hvd.allreduce(x, name="desync.a")
+        else:
+            hvd.allgather(x, name="desync.b")
+    assert "collective deadlock" in str(raised.value), str(raised.value)
+    before = nccl_ran()
+    got = hvd.allreduce(torch.ones(4, device=CUDA), op=hvd.Sum, name="after.desync")
+    assert torch.equal(got, torch.full((4,), float(SIZE), device=CUDA))
+    check_plane(before, 1)
