@@ -16,7 +16,10 @@ with --seed, the same order on every rank, so drift falls on every item alike):
   plain   the same step on an identical copy of the model with the plain optimizer, same batch;
   hvl     hvlite ``allreduce_`` (Average, in place) of one flat float32 tensor as large as all
           the model's gradients together: what one plain allreduce of those bytes costs;
-  mpi4py  mpi4py ``Allreduce`` (Sum, in place) of the same bytes: the MPI data plane's floor.
+  mpi4py  mpi4py ``Allreduce`` (Sum, in place) of the same bytes: the MPI data plane's floor;
+  ddp     (with --ddp) the same step on a third copy under torch DistributedDataParallel: gloo
+          on the CPU, NCCL on CUDA (--hostid-per-rank: each rank its own NCCL_HOSTID, for ranks
+          sharing a GPU; hvlite's NCCL plane then runs too), so the two overheads are paired.
 Models and step are examples/pytorch_synthetic_benchmark.py's (``build``: the MLP, 4.2 M
 parameters in 10 tensors, and the ResNet-34 layout, 1.3 M in 110), as in bench/torch_training.py:
 SGD (lr 0.01, momentum 0.9), --batch-size per rank, one thread per process. Every item starts
@@ -31,7 +34,9 @@ Per round, overhead = dist - plain. Reported per model and data plane (times in 
    overlapping backward) and after (optimizer.step(): waiting for the allreduces, SGD), each
    median with its CI; the "after" part is short, so its CI is far tighter than the whole
    step's when the step is long;
-3. with two planes: median overhead on one / on the other, with its CI.
+3. with two planes: median overhead on one / on the other, with its CI;
+4. with --ddp: hvlite's and DDP's median overheads and their ratio, with its CI (the same
+   resampled rounds for both: paired in time).
 ``--json PATH`` writes the tables and every round's raw times (seconds, the slowest rank's, per
 COLUMNS: each item's duration, and for the two steps when backward ended), block after block.
 
@@ -66,7 +71,7 @@ from mpi4py import MPI
 
 import hvlite
 import hvlite.torch as hvd
-from harness import human, restart_engine
+from harness import human, init_torch_distributed, restart_engine
 from tables import add_json_arg, print_table, write_json
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -74,7 +79,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from pytorch_synthetic_benchmark import build  # noqa: E402  (the models of torch_training.py)
 
 ITEMS = ("dist", "plain", "hvl", "mpi4py")
-COLUMNS = ITEMS + ("dist backward", "plain backward")   # times per round, seconds from start
+
+
+def columns_of(items):
+    """The times kept per round, seconds from each item's start: every item's duration, then
+    when each training step's backward ended."""
+    return tuple(items) + tuple(i + " backward" for i in items if i in ("dist", "plain", "ddp"))
 PLANES = {"shm": {"HVLITE_SHM_DISABLE": "0"}, "mpi": {"HVLITE_SHM_DISABLE": "1"}}
 
 
@@ -101,14 +111,21 @@ class Subject:
     """One model twice (under DistributedOptimizer, and plain), its batches, and flat buffers of
     its gradient bytes for the reference allreduces."""
 
-    def __init__(self, name, batch_size, seed, comm, null=False, device=torch.device("cpu")):
+    def __init__(self, name, batch_size, seed, comm, null=False, device=torch.device("cpu"),
+                 ddp=False):
         torch.manual_seed(seed)                   # identical weights on every rank and copy
         self.name, self.batch_size, self.comm, self.device = name, batch_size, comm, device
+        self.items = ITEMS + (("ddp",) if ddp else ())
+        self.columns = columns_of(self.items)
         model, make_batch = build(name)
         self.dist_model = model.to(device)
         self.make_batch = lambda b: tuple(t.to(device) for t in make_batch(b))
         self.plain_model = copy.deepcopy(self.dist_model)
         self.plain_opt = torch.optim.SGD(self.plain_model.parameters(), lr=0.01, momentum=0.9)
+        if ddp:                                   # torch.distributed is initialised by main()
+            self.ddp_model = torch.nn.parallel.DistributedDataParallel(
+                copy.deepcopy(self.plain_model), device_ids=[device] if device.type == "cuda" else None)
+            self.ddp_opt = torch.optim.SGD(self.ddp_model.parameters(), lr=0.01, momentum=0.9)
         self.dist_opt = torch.optim.SGD(self.dist_model.parameters(), lr=0.01, momentum=0.9)
         if not null:
             self.dist_opt = hvd.DistributedOptimizer(
@@ -124,6 +141,8 @@ class Subject:
             return train_step(self.dist_model, self.dist_opt, x, y)
         if item == "plain":
             return train_step(self.plain_model, self.plain_opt, x, y)
+        if item == "ddp":
+            return train_step(self.ddp_model, self.ddp_opt, x, y)
         if item == "hvl":
             hvd.allreduce_(self.flat, op=hvd.Average, name="step_overhead." + self.name)
             settle(self.device)
@@ -132,19 +151,19 @@ class Subject:
         return None
 
     def rounds(self, count, order_rng):
-        """Time `count` rounds: (count, len(COLUMNS)) seconds from each item's start (after a
-        barrier), each the slowest rank's, on every rank."""
-        times = np.zeros((count, len(COLUMNS)))
+        """Time `count` rounds: (count, len(self.columns)) seconds from each item's start (after
+        a barrier), each the slowest rank's, on every rank."""
+        times = np.zeros((count, len(self.columns)))
         for r in range(count):
             x, y = self.make_batch(self.batch_size)
             settle(self.device)
-            for i in order_rng.permutation(len(ITEMS)):
+            for i in order_rng.permutation(len(self.items)):
                 self.comm.Barrier()
                 t0 = time.perf_counter()
-                backward_end = self.run(ITEMS[i], x, y)
+                backward_end = self.run(self.items[i], x, y)
                 times[r, i] = time.perf_counter() - t0
                 if backward_end is not None:
-                    times[r, COLUMNS.index(ITEMS[i] + " backward")] = backward_end - t0
+                    times[r, self.columns.index(self.items[i] + " backward")] = backward_end - t0
         self.comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
         return times
 
@@ -188,12 +207,14 @@ def paired(over, ref, idx):
             "per_ref_ci": interval(boot / np.median(ref[idx], axis=1))}
 
 
-def summarize(times, idx):
+def summarize(times, idx, columns):
     """Statistics of one (model, plane): the whole step's overhead, its parts before and after
-    backward ended, and the plain step and reference medians; CIs from the resamples `idx`."""
-    t = dict(zip(COLUMNS, times.T))
+    backward ended, the plain step and reference medians, and DDP's overhead where it ran; CIs
+    from the resamples `idx`."""
+    t = dict(zip(columns, times.T))
     after = {k: t[k] - t[k + " backward"] for k in ("dist", "plain")}
-    return {"rounds": len(times), "plain": np.median(t["plain"]),
+    ddp = {"ddp": paired(t["ddp"] - t["plain"], t["hvl"], idx)} if "ddp" in t else {}
+    return {**ddp, "rounds": len(times), "plain": np.median(t["plain"]),
             "plain backward": np.median(t["plain backward"]),
             "plain after": np.median(after["plain"]),
             "hvl": np.median(t["hvl"]), "mpi4py": np.median(t["mpi4py"]),
@@ -241,12 +262,20 @@ def plane_row(name, a, b):
             "%.2fx" % (a["plain"] / b["plain"])]
 
 
+def ddp_row(name, plane, st):
+    h, d = st["total"], st["ddp"]
+    return [name, plane, fmt_ms(st["plain"]), fmt_ms(h["median"]), fmt_ci(h["median_ci"]),
+            fmt_ms(d["median"]), fmt_ci(d["median_ci"]), "%.2fx" % (h["median"] / d["median"]),
+            fmt_ci(interval(h["boot"] / d["boot"]), 1)]
+
+
 def report(subjects, planes, runs, shm_used, args, comm, load):
     """Print the tables (rank 0) and return them for --json. `load`: the 1-minute load
     averages before and after the measurement (the machine's other work)."""
     rng = np.random.default_rng(args.seed + 1)
     chosen = rng.integers(0, args.blocks, size=(args.bootstrap, args.blocks))  # same for all
-    stats = {k: summarize(v, resample(chosen, args.per_block, rng)) for k, v in runs.items()}
+    stats = {k: summarize(v, resample(chosen, args.per_block, rng), subjects[0].columns)
+             for k, v in runs.items()}
     label = {p: p if p != "shm" or shm_used[p] else "shm (unused: MPI)" for p in planes}
     cells = [(s, p, stats[s.name, p]) for s in subjects for p in planes]
     tables = [print_table(
@@ -275,6 +304,14 @@ def report(subjects, planes, runs, shm_used, args, comm, load):
             ["model", "overhead " + a, "overhead " + b, "%s/%s" % (a, b), "95% CI",
              "plain step %s/%s" % (a, b)],
             [plane_row(s.name, stats[s.name, a], stats[s.name, b]) for s in subjects]))
+    if args.ddp:
+        tables.append(print_table(
+            "hvlite DistributedOptimizer vs torch DDP (%s), the same step and batches: median "
+            "overhead over the plain step, and their ratio (95%% CI: the same resampled rounds for "
+            "both; times in ms)" % ("NCCL" if args.device == "cuda" else "gloo"),
+            ["model", "plane", "plain step", "hvlite ovh", "95% CI", "DDP ovh", "95% CI",
+             "hvlite/DDP", "95% CI"],
+            [ddp_row(s.name, label[p], st) for s, p, st in cells], key_columns=2))
     return tables
 
 
@@ -298,6 +335,10 @@ def main():
     p.add_argument("--null", action="store_true",
                    help="null run: the 'dist' copy steps with the plain optimizer too, so every "
                         "overhead CI should hold 0 (checks the pairing)")
+    p.add_argument("--ddp", action="store_true",
+                   help="also time the step under torch DDP (gloo on the CPU, NCCL on CUDA), paired")
+    p.add_argument("--hostid-per-rank", action="store_true",
+                   help="give each rank its own NCCL_HOSTID (ranks sharing one GPU), for NCCL")
     add_json_arg(p)
     args = p.parse_args()
     if args.smoke:
@@ -307,12 +348,16 @@ def main():
     args.pairs = args.per_block * args.blocks
     comm = MPI.COMM_WORLD
     torch.set_num_threads(1)
+    if args.hostid_per_rank:
+        os.environ["NCCL_HOSTID"] = "hvlite-bench-rank-%d" % comm.rank
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     hvd.init()
     device = torch.device("cpu")
     if args.device == "cuda":
         torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
-    subjects = [Subject(m, args.batch_size, args.seed, comm, args.null, device)
+    dist = init_torch_distributed(comm, "nccl" if device.type == "cuda" else "gloo") if args.ddp else None
+    subjects = [Subject(m, args.batch_size, args.seed, comm, args.null, device, args.ddp)
                 for m in args.models]
     torch.manual_seed(args.seed + 1 + comm.rank)  # batches: each rank its own data
     load = [os.getloadavg()[0]]
@@ -321,8 +366,10 @@ def main():
     if comm.rank == 0:
         tables = report(subjects, args.planes, runs, shm_used, args, comm, load)
         if args.json:
-            write_json(args.json, tables, columns=COLUMNS, seconds={
+            write_json(args.json, tables, columns=subjects[0].columns, seconds={
                 "%s/%s" % k: v.tolist() for k, v in runs.items()})
+    if dist is not None:
+        dist.destroy_process_group()
     hvd.shutdown()
 
 

@@ -82,6 +82,25 @@ def test_step_overhead_bench_smoke(tmp_path):
         assert all(r[4] < r[0] and r[5] < r[1] for r in rounds), cell
 
 
+def test_step_overhead_against_ddp_smoke(tmp_path):
+    """--ddp: a third copy of the model steps under torch DDP (gloo here) in the same rounds, and
+    a table pairs hvlite's overhead with DDP's."""
+    out_json = tmp_path / "step_overhead_ddp.json"
+    job = run_job(2, ["python", "bench/step_overhead.py", "--smoke", "--ddp", "--models", "mlp",
+                      "--planes", "shm", "--json", str(out_json)], timeout=180)
+    out = job.stdout + job.stderr
+    assert job.returncode == 0, out
+    result = json.loads(out_json.read_text())
+    ddp = result["tables"][-1]
+    assert "hvlite DistributedOptimizer vs torch DDP (gloo)" in ddp["title"], ddp
+    assert [tuple(r[:2]) for r in ddp["rows"]] == [("mlp", "shm")], ddp
+    assert all(isinstance(r[ddp["columns"].index("DDP ovh")], float) for r in ddp["rows"]), ddp
+    assert result["columns"] == ["dist", "plain", "hvl", "mpi4py", "ddp", "dist backward",
+                                 "plain backward", "ddp backward"]
+    for cell, rounds in result["seconds"].items():
+        assert all(min(r) > 0 and r[7] < r[4] for r in rounds), cell     # ddp backward < step
+
+
 def test_ab_runner_smoke(tmp_path):
     """bench/ab.py, one round of this checkout against itself on the allreduce smoke run: both
     sides resolve hvlite here, both tables and the B/A comparison print, results right."""
