@@ -58,10 +58,9 @@ def find_nccl(environ: Optional[Mapping[str, str]] = None) -> NcclLibrary:
                                % (given, SONAME))
         return NcclLibrary(os.path.abspath(given), "HVLITE_NCCL_LIB", ["HVLITE_NCCL_LIB"])
     tried.append("HVLITE_NCCL_LIB (unset)")
-    for wheel in WHEELS:
-        path = wheel_file(wheel, "nvidia/nccl/lib/" + SONAME)
-        if path:
-            return NcclLibrary(path, wheel, tried + [wheel])
+    path, wheel = _from_wheel()
+    if path:
+        return NcclLibrary(path, wheel, tried + [wheel])
     tried.append("the %s wheels (none installed in this Python)" % "/".join(WHEELS))
     if ctypes.util.find_library("nccl"):
         return NcclLibrary(SONAME, "system", tried + ["system"])
@@ -75,11 +74,16 @@ def engine_library(environ: Optional[Mapping[str, str]] = None) -> Optional[str]
     environ = os.environ if environ is None else environ
     if environ.get("HVLITE_NCCL_LIB", "").strip():
         return None
+    return _from_wheel()[0]
+
+
+def _from_wheel():
+    """(libnccl.so.2 of the first installed wheel of WHEELS, its name), or (None, None)."""
     for wheel in WHEELS:
         path = wheel_file(wheel, "nvidia/nccl/lib/" + SONAME)
         if path:
-            return path
-    return None
+            return path, wheel
+    return None, None
 
 
 def nccl_version(library: NcclLibrary) -> str:

@@ -36,7 +36,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 #include "backend.h"
 #include "cuda_driver.h"
@@ -279,23 +278,28 @@ static int verdict(const hvl_pset *ps, const member_info *all, char *why, size_t
     return 1;
 }
 
-/* Polls a nonblocking communicator until its last call settled, under the peer bound. */
-static int settle(hvl_engine *e, ncclComm_t comm, const char *what)
+/* Polls, under the peer bound, until the communicator's last call settled (mark < 0), or until
+ * the engine's stream of device `mark` reached its mark; NCCL's asynchronous error is looked at
+ * every turn either way. `what` (and `name`, the tensor, or NULL) go into the messages. */
+static int poll_comm(hvl_engine *e, ncclComm_t comm, int mark, const char *what, const char *name)
 {
     hvl_bound bound = hvl__peer_bound(e);
     double start = hvl__now(), nap_s = 2e-6;
     for (;;) {
+        int done = 0;
+        if (mark >= 0) HVL_CHECK(hvl__cuda_mark_reached(mark, &done));
+        if (done) return HVL_OK;
         ncclResult_t state = NC_IN_PROGRESS;
         HVL_CHECK(check(nc.comm_get_async_error(comm, &state), comm, "ncclCommGetAsyncError"));
-        if (state != NC_IN_PROGRESS) return check(state, comm, what);
+        if (state != NC_SUCCESS && state != NC_IN_PROGRESS) return check(state, comm, what);
+        if (mark < 0 && state == NC_SUCCESS) return HVL_OK;
         double waited = hvl__now() - start;
         if (bound.timeout_s > 0 && waited > bound.timeout_s)
-            return hvl__fail(HVL_ERR_TIMEOUT, "NCCL: %s did not finish in %.0f s (HVLITE_PEER_TIMEOUT_SECONDS): "
-                             "a peer is stopped, gone or unreachable", what, waited);
+            return hvl__fail(HVL_ERR_TIMEOUT, "%s%s%s%s: no progress in %.0f s (HVLITE_PEER_TIMEOUT_SECONDS): "
+                             "a peer is stopped, gone or unreachable", what, name ? " of tensor '" : "",
+                             name ? name : "", name ? "'" : "", waited);
         HVL_CHECK(hvl__bound_flags(&bound, waited, what));
-        struct timespec ts = {0, (long)(nap_s * 1e9)};
-        nanosleep(&ts, NULL);
-        nap_s = nap_s * 2 < 100e-6 ? nap_s * 2 : 100e-6;
+        hvl__nap(&nap_s, 50e-6);            /* NCCL calls take microseconds and up: short naps */
     }
 }
 
@@ -319,7 +323,7 @@ static int create_comm(hvl_engine *e, hvl_pset *ps, nccl_set *s)
     HVL_CHECK(hvl__cuda_use(s->device));          /* NCCL takes the thread's current device */
     int rc = check(nc.comm_init_rank_config(&s->comm, ps->size, id, ps->rank, &config), NULL,
                    "ncclCommInitRankConfig");
-    if (rc == HVL_OK) rc = settle(e, s->comm, "ncclCommInitRankConfig");
+    if (rc == HVL_OK) rc = poll_comm(e, s->comm, -1, "ncclCommInitRankConfig", NULL);
     return rc;
 }
 
@@ -364,11 +368,9 @@ static void drop_comm(nccl_set *s)
     }
     pthread_detach(thread);
     double limit = hvl__engine.params.peer_timeout_s > 0 ? hvl__engine.params.peer_timeout_s : 30.0;
-    double start = hvl__now();
-    while (!__atomic_load_n(&a->done, __ATOMIC_ACQUIRE) && hvl__now() - start < limit) {
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
+    double start = hvl__now(), nap_s = 1e-4;
+    while (!__atomic_load_n(&a->done, __ATOMIC_ACQUIRE) && hvl__now() - start < limit)
+        hvl__nap(&nap_s, 1e-3);
     if (!__atomic_load_n(&a->done, __ATOMIC_ACQUIRE))
         hvl__log(HVL_LOG_WARNING, "ncclCommAbort did not return in %.0f s (a peer on this host is "
                  "stopped?): its communicator is left behind", limit);
@@ -548,31 +550,6 @@ static int enqueue(nccl_set *s, const hvl_pset *ps, const hvl_device_batch *b, n
     return rc != HVL_OK ? rc : end;
 }
 
-/* Waits until the stream passed the batch, polling NCCL's asynchronous error too, bounded. */
-static int wait_done(hvl_engine *e, nccl_set *s, const hvl_device_batch *b, const char *what)
-{
-    HVL_CHECK(hvl__cuda_mark(s->device));
-    hvl_bound bound = hvl__peer_bound(e);
-    double start = hvl__now(), nap_s = 2e-6;
-    for (;;) {
-        int done = 0;
-        HVL_CHECK(hvl__cuda_mark_reached(s->device, &done));
-        if (done) return HVL_OK;
-        ncclResult_t async = NC_SUCCESS;
-        HVL_CHECK(check(nc.comm_get_async_error(s->comm, &async), s->comm, "ncclCommGetAsyncError"));
-        if (async != NC_SUCCESS && async != NC_IN_PROGRESS) return check(async, s->comm, what);
-        double waited = hvl__now() - start;
-        if (bound.timeout_s > 0 && waited > bound.timeout_s)
-            return hvl__fail(HVL_ERR_TIMEOUT, "%s of tensor '%s': no progress in %.0f s "
-                             "(HVLITE_PEER_TIMEOUT_SECONDS): a peer is stopped, gone or unreachable",
-                             what, b->name, waited);
-        HVL_CHECK(hvl__bound_flags(&bound, waited, what));
-        struct timespec ts = {0, (long)(nap_s * 1e9)};
-        nanosleep(&ts, NULL);                /* collectives take microseconds and up: short naps */
-        nap_s = nap_s * 2 < 50e-6 ? nap_s * 2 : 50e-6;
-    }
-}
-
 static int run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device_batch *b)
 {
     nccl_set *s = state;
@@ -592,9 +569,10 @@ static int run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device
     int custom = 0;
     if (rc == HVL_OK && b->kind.op != HVL_BROADCAST) rc = reduction_op(s, b, ps->size, &op, &custom);
     if (rc == HVL_OK) rc = enqueue(s, ps, b, op, stream);
-    if (rc == HVL_OK) rc = settle(e, s->comm, what);       /* the group is queued (or failed) */
+    if (rc == HVL_OK) rc = poll_comm(e, s->comm, -1, what, b->name);   /* the group is queued */
     if (custom && rc == HVL_OK) nc.red_op_destroy(op, s->comm);   /* once the calls settled */
-    if (rc == HVL_OK) rc = wait_done(e, s, b, what);
+    if (rc == HVL_OK) rc = hvl__cuda_mark(s->device);               /* the stream's end of it */
+    if (rc == HVL_OK) rc = poll_comm(e, s->comm, s->device, what, b->name);
     if (rc != HVL_OK) {                      /* the peers may be mid-collective: never hang on it */
         char message[1024];
         snprintf(message, sizeof(message), "%s", hvl_last_error());

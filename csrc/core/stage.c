@@ -17,9 +17,9 @@
  * Entries whose buffers are host memory (a joined rank's stand-ins) are left as they are.
  * Nothing here reads or writes device memory itself. bg thread only. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include "cuda_driver.h"
 #include "stage.h"
 
@@ -101,9 +101,7 @@ static int wait_devices(hvl_engine *e, uint64_t devices, const hvl_batch *b, con
                              "(HVLITE_PEER_TIMEOUT_SECONDS): a kernel before it on the framework's "
                              "stream still runs or hangs", what, b->entries[0]->d.name, waited);
         HVL_CHECK(hvl__bound_flags(&bound, waited, what));
-        struct timespec ts = {0, (long)(nap_s * 1e9)};
-        nanosleep(&ts, NULL);        /* copies take microseconds to milliseconds: short naps */
-        nap_s = nap_s * 2 < 100e-6 ? nap_s * 2 : 100e-6;
+        hvl__nap(&nap_s, 100e-6);    /* copies take microseconds to milliseconds: short naps */
     }
 }
 

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "util.h"
 
 uint64_t hvl__hash(const void *data, size_t n, uint64_t h)
@@ -26,4 +27,11 @@ void hvl__test_stop_point(const char *spec, int rank, const char *point)
             point);   /* not hvl__log: log.c calls this file's hash */
     fflush(stderr);
     raise(SIGSTOP);
+}
+
+void hvl__nap(double *nap_s, double max_s)
+{
+    struct timespec ts = {(time_t)*nap_s, (long)((*nap_s - (double)(time_t)*nap_s) * 1e9)};
+    nanosleep(&ts, NULL);
+    *nap_s = *nap_s * 2 < max_s ? *nap_s * 2 : max_s;
 }

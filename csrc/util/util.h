@@ -39,6 +39,8 @@ int hvl__oom(const char *what);
 int hvl__last_status(void);                  /* the status of the last hvl__fail on this thread */
 const char *hvl__status_name(int rc);
 double hvl__now(void);                       /* monotonic seconds */
+/* Sleeps *nap_s, then doubles it up to max_s: the growing naps of a polling wait. */
+void hvl__nap(double *nap_s, double max_s);
 
 /* ---- small helpers (util.c; hvl__grow: buf.c) ---- */
 uint64_t hvl__hash(const void *data, size_t n, uint64_t h);   /* FNV-1a; start with HVL_HASH_SEED */
