@@ -197,6 +197,15 @@ int hvl_result_shape(int64_t handle, int *ndim, int64_t *shape);
  * NULL, also for 0 bytes), now the caller's, freed with hvl_buffer_free. The shape stays
  * readable; a second take fails (HVL_ERR_INVALID_ARG). */
 int hvl_result_take(int64_t handle, void **data);
+/* Where a completed handle's engine-owned result lives: host memory (*device -1; freed with
+ * hvl_buffer_free), or CUDA device *device's memory where a GPU plane (NCCL) ran it (freed with
+ * hvl_device_buffer_free); the staged path's results are host memory. */
+int hvl_result_memory(int64_t handle, int *memory, int *device);
+/* Frees a CUDA result taken with hvl_result_take, stream-ordered after the work queued on
+ * `stream` so far (a CUstream / cudaStream_t of the device's primary context, the one the caller
+ * used the result on; NULL: the legacy default stream). Any thread, also after hvl_shutdown;
+ * the calling thread's current CUDA context is kept. Cannot fail. */
+void hvl_device_buffer_free(int device, void *data, void *stream);
 
 /* Result buffers (buffers.c): memory for results that outlive their handle, as the binding
  * allocates for out-of-place allreduce, broadcast and reducescatter outputs and the engine for

@@ -13,6 +13,10 @@ Contract:
   aligned, uninitialised), freed by ``hvl_buffer_free`` when ``owner`` is garbage-collected,
   from whichever thread that happens. Raises ``MemoryError``.
 - ``adopt(pointer) -> owner``: the same for a buffer the engine handed over (``hvl_result_take``).
+- ``DeviceBuffer(data, device)``: a result the engine left in CUDA device memory (a GPU
+  plane's allgather or alltoall; ``hvl_result_memory`` says so), owned by the object: ``free``
+  gives it back stream-ordered on the stream it was last used on (``stream``, a CUstream as an
+  int; 0 until a framework wraps it), and so does garbage collection. It never reads the memory.
 - ``memory(owner, nbytes)``: a writable buffer-protocol object over the memory that keeps
   ``owner`` alive; ``np.frombuffer``/``torch.frombuffer`` views of it keep it alive in turn, so
   a result outlives its handle and everything else.
@@ -76,6 +80,26 @@ def allocate(nbytes):
 def adopt(data):
     """Take over an engine buffer (from ``hvl_result_take``): freed with the returned owner."""
     return ffi.gc(data, lib.hvl_buffer_free)
+
+
+class DeviceBuffer:
+    """An engine result in CUDA memory (see the module docstring)."""
+
+    __slots__ = ("data", "device", "stream")
+
+    def __init__(self, data, device):
+        self.data, self.device, self.stream = data, device, 0
+
+    @property
+    def address(self):
+        return int(ffi.cast("uintptr_t", self.data))
+
+    def free(self):
+        data, self.data = self.data, ffi.NULL
+        if data != ffi.NULL:
+            lib.hvl_device_buffer_free(self.device, data, ffi.cast("void *", self.stream))
+
+    __del__ = free
 
 
 def memory(owner, nbytes):

@@ -32,7 +32,7 @@ import itertools
 import numpy as np
 
 from ._lib import ffi, lib
-from .buffers import NULL, address, adopt, pointer  # noqa: F401  (address, pointer: re-exported)
+from .buffers import NULL, DeviceBuffer, address, adopt, pointer  # noqa: F401  (address, pointer: re-exported)
 from .errors import _check
 
 _counters = {}
@@ -188,14 +188,20 @@ def result_buffer(handle):
         when garbage-collected (``hvlite.buffers.memory(owner, n)`` keeps it alive, and so does
         every array made from that buffer), and its element count. A copy would cost a fresh
         allocation (page faults) plus the copy: at 16 MiB per rank that was most of the call.
+        Where a GPU plane ran it the owner is a ``DeviceBuffer`` in the tensors' CUDA memory.
     """
     ndim = ffi.new("int *")
     shape = ffi.new("int64_t[%d]" % lib.HVL_MAX_DIMS)
     _check(lib.hvl_result_shape(handle._id, ndim, shape))
     shape = tuple(shape[i] for i in range(ndim[0]))
+    where, device = ffi.new("int *"), ffi.new("int *")
+    _check(lib.hvl_result_memory(handle._id, where, device))
     data = ffi.new("void **")
     _check(lib.hvl_result_take(handle._id, data))
-    return shape, adopt(data[0]), int(np.prod(shape, dtype=np.int64))
+    count = int(np.prod(shape, dtype=np.int64))
+    if where[0] == lib.HVL_MEMORY_CUDA:
+        return shape, DeviceBuffer(data[0], device[0]), count
+    return shape, adopt(data[0]), count
 
 
 def received_splits(handle, size):

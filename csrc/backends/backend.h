@@ -47,7 +47,7 @@ typedef struct hvl_stream {
 } hvl_stream;
 
 /* What the planes are asked to run: the agreed facts of one batch. */
-typedef struct {
+typedef struct hvl_batch_kind {
     int op, reduce_op, dtype;
     int memory;                 /* hvl_memory of its tensors */
     int64_t bytes;              /* payload */
@@ -71,7 +71,13 @@ typedef struct {
     int root;                   /* broadcast: the root's rank within the set */
     int ntensors;
     const hvl_device_tensor *tensors;
-    const int64_t *counts;      /* reducescatter: each member's elements of the result */
+    /* Elements per member (indexed by the rank within the set): reducescatter: each member's
+     * of the result; allgather: tensor t's from member r at counts[r * ntensors + t];
+     * alltoall (one tensor): sent to member r at counts[r], received from it at
+     * counts[size + r]. Allgather and alltoall outputs are results the engine allocated on the
+     * device (on the engine's stream) to the agreed sizes; the plane fills them in member
+     * order, with no gaps. */
+    const int64_t *counts;
     const char *name;           /* the first tensor's name, for messages */
 } hvl_device_batch;
 

@@ -8,11 +8,14 @@
  *   CUDA. The declarations follow nccl.h's documented signatures; tests/unit/test_nccl_plane.py
  *   compiles this file against NVIDIA's nccl.h to check them.
  * - Deciding, once per set, at its first CUDA batch that NCCL would run (prepare, on every
- *   member at the same point of the agreed list; a set that only allgathers never opens NCCL): the members exchange, over MPI and bounded, whether they loaded NCCL,
- *   their (host, GPU) pair as NCCL tells GPUs apart (host: NCCL_HOSTID, else hostname and boot
- *   id; GPU: its PCI bus id) and their device. Every member alike then takes NCCL only if every
- *   member loaded it and no two share a pair (NCCL refuses them: "Duplicate GPU detected");
- *   otherwise the set's first member says once why the set stays staged. A member with no device
+ *   member at the same point of the agreed list; a set whose CUDA batches NCCL never runs, such
+ *   as Adasum's, never opens NCCL): the members exchange, over MPI and bounded, whether they
+ *   loaded NCCL, their (host, GPU) pair as NCCL tells GPUs apart (host: NCCL_HOSTID, else
+ *   hostname and boot id; GPU: its PCI bus id), their device and whether it has memory pools
+ *   (without them on every member, allgather and alltoall stay staged). Every member alike
+ *   then takes NCCL only if every member loaded it and no two share a pair (NCCL refuses them:
+ *   "Duplicate GPU detected"); otherwise the set's first member says once why the set stays
+ *   staged. A member with no device
  *   yet (it joined before its first CUDA tensor) leaves the set undecided until the next batch.
  * - Communicator: a unique id from the set's first member, broadcast over MPI (bounded), then a
  *   nonblocking ncclCommInitRankConfig polled under the peer bound; the members agree on the
@@ -24,8 +27,11 @@
  *   a fused batch is one NCCL group of per-tensor calls (no fusion buffer, no copies). Scale
  *   factors fold into ncclAvg or ncclRedOpCreatePreMulSum where the op is linear (Sum, Average
  *   on floating types); Min, Max, Product and scaled integer reductions stay staged (there is no
- *   kernel of ours on the GPU to scale with). Allgather and alltoall stay staged too: the engine
- *   owns their results in host memory (hvlite.h).
+ *   kernel of ours on the GPU to scale with). Allgather and alltoall fill results the engine
+ *   allocated on the GPU (stream-ordered, so only where every member's GPU has memory pools):
+ *   allgather is ncclAllGather where every member gives as many rows, else one ncclBroadcast per
+ *   member into its place (NCCL has no allgatherv); alltoall is grouped ncclSend/ncclRecv.
+ *   Both move bytes, so every dtype works.
  * - Never hanging: the wait polls the stream's mark and ncclCommGetAsyncError, bounded by the
  *   peer timeout and the engine's shutdown and fatal flags; on an NCCL error or a timeout the
  *   communicator is aborted and the error is fatal to this engine, as a failed MPI collective is.
@@ -98,6 +104,12 @@ static struct {
     ncclResult_t (*reduce_scatter)(const void *send, void *recv, size_t recv_count,
                                    ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
                                    cudaStream_t stream);
+    ncclResult_t (*all_gather)(const void *send, void *recv, size_t send_count, ncclDataType_t type,
+                               ncclComm_t comm, cudaStream_t stream);
+    ncclResult_t (*send)(const void *send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                         cudaStream_t stream);
+    ncclResult_t (*recv)(void *recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                         cudaStream_t stream);
     ncclResult_t (*group_start)(void);
     ncclResult_t (*group_end)(void);
     ncclResult_t (*premulsum_create)(ncclRedOp_t *op, void *scalar, ncclDataType_t type,
@@ -114,7 +126,8 @@ static const struct { void **slot; const char *name; } symbols[] = {
     SYMBOL(all_reduce, "ncclAllReduce"), SYMBOL(broadcast, "ncclBroadcast"),
     SYMBOL(reduce_scatter, "ncclReduceScatter"), SYMBOL(group_start, "ncclGroupStart"),
     SYMBOL(group_end, "ncclGroupEnd"), SYMBOL(premulsum_create, "ncclRedOpCreatePreMulSum"),
-    SYMBOL(red_op_destroy, "ncclRedOpDestroy"),
+    SYMBOL(red_op_destroy, "ncclRedOpDestroy"), SYMBOL(all_gather, "ncclAllGather"),
+    SYMBOL(send, "ncclSend"), SYMBOL(recv, "ncclRecv"),
 };
 #undef SYMBOL
 
@@ -201,15 +214,19 @@ static int runs(const hvl_batch_kind *k)
     switch (k->op) {
     case HVL_ALLREDUCE: return reduction_ok(k);
     case HVL_REDUCESCATTER: return k->even_rows && reduction_ok(k);
-    case HVL_BROADCAST: return 1;
-    default: return 0;                      /* allgather, alltoall: host results (see the top) */
+    case HVL_BROADCAST: case HVL_ALLGATHER: case HVL_ALLTOALL: return 1;
+    default: return 0;
     }
 }
+
+/* Ops whose results the engine allocates on the GPU (stream-ordered: memory pools needed). */
+static int sized_by_engine(int op) { return op == HVL_ALLGATHER || op == HVL_ALLTOALL; }
 
 /* ---- per set ---- */
 enum { UNDECIDED, USE_NCCL, STAGED };
 typedef struct {
     int mode;
+    int pools;                  /* every member's GPU has memory pools (allgather, alltoall) */
     int device;                 /* this rank's GPU for the set (USE_NCCL) */
     ncclComm_t comm;
     void *zeros, *scratch;      /* a joined rank's stand-ins on the device (grown, never shrunk) */
@@ -219,6 +236,7 @@ typedef struct {
 /* What each member tells the others when a set decides (int64 words for the exchange). */
 typedef struct {
     int32_t ok, device;         /* ok: NCCL and the GPU are usable here; device: -1 if none yet */
+    int32_t pools;              /* the GPU has stream-ordered memory pools (cuMemAllocAsync) */
     char host[128];             /* NCCL_HOSTID, else hostname:boot id */
     char bus[32];               /* the GPU's PCI bus id */
     char why[192];              /* !ok: why not */
@@ -252,6 +270,7 @@ static void describe_self(int device, member_info *me)
     if (device < 0) return;
     int rc = load_nccl();
     if (rc == HVL_OK) rc = hvl__cuda_bus_id(device, me->bus, sizeof(me->bus));
+    if (rc == HVL_OK) rc = hvl__cuda_pools(device, &me->pools);
     me->ok = rc == HVL_OK;
     if (!me->ok) snprintf(me->why, sizeof(me->why), "%s", hvl_last_error());
 }
@@ -425,7 +444,7 @@ static int exchange(hvl_engine *e, hvl_pset *ps, const member_info *me, member_i
 static int prepare(hvl_engine *e, hvl_pset *ps, void *state, const hvl_batch_kind *k, int device)
 {
     nccl_set *s = state;
-    if (s->mode != UNDECIDED || !runs(k)) return HVL_OK;   /* a set that only allgathers: no NCCL */
+    if (s->mode != UNDECIDED || !runs(k)) return HVL_OK;   /* not a batch NCCL runs: no NCCL yet */
     if (e->params.nccl_disable) {           /* agreed from rank 0: alike on every member */
         stay_staged(ps, s, "HVLITE_NCCL_DISABLE=1");
         return HVL_OK;
@@ -436,6 +455,8 @@ static int prepare(hvl_engine *e, hvl_pset *ps, void *state, const hvl_batch_kin
     char why[400];
     int rc = exchange(e, ps, &me, all);
     int v = rc == HVL_OK ? verdict(ps, all, why, sizeof(why)) : -1;
+    s->pools = 1;
+    for (int i = 0; i < ps->size && v == 1; i++) s->pools &= all[i].pools != 0;
     free(all);
     if (v == 0) stay_staged(ps, s, why);
     if (v <= 0) return rc;                  /* v < 0: a member has no device yet; next batch */
@@ -464,7 +485,7 @@ static int can_run(const hvl_engine *e, const hvl_pset *ps, const void *state, c
 {
     const nccl_set *s = state;
     (void)e; (void)ps;
-    return s->mode == USE_NCCL && s->comm && runs(k);
+    return s->mode == USE_NCCL && s->comm && runs(k) && (s->pools || !sized_by_engine(k->op));
 }
 
 /* ---- running ---- */
@@ -519,6 +540,48 @@ static int stand_ins(nccl_set *s, const hvl_device_batch *b)
     return grow(s->device, &s->scratch, &s->scratch_cap, total, 0);
 }
 
+/* Tensor t of an allgather: one ncclAllGather where every member gives as many elements, else
+ * one ncclBroadcast per member into its place. */
+static int enqueue_allgather(nccl_set *s, const hvl_pset *ps, const hvl_device_batch *b, int t, cudaStream_t stream)
+{
+    const hvl_device_tensor *x = &b->tensors[t];
+    int64_t esize = hvl_dtype_size(b->kind.dtype), k = b->ntensors, at = 0;
+    int equal = 1;
+    for (int r = 1; r < ps->size; r++) equal &= b->counts[r * k + t] == b->counts[t];
+    if (equal)
+        return b->counts[t] == 0 ? HVL_OK
+             : check(nc.all_gather(x->input, x->output, (size_t)(b->counts[t] * esize), NC_UINT8, s->comm, stream),
+                     s->comm, "ncclAllGather");
+    for (int r = 0; r < ps->size; r++) {     /* every member skips the same empty ones */
+        int64_t bytes = b->counts[r * k + t] * esize;
+        if (bytes)
+            HVL_CHECK(check(nc.broadcast(x->input, (char *)x->output + at, (size_t)bytes, NC_UINT8, r, s->comm,
+                                         stream), s->comm, "ncclBroadcast (allgather)"));
+        at += bytes;
+    }
+    return HVL_OK;
+}
+
+/* An alltoall: to and from every member its rows, as bytes; a pair with nothing to move is
+ * skipped on both sides (the receiver knows the sender's count). */
+static int enqueue_alltoall(nccl_set *s, const hvl_pset *ps, const hvl_device_batch *b, cudaStream_t stream)
+{
+    const hvl_device_tensor *x = &b->tensors[0];
+    int64_t esize = hvl_dtype_size(b->kind.dtype), sent = 0, received = 0;
+    for (int r = 0; r < ps->size; r++) {
+        int64_t out = b->counts[r] * esize, in = b->counts[ps->size + r] * esize;
+        if (out)
+            HVL_CHECK(check(nc.send((const char *)x->input + sent, (size_t)out, NC_UINT8, r, s->comm, stream),
+                            s->comm, "ncclSend (alltoall)"));
+        if (in)
+            HVL_CHECK(check(nc.recv((char *)x->output + received, (size_t)in, NC_UINT8, r, s->comm, stream),
+                            s->comm, "ncclRecv (alltoall)"));
+        sent += out;
+        received += in;
+    }
+    return HVL_OK;
+}
+
 /* Queues the batch's NCCL calls, one group, on `stream`, with reduction `op`. */
 static int enqueue(nccl_set *s, const hvl_pset *ps, const hvl_device_batch *b, ncclRedOp_t op,
                    cudaStream_t stream)
@@ -537,7 +600,11 @@ static int enqueue(nccl_set *s, const hvl_pset *ps, const hvl_device_batch *b, n
             out = (char *)s->scratch + scratch_off;
             scratch_off += (t->count * esize + 255) / 256 * 256;
         }
-        if (k->op == HVL_ALLREDUCE)
+        if (k->op == HVL_ALLGATHER)
+            rc = enqueue_allgather(s, ps, b, i, stream);
+        else if (k->op == HVL_ALLTOALL)
+            rc = enqueue_alltoall(s, ps, b, stream);
+        else if (k->op == HVL_ALLREDUCE)
             rc = check(nc.all_reduce(in, out, (size_t)t->count, type, op, s->comm, stream), s->comm, "ncclAllReduce");
         else if (k->op == HVL_REDUCESCATTER)
             rc = check(nc.reduce_scatter(in, out, (size_t)b->counts[ps->rank], type, op, s->comm, stream),
@@ -553,8 +620,9 @@ static int enqueue(nccl_set *s, const hvl_pset *ps, const hvl_device_batch *b, n
 static int run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device_batch *b)
 {
     nccl_set *s = state;
-    const char *what = b->kind.op == HVL_ALLREDUCE ? "NCCL allreduce"
-                     : b->kind.op == HVL_BROADCAST ? "NCCL broadcast" : "NCCL reducescatter";
+    char what[64];
+    snprintf(what, sizeof(what), "NCCL %s", hvl__op_name(b->kind.op));
+    int reduces = b->kind.op == HVL_ALLREDUCE || b->kind.op == HVL_REDUCESCATTER;
     for (int i = 0; i < b->ntensors; i++)
         if (b->tensors[i].device >= 0 && b->tensors[i].device != s->device)
             return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s' is on cuda:%d, but this rank's NCCL communicator "
@@ -567,7 +635,7 @@ static int run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device
     if (rc == HVL_OK) rc = stand_ins(s, b);
     ncclRedOp_t op = NC_SUM;
     int custom = 0;
-    if (rc == HVL_OK && b->kind.op != HVL_BROADCAST) rc = reduction_op(s, b, ps->size, &op, &custom);
+    if (rc == HVL_OK && reduces) rc = reduction_op(s, b, ps->size, &op, &custom);
     if (rc == HVL_OK) rc = enqueue(s, ps, b, op, stream);
     if (rc == HVL_OK) rc = poll_comm(e, s->comm, -1, what, b->name);   /* the group is queued */
     if (custom && rc == HVL_OK) nc.red_op_destroy(op, s->comm);   /* once the calls settled */
@@ -603,6 +671,7 @@ SAME(comm_get_async_error, ncclCommGetAsyncError); SAME(get_error_string, ncclGe
 SAME(get_last_error, ncclGetLastError); SAME(all_reduce, ncclAllReduce); SAME(broadcast, ncclBroadcast);
 SAME(reduce_scatter, ncclReduceScatter); SAME(group_start, ncclGroupStart); SAME(group_end, ncclGroupEnd);
 SAME(premulsum_create, ncclRedOpCreatePreMulSum); SAME(red_op_destroy, ncclRedOpDestroy);
+SAME(all_gather, ncclAllGather); SAME(send, ncclSend); SAME(recv, ncclRecv);
 _Static_assert(__builtin_types_compatible_p(__typeof__(nc.comm_init_rank_config),
                ncclResult_t (*)(ncclComm_t *, int, ncclUniqueId, int, nccl_config *)), "init");
 #define AT(ours, theirs) _Static_assert(offsetof(nccl_config, ours) == offsetof(ncclConfig_t, theirs), #theirs)

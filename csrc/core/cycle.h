@@ -17,8 +17,11 @@ int hvl__handle_free(int64_t id, char **name);
 typedef struct {
     int status;
     char *message;              /* moved into the handle */
-    void *result;               /* moved into the handle (allgather, alltoall); hvl_buffer_free */
+    void *result;               /* moved into the handle (allgather, alltoall); hvl__result_free */
     int64_t result_bytes;
+    int result_memory;          /* hvl_memory of result: HOST (zeroed), or CUDA on device
+                                   result_device (a device plane's, written once the batch ended) */
+    int result_device;
     int ndim;
     int64_t shape[HVL_MAX_DIMS];
     int64_t *recv_splits;       /* moved into the handle */
@@ -29,6 +32,9 @@ typedef struct {
  * batch of many tensors wakes a waiting thread once, not once per tensor). */
 void hvl__handle_complete(int64_t id, hvl_outcome *o);
 void hvl__handles_notify(void);
+/* Frees an outcome's result wherever it lives (any thread; a device result only once the batch
+ * that wrote it finished). */
+void hvl__result_free(hvl_outcome *o);
 void hvl__handles_fail_all(int status, const char *message);        /* every pending handle */
 /* Waiting in hvlite (any thread): how long this process has been waiting on handles without
  * submitting anything (0: it is not waiting, or a thread submitted since), and what it waits on
@@ -83,6 +89,7 @@ void hvl__batches_free(hvl_batch_list *l);
 
 /* ---- execution (execute.c, gather.c) ---- */
 struct hvl_plane;
+struct hvl_batch_kind;
 /* Runs the batches in order and finishes their entries. A failed collective is fatal (the
  * ranks may be out of step) unless the batch says it failed everywhere; the fatal status is
  * returned. */
@@ -90,5 +97,10 @@ int hvl__execute(hvl_engine *e, hvl_batch_list *batches);
 /* gather.c: allgather (fused batches) and alltoall; results go into o[] (one per entry). */
 int hvl__run_allgather(hvl_engine *e, const struct hvl_plane *p, hvl_batch *b, hvl_outcome *o);
 int hvl__run_alltoall(hvl_engine *e, const struct hvl_plane *p, hvl_batch *b, hvl_outcome *o);
+/* The same on a device plane (CUDA tensors): results on this rank's GPU (hvl_outcome). */
+int hvl__run_allgather_device(hvl_engine *e, const struct hvl_plane *p, const struct hvl_batch_kind *k,
+                              hvl_batch *b, hvl_outcome *o);
+int hvl__run_alltoall_device(hvl_engine *e, const struct hvl_plane *p, const struct hvl_batch_kind *k,
+                             hvl_batch *b, hvl_outcome *o);
 
 #endif /* HVLITE_CYCLE_H */

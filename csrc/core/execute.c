@@ -258,9 +258,12 @@ static int run_staged(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outco
 }
 
 /* A batch of CUDA tensors on a device plane: the plane gets the device pointers and runs it
- * whole (fusion included). A joined rank's stand-ins are host memory with device -1. */
-static int run_device(hvl_engine *e, const hvl_plane *p, const hvl_batch_kind *k, hvl_batch *b)
+ * whole (fusion included). A joined rank's stand-ins are host memory with device -1. Allgather
+ * and alltoall, whose results the engine sizes, go through gather.c. */
+static int run_device(hvl_engine *e, const hvl_plane *p, const hvl_batch_kind *k, hvl_batch *b, hvl_outcome *o)
 {
+    if (b->op == HVL_ALLGATHER) return hvl__run_allgather_device(e, p, k, b, o);
+    if (b->op == HVL_ALLTOALL) return hvl__run_alltoall_device(e, p, k, b, o);
     hvl_device_tensor *t = calloc((size_t)b->count, sizeof(*t));
     int64_t *counts = malloc(sizeof(int64_t) * (size_t)b->ps->size);
     int rc = HVL_OK;
@@ -316,7 +319,7 @@ static int execute_one(hvl_engine *e, hvl_batch *b)
     b->backend = data ? p.be->name : "none";
     double t0 = hvl__now();
     int rc = p.staged ? run_staged(e, &p, b, o)
-           : data && b->memory != HVL_MEMORY_HOST ? run_device(e, &p, &k, b)
+           : data && b->memory != HVL_MEMORY_HOST ? run_device(e, &p, &k, b, o)
            : run_batch(e, &p, b, o);
     rc = hvl__peers_explain(e, rc);          /* a timeout names the silent ranks */
     if (data) {

@@ -5,10 +5,14 @@
  * tensor's result is cut out of the blocks by a displacement table. Size limits and
  * allocations are agreed by every rank before the data moves (hvl__agree), so a tensor too big
  * for one rank fails on all of them instead of leaving the others in the collective.
+ * On a device plane (CUDA tensors, NCCL) the sizes go the same way, but each result is allocated
+ * on the rank's GPU, on the engine's stream, and the plane moves the data into it with no
+ * packing (hvl_device_batch: counts per member); the handle then owns device memory.
  * bg thread only. */
 #include <stdlib.h>
 #include <string.h>
 #include "backend.h"
+#include "cuda_driver.h"
 #include "cycle.h"
 
 static int64_t rows_of(const hvl_entry *en)
@@ -141,5 +145,117 @@ int hvl__run_alltoall(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outco
     for (int i = 1; i < en->d.ndim; i++) o->shape[i] = en->d.shape[i];
 out:
     free(v);
+    return rc;
+}
+
+/* ---- on a device plane ---- */
+
+/* Frees a batch's device results (stream-ordered on the engine's stream, after whatever the
+ * plane queued there) and forgets them: a failed batch hands none out. */
+static void drop_device_results(int dev, hvl_outcome *o, int n)
+{
+    void *stream = NULL;
+    if (hvl__cuda_stream(dev, &stream) != HVL_OK) return;   /* cannot be: the batch used it */
+    for (int t = 0; t < n; t++) {
+        if (o[t].result_memory == HVL_MEMORY_CUDA) hvl__cuda_result_free(dev, o[t].result, stream);
+        o[t].result = NULL;
+        o[t].result_memory = HVL_MEMORY_HOST;
+    }
+}
+
+/* Allocates o's result on device dev; a failure is this rank's, to agree on. */
+static int device_result(int dev, hvl_outcome *o, const char *what, const char *name)
+{
+    int rc = hvl__cuda_result_alloc(dev, &o->result, o->result_bytes);
+    if (rc != HVL_OK) return hvl__fail(rc, "%s '%s': %s", what, name, hvl_last_error());
+    o->result_memory = HVL_MEMORY_CUDA;
+    o->result_device = dev;
+    return HVL_OK;
+}
+
+/* The batch whole on the device plane, then its results kept or dropped. */
+static int run_on_device(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_device_batch *db, hvl_outcome *o)
+{
+    int rc = p->be->run_device(e, b->ps, p->state, db);
+    if (rc != HVL_OK) drop_device_results(b->entries[0]->device, o, b->count);
+    return rc;
+}
+
+int hvl__run_allgather_device(hvl_engine *e, const hvl_plane *p, const hvl_batch_kind *kind, hvl_batch *b,
+                              hvl_outcome *o)
+{
+    hvl_pset *ps = b->ps;
+    int k = b->count, n = ps->size, dev = b->entries[0]->device, rc;
+    int64_t *v = calloc((size_t)(k + 2 * n * k), sizeof(int64_t));
+    hvl_device_tensor *t = calloc((size_t)k, sizeof(*t));
+    if (!v || !t) {
+        free(v);
+        free(t);
+        return hvl__oom("a device allgather");
+    }
+    int64_t *mine = v, *rows = v + k, *counts = v + k + n * k;
+    for (int i = 0; i < k; i++) mine[i] = rows_of(b->entries[i]);
+    HVL_CHECK_GOTO(hvl__allgather_i64(ps->comm, mine, k, rows, hvl__peer_bound(e), "exchanging sizes"), rc, out);
+    int local = HVL_OK;
+    for (int i = 0; i < k; i++) {
+        hvl_entry *en = b->entries[i];
+        int64_t row_elems = hvl__row_bytes(en) / hvl_dtype_size(b->dtype), total_rows = 0;
+        for (int r = 0; r < n; r++) {
+            counts[r * k + i] = rows[r * k + i] * row_elems;
+            total_rows += rows[r * k + i];
+        }
+        o[i].result_bytes = total_rows * hvl__row_bytes(en);
+        gathered_shape(en, total_rows, &o[i]);
+        if (local == HVL_OK) local = device_result(dev, &o[i], "allgather", en->d.name);
+        t[i] = (hvl_device_tensor){en->input, o[i].result, mine[i] * row_elems, en->device, en->ready_event};
+    }
+    rc = hvl__agree(ps->comm, local, "allgather", &b->failed_everywhere, hvl__peer_bound(e));
+    if (rc != HVL_OK) {
+        drop_device_results(dev, o, k);
+        goto out;
+    }
+    hvl_device_batch db = {*kind, 0, k, t, counts, b->entries[0]->d.name};
+    rc = run_on_device(e, p, b, &db, o);
+out:
+    free(v);
+    free(t);
+    return rc;
+}
+
+int hvl__run_alltoall_device(hvl_engine *e, const hvl_plane *p, const hvl_batch_kind *kind, hvl_batch *b,
+                             hvl_outcome *o)
+{
+    hvl_pset *ps = b->ps;
+    hvl_entry *en = b->entries[0];
+    int n = ps->size, rc;
+    int64_t row_elems = hvl__row_bytes(en) / hvl_dtype_size(b->dtype), *counts = malloc(sizeof(int64_t) * 2 * (size_t)n);
+    o->recv_splits = malloc(sizeof(int64_t) * (size_t)n);
+    o->nsplits = n;
+    if (!counts || !o->recv_splits) {
+        free(counts);
+        return hvl__oom("alltoall splits");
+    }
+    HVL_CHECK_GOTO(hvl__alltoall_i64(ps->comm, en->splits, o->recv_splits, hvl__peer_bound(e)), rc, out);
+    for (int r = 0; r < n; r++) {
+        counts[r] = en->splits[r] * row_elems;              /* sent to member r */
+        counts[n + r] = o->recv_splits[r] * row_elems;      /* received from it */
+        o->shape[0] += o->recv_splits[r];
+    }
+    o->result_bytes = o->shape[0] * hvl__row_bytes(en);
+    o->ndim = en->d.ndim;
+    for (int i = 1; i < en->d.ndim; i++) o->shape[i] = en->d.shape[i];
+    int local = device_result(en->device, o, "alltoall", en->d.name);
+    /* only this rank knows its sizes: every member agrees before the data moves */
+    rc = hvl__agree(ps->comm, local, "alltoall", &b->failed_everywhere, hvl__peer_bound(e));
+    if (rc != HVL_OK) {
+        drop_device_results(en->device, o, 1);
+        goto out;
+    }
+    hvl_device_tensor t = {en->input, o->result, hvl__shape_elems(en->d.ndim, en->d.shape), en->device,
+                           en->ready_event};
+    hvl_device_batch db = {*kind, 0, 1, &t, counts, en->d.name};
+    rc = run_on_device(e, p, b, &db, o);
+out:
+    free(counts);
     return rc;
 }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "cuda_driver.h"
 #include "cycle.h"
 
 enum { SLOT_FREE = 0, SLOT_PENDING, SLOT_DONE };
@@ -99,7 +100,7 @@ void hvl__handle_complete(int64_t id, hvl_outcome *o)
     }
     pthread_mutex_unlock(&handle_lock);
     free(o->message);               /* only non-NULL if the handle was gone */
-    hvl_buffer_free(o->result);
+    hvl__result_free(o);
     free(o->recv_splits);
 }
 
@@ -217,6 +218,27 @@ int hvl_result_take(int64_t id, void **data)
     return HVL_OK;
 }
 
+int hvl_result_memory(int64_t id, int *memory, int *device)
+{
+    hvl_outcome o;
+    HVL_CHECK(read_done(id, &o));
+    *memory = o.result_memory;
+    *device = o.result_memory == HVL_MEMORY_CUDA ? o.result_device : -1;
+    return HVL_OK;
+}
+
+void hvl__result_free(hvl_outcome *o)
+{
+    if (o->result_memory == HVL_MEMORY_CUDA) hvl__cuda_result_free(o->result_device, o->result, NULL);
+    else hvl_buffer_free(o->result);
+    o->result = NULL;
+}
+
+void hvl_device_buffer_free(int device, void *data, void *stream)
+{
+    hvl__cuda_result_free(device, data, stream);
+}
+
 int hvl_result_value(int64_t id, int64_t *value)
 {
     hvl_outcome o;
@@ -251,7 +273,7 @@ int hvl__handle_free(int64_t id, char **name)
     }
     pthread_mutex_unlock(&handle_lock);
     free(o.message);
-    hvl_buffer_free(o.result);
+    hvl__result_free(&o);
     free(o.recv_splits);
     if (rc != HVL_OK) return hvl__fail(rc, "cannot release handle %lld: %s", (long long)id, rc == HVL_ERR_IN_PROGRESS ? "still pending" : "unknown");
     return HVL_OK;

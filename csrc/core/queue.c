@@ -292,7 +292,7 @@ static void synthetic_free(hvl_entry *en, hvl_outcome *o)
     free((void *)en->input);
     free(en->output);
     free(o->message);
-    hvl_buffer_free(o->result);
+    hvl__result_free(o);
     free(o->recv_splits);
     entry_free(en);
 }

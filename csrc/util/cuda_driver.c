@@ -18,6 +18,7 @@ typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef unsigned long long CUdeviceptr;
+typedef int CUdevice_attribute;
 #endif
 
 #define CU_SUCCESS 0                  /* CUDA_SUCCESS */
@@ -25,6 +26,7 @@ typedef unsigned long long CUdeviceptr;
 #define STREAM_NON_BLOCKING 1u        /* CU_STREAM_NON_BLOCKING */
 #define EVENT_DISABLE_TIMING 2u       /* CU_EVENT_DISABLE_TIMING */
 #define HOST_ALLOC_PORTABLE 1u        /* CU_MEMHOSTALLOC_PORTABLE */
+#define ATTRIBUTE_MEMORY_POOLS 115    /* CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED */
 
 static struct {
     CUresult (*init)(unsigned int flags);
@@ -33,6 +35,8 @@ static struct {
     CUresult (*ctx_retain)(CUcontext *ctx, CUdevice dev);
     CUresult (*ctx_release)(CUdevice dev);
     CUresult (*ctx_set_current)(CUcontext ctx);
+    CUresult (*ctx_get_current)(CUcontext *ctx);
+    CUresult (*device_attribute)(int *value, CUdevice_attribute attribute, CUdevice dev);
     CUresult (*stream_create)(CUstream *stream, unsigned int flags);
     CUresult (*stream_destroy)(CUstream stream);
     CUresult (*stream_wait_event)(CUstream stream, CUevent event, unsigned int flags);
@@ -48,6 +52,8 @@ static struct {
     CUresult (*mem_alloc)(CUdeviceptr *p, size_t bytes);
     CUresult (*mem_free)(CUdeviceptr p);
     CUresult (*memset_async)(CUdeviceptr p, unsigned char value, size_t n, CUstream stream);
+    CUresult (*mem_alloc_async)(CUdeviceptr *p, size_t bytes, CUstream stream);
+    CUresult (*mem_free_async)(CUdeviceptr p, CUstream stream);
     CUresult (*error_name)(CUresult rc, const char **name);
     CUresult (*error_string)(CUresult rc, const char **text);
 } cu;
@@ -66,6 +72,8 @@ static const struct { void **slot; const char *name; } symbols[] = {
     SYMBOL(host_free, "cuMemFreeHost"), SYMBOL(bus_id, "cuDeviceGetPCIBusId"),
     SYMBOL(mem_alloc, "cuMemAlloc_v2"), SYMBOL(mem_free, "cuMemFree_v2"),
     SYMBOL(memset_async, "cuMemsetD8Async"), SYMBOL(error_name, "cuGetErrorName"),
+    SYMBOL(ctx_get_current, "cuCtxGetCurrent"), SYMBOL(device_attribute, "cuDeviceGetAttribute"),
+    SYMBOL(mem_alloc_async, "cuMemAllocAsync"), SYMBOL(mem_free_async, "cuMemFreeAsync"),
     SYMBOL(error_string, "cuGetErrorString"),
 };
 #undef SYMBOL
@@ -251,6 +259,41 @@ int hvl__cuda_zero(int dev, void *device, int64_t bytes)
                  "cuMemsetD8Async");
 }
 
+int hvl__cuda_pools(int dev, int *supported)
+{
+    CUdevice handle;
+    *supported = 0;
+    HVL_CHECK(hvl__cuda_use(dev));
+    HVL_CHECK(check(cu.device_get(&handle, dev), "cuDeviceGet"));
+    return check(cu.device_attribute(supported, ATTRIBUTE_MEMORY_POOLS, handle),
+                 "cuDeviceGetAttribute (memory pools)");
+}
+
+int hvl__cuda_result_alloc(int dev, void **out, int64_t bytes)
+{
+    CUdeviceptr p = 0;
+    *out = NULL;
+    HVL_CHECK(hvl__cuda_use(dev));
+    HVL_CHECK(check(cu.mem_alloc_async(&p, (size_t)(bytes > 0 ? bytes : 1), devices[dev].stream),
+                    "cuMemAllocAsync (a result on the GPU)"));
+    *out = (void *)(uintptr_t)p;
+    return HVL_OK;
+}
+
+/* Any thread, so the caller's current context is put back: the frameworks keep their device in
+ * it. The primary context is retained for the call (the engine may have released its own). */
+void hvl__cuda_result_free(int dev, void *p, void *stream)
+{
+    CUdevice handle;
+    CUcontext mine = NULL, theirs = NULL;
+    if (!p || !hvl__cuda_loaded() || dev < 0 || dev >= HVL_CUDA_MAX_DEVICES) return;
+    if (cu.device_get(&handle, dev) != CU_SUCCESS || cu.ctx_retain(&mine, handle) != CU_SUCCESS) return;
+    cu.ctx_get_current(&theirs);
+    if (cu.ctx_set_current(mine) == CU_SUCCESS) cu.mem_free_async((CUdeviceptr)(uintptr_t)p, (CUstream)stream);
+    cu.ctx_set_current(theirs);
+    cu.ctx_release(handle);
+}
+
 void hvl__cuda_release(void)
 {
     if (!hvl__cuda_loaded()) return;
@@ -279,6 +322,9 @@ SAME(copy_to_host, cuMemcpyDtoHAsync_v2); SAME(copy_to_device, cuMemcpyHtoDAsync
 SAME(host_alloc, cuMemHostAlloc); SAME(host_free, cuMemFreeHost); SAME(bus_id, cuDeviceGetPCIBusId);
 SAME(mem_alloc, cuMemAlloc_v2); SAME(mem_free, cuMemFree_v2); SAME(memset_async, cuMemsetD8Async);
 SAME(error_name, cuGetErrorName); SAME(error_string, cuGetErrorString);
+SAME(ctx_get_current, cuCtxGetCurrent); SAME(device_attribute, cuDeviceGetAttribute);
+SAME(mem_alloc_async, cuMemAllocAsync); SAME(mem_free_async, cuMemFreeAsync);
+_Static_assert(ATTRIBUTE_MEMORY_POOLS == (int)CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, "attribute");
 _Static_assert(CU_SUCCESS == (int)CUDA_SUCCESS && CU_NOT_READY == (int)CUDA_ERROR_NOT_READY, "codes");
 _Static_assert(STREAM_NON_BLOCKING == (unsigned)CU_STREAM_NON_BLOCKING && EVENT_DISABLE_TIMING ==
                (unsigned)CU_EVENT_DISABLE_TIMING && HOST_ALLOC_PORTABLE == CU_MEMHOSTALLOC_PORTABLE, "flags");

@@ -6,7 +6,7 @@
  * wrap the driver calls in the engine's error rule: each returns an hvl_status and sets the
  * message (the driver's own error name and text) where the call failed.
  *
- * Threads: hvl__cuda_load, _loaded and _adopt from any thread; everything else on the
+ * Threads: hvl__cuda_load, _loaded, _adopt and _result_free from any thread; everything else on the
  * background thread only (the per-device streams and events below are its own). Pointers to
  * device memory are passed through as opaque values, never dereferenced. */
 #ifndef HVLITE_CUDA_DRIVER_H
@@ -56,6 +56,16 @@ int hvl__cuda_bus_id(int dev, char *out, int len);
 /* Device memory (cuMemAlloc), freed with the device's context current; NULL-safe free. */
 int hvl__cuda_device_alloc(int dev, void **out, int64_t bytes);
 void hvl__cuda_device_free(int dev, void *p);
+/* Whether the device has stream-ordered memory pools (cuMemAllocAsync): *supported 1 or 0. */
+int hvl__cuda_pools(int dev, int *supported);
+/* Device memory for a result that outlives the batch (allgather, alltoall on a device plane):
+ * stream-ordered on the engine's stream (cuMemAllocAsync), so work queued there after this call
+ * may write it; the host never waits. Freed with hvl__cuda_result_free. */
+int hvl__cuda_result_alloc(int dev, void **out, int64_t bytes);
+/* Any thread: frees such a result, stream-ordered on `stream` (a stream of the device's primary
+ * context; NULL: the legacy default stream), after the work queued there before; the calling
+ * thread's current context is kept. NULL-safe; cannot fail (a free that fails leaks). */
+void hvl__cuda_result_free(int dev, void *p, void *stream);
 /* Zeroes device memory, asynchronously on the engine's stream. */
 int hvl__cuda_zero(int dev, void *device, int64_t bytes);
 /* Destroys the streams and events and releases the contexts this thread took (the engine's

@@ -38,7 +38,7 @@ import torch
 from .. import buffers, collectives
 from .. import ops as _np_ops
 from ..basics import rank, size
-from ..buffers import CUDA_MEMORY, NULL, allocate, memory, pointer
+from ..buffers import CUDA_MEMORY, NULL, DeviceBuffer, allocate, memory, pointer
 from ..collectives import Adasum, Average, InPlace, Max, Min, Product, Source, Sum, reduce_op
 from ..dtypes import by_name
 from ..errors import HvliteInvalidArgument
@@ -104,8 +104,9 @@ class _TensorOutput:
     memory, which the engine reuses from call to call already faulted in; below,
     ``torch.empty`` is cheaper (2 us against 4 us) and measured no page faults (see
     hvlite.buffers). On a CUDA device a result is ``torch.empty`` there (the framework's own
-    allocator), and results the engine sizes (allgather, alltoall) are copied there from the
-    engine's host memory."""
+    allocator); results the engine sizes (allgather, alltoall) are adopted where NCCL ran them
+    (the engine allocated them on the GPU, see ``_adopt_device``), and copied there from the
+    engine's host memory where the staged path did."""
 
     __slots__ = ("dtype", "itemsize", "device")
 
@@ -126,8 +127,34 @@ class _TensorOutput:
         nbytes = math.prod(shape) * self.itemsize
         if nbytes == 0:
             return torch.empty(shape, dtype=self.dtype, device=self.device)
+        if isinstance(owner, DeviceBuffer):
+            return _adopt_device(owner, nbytes, self.device).view(self.dtype).reshape(shape)
         host = torch.frombuffer(memory(owner, nbytes), dtype=self.dtype).reshape(shape)
         return host if self.device.type == "cpu" else host.to(self.device)
+
+
+class _DeviceResult:
+    """An engine result in GPU memory as torch adopts it: CUDA array interface version 2 (no
+    stream, so torch does not synchronise: the engine's stream finished writing it before the
+    handle completed), bytes that the caller views as its dtype. torch holds this object, and
+    with it the ``DeviceBuffer``, as long as the tensor's storage lives."""
+
+    __slots__ = ("buffer", "nbytes")
+
+    def __init__(self, buffer, nbytes):
+        self.buffer, self.nbytes = buffer, nbytes
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.buffer.address, False),
+                "strides": None, "version": 2}
+
+
+def _adopt_device(buffer, nbytes, device):
+    """A uint8 tensor over an engine result on ``device``, freed (stream-ordered) on the stream
+    that is current when it is adopted: the caller's, where the result is safe to use."""
+    buffer.stream = torch.cuda.current_stream(device).cuda_stream
+    return torch.as_tensor(_DeviceResult(buffer, nbytes), device=device)
 
 
 _outputs = {}

@@ -1,6 +1,7 @@
 """Which plane runs CUDA tensors, on every rank of a job on a GPU machine (tests/test_gpu.py):
 NCCL where every rank has a GPU of its own or its own NCCL_HOSTID (HVLITE_TEST_NCCL_HOSTID=per-rank:
-NCCL runs allreduce, broadcast and even reducescatter, with the scale factors folded in), else
+NCCL runs allreduce, broadcast and even reducescatter, with the scale factors folded in, and
+allgather and alltoall into results on the GPU), else
 the staged path (ranks sharing a GPU as they are: NCCL refuses them, so everything goes through
 host memory). Results against
 NumPy references on every rank either way; the plane counters say which plane ran.
@@ -85,12 +86,55 @@ def test_broadcast_and_even_reducescatter():
     check_plane(before, 2)
 
 
-def test_allgather_and_alltoall_stay_staged_but_right():
-    x = torch.full((2, 3), float(RANK), device=CUDA)
+GATHER_DTYPES = [torch.bool, torch.int16, torch.bfloat16, torch.float32, torch.float64]
+
+
+def rows(rank, n_rows, dtype):
+    """Rank r's rows for allgather/alltoall: each row holds its rank and index (exact in every
+    dtype above; bool keeps the parity)."""
+    base = torch.arange(n_rows * 3).reshape(n_rows, 3) + 10 * rank
+    return (base % 2).bool() if dtype == torch.bool else base.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", GATHER_DTYPES, ids=str)
+def test_allgather_even_uneven_and_fused_on_the_expected_plane(dtype):
+    """Even rows (one ncclAllGather), uneven rows (a broadcast per rank, one rank empty) and a
+    fused group; each result is on the GPU and outlives many more (its memory is freed by torch's
+    garbage, stream-ordered, and reused)."""
     before = nccl_ran()
-    gathered = hvd.allgather(x, name="ag")
-    assert torch.equal(gathered.cpu(), torch.cat([torch.full((2, 3), float(r)) for r in range(SIZE)]))
-    assert nccl_ran() == before
+    even = hvd.allgather(rows(RANK, 2, dtype).to(CUDA), name="ag.even.%s" % dtype)
+    uneven = hvd.allgather(rows(RANK, RANK, dtype).to(CUDA), name="ag.uneven.%s" % dtype)
+    group = hvd.grouped_allgather([rows(RANK, RANK + 1, dtype).to(CUDA), rows(RANK, 1, dtype).to(CUDA)],
+                                  name="ag.group.%s" % dtype)
+    for got, n_rows in ((even, lambda r: 2), (uneven, lambda r: r), (group[0], lambda r: r + 1),
+                        (group[1], lambda r: 1)):
+        assert got.device == CUDA and got.dtype == dtype
+        expected = torch.cat([rows(r, n_rows(r), dtype) for r in range(SIZE)])
+        assert torch.equal(got.cpu(), expected), (got, expected)
+    ran = nccl_ran() - before                   # the group: one batch, or two if not fused
+    assert ran in ((3, 4) if EXPECT == "nccl" else (0,)), (EXPECT, ran)
+    for i in range(20):                         # results come and go: freed and reused
+        again = hvd.allgather(rows(RANK, 64, dtype).to(CUDA), name="ag.again.%s" % dtype)
+        assert torch.equal(again.cpu(), torch.cat([rows(r, 64, dtype) for r in range(SIZE)])), i
+    assert torch.equal(even.cpu(), torch.cat([rows(r, 2, dtype) for r in range(SIZE)]))
+
+
+@pytest.mark.parametrize("dtype", GATHER_DTYPES, ids=str)
+def test_alltoall_uneven_splits_on_the_expected_plane(dtype):
+    """Rank r sends r + s rows to rank s (none from rank 0 to itself): grouped send/recv."""
+    splits = [RANK + s for s in range(SIZE)]
+    mine = rows(RANK, sum(splits), dtype).to(CUDA)
+    before = nccl_ran()
+    got, received = hvd.alltoall(mine, splits=torch.tensor(splits), name="a2a.%s" % dtype)
+    assert got.device == CUDA and got.dtype == dtype
+    pieces = []
+    for r in range(SIZE):
+        theirs = rows(r, sum(r + s for s in range(SIZE)), dtype)
+        start = sum(r + s for s in range(RANK))
+        pieces.append(theirs[start:start + r + RANK])
+    assert torch.equal(got.cpu(), torch.cat(pieces))
+    assert received.tolist() == [r + RANK for r in range(SIZE)]
+    check_plane(before, 1)
 
 
 def test_a_desync_on_cuda_tensors_is_a_deadlock_on_every_rank_and_the_engine_goes_on():

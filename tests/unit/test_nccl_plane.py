@@ -111,10 +111,10 @@ def test_nccl_hostid_is_the_host(probe, monkeypatch):
     assert key.value.decode().startswith(os.uname().nodename + ":")
 
 
-def can_run(probe, op, dtype, reduce_op=None, pre=1.0, post=1.0, even=1, memory=None, chosen=1):
+def can_run(probe, op, dtype, reduce_op=None, pre=1.0, post=1.0, even=1, memory=None, chosen=1, pools=1):
     reduce_op = lib.HVL_SUM if reduce_op is None else reduce_op
     memory = lib.HVL_MEMORY_CUDA if memory is None else memory
-    return probe.probe_can_run(chosen, op, reduce_op, dtype, memory, ctypes.c_double(pre),
+    return probe.probe_can_run(chosen, pools, op, reduce_op, dtype, memory, ctypes.c_double(pre),
                                ctypes.c_double(post), even)
 
 
@@ -136,10 +136,14 @@ def test_which_batches_run_on_nccl(probe):
     assert not can_run(probe, all_reduce, f32, lib.HVL_ADASUM)
     assert can_run(probe, lib.HVL_REDUCESCATTER, f32, lib.HVL_SUM, even=1)
     assert not can_run(probe, lib.HVL_REDUCESCATTER, f32, lib.HVL_SUM, even=0)
-    # engine-owned results are host memory, so these stay staged; as do host tensors and sets
-    # that did not choose NCCL
-    assert not can_run(probe, lib.HVL_ALLGATHER, f32)
-    assert not can_run(probe, lib.HVL_ALLTOALL, f32)
+    # results the engine sizes are allocated on the GPU, stream-ordered: bytes, any dtype, but
+    # only where every member's GPU has memory pools
+    for op in (lib.HVL_ALLGATHER, lib.HVL_ALLTOALL):
+        for dtype in (lib.HVL_BOOL, lib.HVL_INT16, lib.HVL_BFLOAT16, lib.HVL_FLOAT64):
+            assert can_run(probe, op, dtype), (op, dtype)
+        assert not can_run(probe, op, f32, pools=0)
+    assert can_run(probe, all_reduce, f32, pools=0)                   # the others need none
+    # host tensors and sets that did not choose NCCL stay off it
     assert not can_run(probe, all_reduce, f32, memory=lib.HVL_MEMORY_HOST)
     assert not can_run(probe, all_reduce, f32, chosen=0)
 
