@@ -106,3 +106,21 @@ def test_late_rank_is_named(np_, tmp_path):
     assert all(e["ts"] - b["ts"] > 2e6 for b, e in zip(begins, ends))   # waited ~3 s
     stalls = trace.of("lonely", "i", "STALL")
     assert len(stalls) == 2 and all(s["args"]["detail"] == late for s in stalls), stalls
+
+
+def test_a_plane_that_streams_its_allreduce_still_shows_it(tmp_path):
+    """The shm plane moves an allreduce chunk by chunk with no fusion-buffer pieces (and a device
+    plane runs its batch whole): its op span still holds one <BACKEND>_ALLREDUCE span."""
+    path = tmp_path / "timeline.json"
+    script = ("import numpy as np, hvlite as hvd\n"
+              "hvd.init()\n"
+              "for step in range(2):\n"
+              "    got = hvd.allreduce(np.full(1 << 18, hvd.rank() + 1.0, np.float32), name='streamed', op=hvd.Sum)\n"
+              "    assert (got == 3.0).all()\n"
+              "hvd.shutdown()\n")
+    job = _run_job(2, ["python", "-c", script], timeout=120, hvlrun_args=["--timeline-filename", str(path)])
+    assert job.returncode == 0, job.stdout + job.stderr
+    trace = tt.load(path)
+    ops = trace.of("streamed", "X", "ALLREDUCE")
+    assert [op["args"]["backend"] for op in ops] == ["shm", "shm"], ops
+    assert len(trace.of("streamed", "X", "SHM_ALLREDUCE")) == 2, trace.of("streamed")

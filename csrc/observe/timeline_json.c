@@ -18,7 +18,8 @@
  *     per piece, so each piece that holds part of this tensor is drawn where it ran:
  *     MEMCPY_IN_FUSION_BUFFER, <BACKEND>_ALLREDUCE, MEMCPY_OUT_FUSION_BUFFER (a tensor alone is
  *     reduced in its own buffer: SCALE_INPUT / SCALE_OUTPUT when there is scaling to do).
- *     Other ops: one <BACKEND>_<OP> span (their copies included). */
+ *     Other ops, and every batch a device plane (NCCL) runs whole: one <BACKEND>_<OP> span
+ *     (their copies included; on NCCL, the wait for the inputs' ready events too). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -288,7 +289,7 @@ static void batch_entry(writer_t *w, const batch_t *b, const char *name, int64_t
     }
     HVL_JSON_LIT(&w->out, "}}");
     if (!hvl__op_is(b->op, HVL_OPF_DATA)) return;    /* negotiation was the whole op */
-    if (b->op != HVL_ALLREDUCE) {
+    if (b->op != HVL_ALLREDUCE || b->npieces == 0) {   /* a device plane's batch runs whole */
         ev_span(w, tr->tid, b->t0, b->t1, collective);
         HVL_JSON_LIT(&w->out, "}");
         return;
