@@ -79,6 +79,9 @@ typedef struct {
      * order, with no gaps. */
     const int64_t *counts;
     const char *name;           /* the first tensor's name, for messages */
+    double *inputs_ready;       /* NULL, or (the timeline) where the plane puts when, on the host
+                                   clock, the GPU had every input and began the collective (0:
+                                   unknown) */
 } hvl_device_batch;
 
 typedef struct {

@@ -634,13 +634,18 @@ static int run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device
         if (b->tensors[i].ready_event) rc = hvl__cuda_wait_event(s->device, b->tensors[i].ready_event);
     if (rc == HVL_OK) rc = stand_ins(s, b);
     ncclRedOp_t op = NC_SUM;
-    int custom = 0;
+    int custom = 0, timed = 0;
     if (rc == HVL_OK && reduces) rc = reduction_op(s, b, ps->size, &op, &custom);
+    if (rc == HVL_OK && b->inputs_ready) timed = hvl__cuda_time(s->device, 0) == HVL_OK;   /* inputs in */
     if (rc == HVL_OK) rc = enqueue(s, ps, b, op, stream);
     if (rc == HVL_OK) rc = poll_comm(e, s->comm, -1, what, b->name);   /* the group is queued */
     if (custom && rc == HVL_OK) nc.red_op_destroy(op, s->comm);   /* once the calls settled */
+    if (rc == HVL_OK && timed) timed = hvl__cuda_time(s->device, 1) == HVL_OK;
     if (rc == HVL_OK) rc = hvl__cuda_mark(s->device);               /* the stream's end of it */
     if (rc == HVL_OK) rc = poll_comm(e, s->comm, s->device, what, b->name);
+    double collective_s;                     /* the timeline: inputs in to the group's end, on the GPU */
+    if (rc == HVL_OK && timed && hvl__cuda_elapsed(s->device, &collective_s) == HVL_OK)
+        *b->inputs_ready = hvl__now() - collective_s;
     if (rc != HVL_OK) {                      /* the peers may be mid-collective: never hang on it */
         char message[1024];
         snprintf(message, sizeof(message), "%s", hvl_last_error());

@@ -81,6 +81,8 @@ typedef struct {
     const char *backend;        /* set by execute.c: the data plane that ran it (static) */
     int failed_everywhere;      /* set by the run: its error was agreed by every member, so it
                                    fails this batch only and the engine goes on */
+    int timed;                  /* the timeline records it: a device plane times its phases */
+    double inputs_ready;        /* timed device batch: when its inputs were ready (0: unknown) */
 } hvl_batch;
 typedef struct { hvl_batch *items; int count; hvl_entry **entry_store; } hvl_batch_list;
 /* Groups the agreed OK responses (resps[i] is entries[i]'s) in order; same result on every rank. */

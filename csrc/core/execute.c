@@ -282,7 +282,8 @@ static int run_device(hvl_engine *e, const hvl_plane *p, const hvl_batch_kind *k
             counts[r] = hvl_reducescatter_rows(en->d.shape[0], r, b->ps->size) * row_elems;
     }
     int root = b->op == HVL_BROADCAST ? hvl__pset_rank_of(b->ps, b->root_rank) : 0;
-    hvl_device_batch db = {*k, root, b->count, t, counts, b->entries[0]->d.name};
+    hvl_device_batch db = {*k, root, b->count, t, counts, b->entries[0]->d.name,
+                           b->timed ? &b->inputs_ready : NULL};
     rc = p->be->run_device(e, b->ps, p->state, &db);
 out:
     free(t);
@@ -317,6 +318,7 @@ static int execute_one(hvl_engine *e, hvl_batch *b)
     if (!o) return hvl__oom("a batch's outcomes");
     hvl_plane p = data ? hvl__plane_for(e, b->ps, &k) : (hvl_plane){0};
     b->backend = data ? p.be->name : "none";
+    b->timed = hvl__tl_active();
     double t0 = hvl__now();
     int rc = p.staged ? run_staged(e, &p, b, o)
            : data && b->memory != HVL_MEMORY_HOST ? run_device(e, &p, &k, b, o)
@@ -328,7 +330,10 @@ static int execute_one(hvl_engine *e, hvl_batch *b)
     }
     hvl__log(HVL_LOG_TRACE, "batch: %s of %d tensors, %lld bytes, %.1f us, backend %s", hvl__op_name(b->op),
              b->count, (long long)b->bytes, (hvl__now() - t0) * 1e6, b->backend);
-    if (hvl__tl_active()) hvl__tl_batch(b, t0, rc);
+    if (hvl__tl_active()) {
+        if (b->inputs_ready > 0) hvl__tl_device_phases(t0, b->inputs_ready);
+        hvl__tl_batch(b, t0, rc);
+    }
     finish_batch(e, b, rc, o);
     free(o);
     hvl__handles_notify();   /* one wake-up per batch, not per tensor */

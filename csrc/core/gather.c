@@ -214,7 +214,7 @@ int hvl__run_allgather_device(hvl_engine *e, const hvl_plane *p, const hvl_batch
         drop_device_results(dev, o, k);
         goto out;
     }
-    hvl_device_batch db = {*kind, 0, k, t, counts, b->entries[0]->d.name};
+    hvl_device_batch db = {*kind, 0, k, t, counts, b->entries[0]->d.name, b->timed ? &b->inputs_ready : NULL};
     rc = run_on_device(e, p, b, &db, o);
 out:
     free(v);
@@ -253,7 +253,7 @@ int hvl__run_alltoall_device(hvl_engine *e, const hvl_plane *p, const hvl_batch_
     }
     hvl_device_tensor t = {en->input, o->result, hvl__shape_elems(en->d.ndim, en->d.shape), en->device,
                            en->ready_event};
-    hvl_device_batch db = {*kind, 0, 1, &t, counts, en->d.name};
+    hvl_device_batch db = {*kind, 0, 1, &t, counts, en->d.name, b->timed ? &b->inputs_ready : NULL};
     rc = run_on_device(e, p, b, &db, o);
 out:
     free(counts);

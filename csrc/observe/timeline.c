@@ -33,6 +33,7 @@ static int cycle_batches, cycle_tensors;
 static int64_t cycle_bytes;
 static hvl_tl_piece *pieces;
 static int npieces, pieces_cap;
+static int device_phases;          /* the pieces are one device batch's phases */
 
 static void put_i32(int32_t v) { hvl__buf_put(&tl.records, &v, sizeof(v)); }
 static void put_i64(int64_t v) { hvl__buf_put(&tl.records, &v, sizeof(v)); }
@@ -141,6 +142,16 @@ void hvl__tl_piece(double t_in, double t_reduce, double t_out, int64_t bytes)
     pieces[npieces++] = (hvl_tl_piece){t_in, t_reduce, t_out, hvl__now(), bytes};
 }
 
+void hvl__tl_device_phases(double t_start, double t_ready)
+{
+    double now = hvl__now();
+    if (t_ready < t_start) t_ready = t_start;  /* inputs ready before the batch began */
+    if (t_ready > now) t_ready = now;
+    npieces = 0;
+    hvl__tl_piece(t_start, t_ready, now, 0);
+    device_phases = npieces == 1;
+}
+
 static int64_t entry_bytes(const hvl_batch *b, const hvl_entry *en)
 {
     return hvl__shape_elems(en->d.ndim, en->d.shape) * hvl_dtype_size(b->dtype);
@@ -164,6 +175,7 @@ void hvl__tl_batch(const hvl_batch *b, double t_start, int rc)
         put_i32(b->count);
         put_i32(b->prescale != 1.0);
         put_i32(b->reduce_op == HVL_AVERAGE || b->postscale != 1.0);
+        put_i32(device_phases);
         put_i32(n);
         put_str(b->backend);
         put_str(rc == HVL_OK ? "" : hvl_last_error());
@@ -175,6 +187,7 @@ void hvl__tl_batch(const hvl_batch *b, double t_start, int rc)
         record_end();
     }
     npieces = 0;
+    device_phases = 0;
 }
 
 /* ---- life (any thread, under life_lock) ---- */

@@ -22,6 +22,9 @@ void hvl__tl_negotiated(void);                               /* this cycle's neg
 /* An allreduce piece of `bytes`: copy-in from t_in, reduce from t_reduce, copy-out from t_out
  * until now. */
 void hvl__tl_piece(double t_in, double t_reduce, double t_out, int64_t bytes);
+/* The next batch ran on a device plane from t_start: its GPU waited for the inputs' ready events
+ * until t_ready (host clock), then ran the collective until now. */
+void hvl__tl_device_phases(double t_start, double t_ready);
 void hvl__tl_batch(const hvl_batch *b, double t_start, int rc);   /* b ran from t_start */
 void hvl__tl_cycle_end(int agreed);                          /* agreed: responses this cycle */
 

@@ -18,8 +18,11 @@
  *     per piece, so each piece that holds part of this tensor is drawn where it ran:
  *     MEMCPY_IN_FUSION_BUFFER, <BACKEND>_ALLREDUCE, MEMCPY_OUT_FUSION_BUFFER (a tensor alone is
  *     reduced in its own buffer: SCALE_INPUT / SCALE_OUTPUT when there is scaling to do).
- *     Other ops, and every batch a device plane (NCCL) runs whole: one <BACKEND>_<OP> span
- *     (their copies included; on NCCL, the wait for the inputs' ready events too). */
+ *     A batch a device plane (NCCL) ran: WAIT_FOR_INPUTS (the GPU waiting on the events the
+ *     framework recorded at submit; from the batch's start, as the host cannot see earlier) and
+ *     <BACKEND>_<OP> (the collective: one NCCL group, no fusion-buffer copies), timed on the GPU
+ *     where the driver can. Other ops: one <BACKEND>_<OP> span (their copies included), as for
+ *     an allreduce that records no pieces (the shm plane streams it chunk by chunk). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -222,6 +225,7 @@ static void on_note(writer_t *w, cursor_t *c)
 typedef struct {
     double t0, t1;
     int op, dtype, status, count, scale_in, scale_out, npieces;
+    int device;                 /* one piece: a device plane's phases (wait for inputs, collective) */
     const char *backend, *error;
     const char *pieces;         /* npieces x hvl_tl_piece, unaligned */
     int64_t bytes;              /* sum of the entries' */
@@ -289,6 +293,14 @@ static void batch_entry(writer_t *w, const batch_t *b, const char *name, int64_t
     }
     HVL_JSON_LIT(&w->out, "}}");
     if (!hvl__op_is(b->op, HVL_OPF_DATA)) return;    /* negotiation was the whole op */
+    if (b->device && b->npieces == 1) {              /* the GPU: inputs' events, then the collective */
+        hvl_tl_piece p = piece_at(b, 0);
+        ev_span(w, tr->tid, p.t_in, p.t_reduce, "WAIT_FOR_INPUTS");
+        HVL_JSON_LIT(&w->out, "}");
+        ev_span(w, tr->tid, p.t_reduce, p.t_out, collective);
+        HVL_JSON_LIT(&w->out, "}");
+        return;
+    }
     if (b->op != HVL_ALLREDUCE || b->npieces == 0) {   /* a device plane's batch runs whole */
         ev_span(w, tr->tid, b->t0, b->t1, collective);
         HVL_JSON_LIT(&w->out, "}");
@@ -305,7 +317,7 @@ static void on_batch(writer_t *w, cursor_t *c)
 {
     batch_t b = {.t0 = get_f64(c), .t1 = get_f64(c)};
     b.op = get_i32(c), b.dtype = get_i32(c), b.status = get_i32(c), b.count = get_i32(c);
-    b.scale_in = get_i32(c), b.scale_out = get_i32(c), b.npieces = get_i32(c);
+    b.scale_in = get_i32(c), b.scale_out = get_i32(c), b.device = get_i32(c), b.npieces = get_i32(c);
     b.backend = get_str(c), b.error = get_str(c);
     b.pieces = c->p;
     if (b.npieces < 0 || b.count < 0 || c->bad) { c->bad = 1; return; }

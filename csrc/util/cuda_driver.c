@@ -54,6 +54,7 @@ static struct {
     CUresult (*memset_async)(CUdeviceptr p, unsigned char value, size_t n, CUstream stream);
     CUresult (*mem_alloc_async)(CUdeviceptr *p, size_t bytes, CUstream stream);
     CUresult (*mem_free_async)(CUdeviceptr p, CUstream stream);
+    CUresult (*event_elapsed)(float *ms, CUevent start, CUevent end);   /* optional (timing) */
     CUresult (*error_name)(CUresult rc, const char **name);
     CUresult (*error_string)(CUresult rc, const char **text);
 } cu;
@@ -88,6 +89,7 @@ static struct {
     CUcontext ctx;              /* retained primary context; NULL: device not used yet */
     CUstream stream;
     CUevent mark;
+    CUevent timing[2];          /* timing events (made on first use): hvl__cuda_time */
 } devices[HVL_CUDA_MAX_DEVICES];
 
 /* The driver's status as the engine's: HVL_ERR_CUDA with the call, the error's name and text. */
@@ -122,6 +124,9 @@ static void load(void)
         snprintf(load_error, sizeof(load_error), "%s", hvl_last_error());
         return;
     }
+    /* Optional, for the timeline's GPU phases: cuda.h maps the name to _v2 from CUDA 12.8. */
+    *(void **)&cu.event_elapsed = dlsym(lib, "cuEventElapsedTime_v2");
+    if (!cu.event_elapsed) *(void **)&cu.event_elapsed = dlsym(lib, "cuEventElapsedTime");
     __atomic_store_n(&load_status, HVL_OK, __ATOMIC_RELEASE);
 }
 
@@ -259,6 +264,27 @@ int hvl__cuda_zero(int dev, void *device, int64_t bytes)
                  "cuMemsetD8Async");
 }
 
+int hvl__cuda_time(int dev, int which)
+{
+    HVL_CHECK(hvl__cuda_use(dev));
+    if (!cu.event_elapsed) return hvl__fail(HVL_ERR_CUDA, "CUDA: the driver has no cuEventElapsedTime");
+    CUevent *ev = &devices[dev].timing[which ? 1 : 0];
+    if (!*ev) HVL_CHECK(check(cu.event_create(ev, 0), "cuEventCreate (timing)"));
+    return check(cu.event_record(*ev, devices[dev].stream), "cuEventRecord (timing)");
+}
+
+int hvl__cuda_elapsed(int dev, double *seconds)
+{
+    float ms = 0;
+    *seconds = 0;
+    HVL_CHECK(hvl__cuda_use(dev));
+    if (!cu.event_elapsed || !devices[dev].timing[0] || !devices[dev].timing[1])
+        return hvl__fail(HVL_ERR_CUDA, "CUDA: no timing events were recorded on device %d", dev);
+    HVL_CHECK(check(cu.event_elapsed(&ms, devices[dev].timing[0], devices[dev].timing[1]), "cuEventElapsedTime"));
+    *seconds = ms / 1e3;
+    return HVL_OK;
+}
+
 int hvl__cuda_pools(int dev, int *supported)
 {
     CUdevice handle;
@@ -302,6 +328,8 @@ void hvl__cuda_release(void)
         CUdevice handle;
         cu.ctx_set_current(devices[dev].ctx);
         if (devices[dev].mark) cu.event_destroy(devices[dev].mark);
+        for (int i = 0; i < 2; i++)
+            if (devices[dev].timing[i]) cu.event_destroy(devices[dev].timing[i]);
         if (devices[dev].stream) cu.stream_destroy(devices[dev].stream);
         if (cu.device_get(&handle, dev) == CU_SUCCESS) cu.ctx_release(handle);
         memset(&devices[dev], 0, sizeof(devices[dev]));
@@ -321,7 +349,7 @@ SAME(event_record, cuEventRecord); SAME(event_query, cuEventQuery);
 SAME(copy_to_host, cuMemcpyDtoHAsync_v2); SAME(copy_to_device, cuMemcpyHtoDAsync_v2);
 SAME(host_alloc, cuMemHostAlloc); SAME(host_free, cuMemFreeHost); SAME(bus_id, cuDeviceGetPCIBusId);
 SAME(mem_alloc, cuMemAlloc_v2); SAME(mem_free, cuMemFree_v2); SAME(memset_async, cuMemsetD8Async);
-SAME(error_name, cuGetErrorName); SAME(error_string, cuGetErrorString);
+SAME(error_name, cuGetErrorName); SAME(event_elapsed, cuEventElapsedTime); SAME(error_string, cuGetErrorString);
 SAME(ctx_get_current, cuCtxGetCurrent); SAME(device_attribute, cuDeviceGetAttribute);
 SAME(mem_alloc_async, cuMemAllocAsync); SAME(mem_free_async, cuMemFreeAsync);
 _Static_assert(ATTRIBUTE_MEMORY_POOLS == (int)CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, "attribute");

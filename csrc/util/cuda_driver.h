@@ -56,6 +56,11 @@ int hvl__cuda_bus_id(int dev, char *out, int len);
 /* Device memory (cuMemAlloc), freed with the device's context current; NULL-safe free. */
 int hvl__cuda_device_alloc(int dev, void **out, int64_t bytes);
 void hvl__cuda_device_free(int dev, void *p);
+/* GPU time between two points of the engine's stream, for the timeline: hvl__cuda_time records
+ * point `which` (0 or 1) there; once the stream passed both, hvl__cuda_elapsed gives the
+ * seconds from 0 to 1. HVL_ERR_CUDA where the driver cannot time events. */
+int hvl__cuda_time(int dev, int which);
+int hvl__cuda_elapsed(int dev, double *seconds);
 /* Whether the device has stream-ordered memory pools (cuMemAllocAsync): *supported 1 or 0. */
 int hvl__cuda_pools(int dev, int *supported);
 /* Device memory for a result that outlives the batch (allgather, alltoall on a device plane):

@@ -7,6 +7,7 @@ host memory). Results against
 NumPy references on every rank either way; the plane counters say which plane ran.
 SPMD: run by hvlrun, on a machine with a GPU."""
 import os
+import tempfile
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ import torch
 
 import hvlite
 import hvlite.torch as hvd
+import timeline_trace as tt     # tests/, on the path through conftest.py
 
 RANK, SIZE = hvd.rank(), hvd.size()
 torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
@@ -153,3 +155,26 @@ def test_a_desync_on_cuda_tensors_is_a_deadlock_on_every_rank_and_the_engine_goe
     got = hvd.allreduce(torch.ones(4, device=CUDA), op=hvd.Sum, name="after.desync")
     assert torch.equal(got, torch.full((4,), float(SIZE), device=CUDA))
     check_plane(before, 1)
+
+
+def test_the_timeline_shows_the_gpu_phases():
+    """Rank 0's timeline: on NCCL each tensor's op holds WAIT_FOR_INPUTS (the GPU waiting on the
+    submit events) and NCCL_<OP> (the collective, timed on the GPU); staged, neither."""
+    made = tempfile.TemporaryDirectory() if RANK == 0 else None
+    path = os.path.join(made.name, "gpu.json") if made else "unused"
+    hvd.start_timeline(path)                    # only rank 0 writes
+    x = torch.ones(1 << 20, device=CUDA)
+    for _ in range(3):
+        assert torch.equal(hvd.allreduce(x, op=hvd.Sum, name="tl.ar"), torch.full_like(x, SIZE))
+    hvd.allgather(x[:4], name="tl.ag")
+    hvd.stop_timeline()
+    if RANK != 0:
+        return
+    trace = tt.load(path)
+    for name, op, runs in (("tl.ar", "ALLREDUCE", 3), ("tl.ag", "ALLGATHER", 1)):
+        spans = [e["name"] for e in trace.of(name, "X")]
+        waits, collectives = spans.count("WAIT_FOR_INPUTS"), spans.count("NCCL_" + op)
+        assert (waits, collectives) == ((runs, runs) if EXPECT == "nccl" else (0, 0)), (name, spans)
+        for wait in trace.of(name, "X", "WAIT_FOR_INPUTS"):
+            assert wait["dur"] >= 0, wait
+    made.cleanup()
