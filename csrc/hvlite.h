@@ -194,8 +194,9 @@ int hvl_poll(int64_t handle, int *done);
  * hvl_release. */
 int hvl_result_shape(int64_t handle, int *ndim, int64_t *shape);
 /* Hand the engine-owned result over (the engine never copies it): *data is the buffer (never
- * NULL, also for 0 bytes), now the caller's, freed with hvl_buffer_free. The shape stays
- * readable; a second take fails (HVL_ERR_INVALID_ARG). */
+ * NULL, also for 0 bytes), now the caller's, freed with hvl_buffer_free if it is host memory and
+ * hvl_device_buffer_free if it is GPU memory (hvl_result_memory says which; ask before the
+ * take). The shape stays readable; a second take fails (HVL_ERR_INVALID_ARG). */
 int hvl_result_take(int64_t handle, void **data);
 /* Where a completed handle's engine-owned result lives: host memory (*device -1; freed with
  * hvl_buffer_free), or CUDA device *device's memory where a GPU plane (NCCL) ran it (freed with
@@ -215,7 +216,8 @@ void hvl_device_buffer_free(int device, void *data, void *stream);
  *   short. Always 64-byte aligned; from HVL_BUFFER_CACHE_MIN bytes a mapping of its own, its
  *   size rounded up to 64 KiB; from HVL_BUFFER_HUGE_MIN bytes 2 MiB-aligned, rounded up to
  *   2 MiB and advised to use transparent huge pages.
- * hvl_buffer_free: takes a buffer from hvl_buffer_alloc or hvl_result_take (or NULL), from any
+ * hvl_buffer_free: takes a buffer from hvl_buffer_alloc or a host result of hvl_result_take (or
+ * NULL; never a GPU result: hvl_device_buffer_free), from any
  *   thread. A buffer of HVL_BUFFER_CACHE_MIN bytes or more goes to a cache, which serves the
  *   next request of the same rounded size without new page faults. The cache holds at most
  *   HVL_BUFFER_CACHE_COUNT buffers and HVL_BUFFER_CACHE_BYTES bytes (256 MiB): the oldest are

@@ -57,17 +57,21 @@ static int pick(const hvl_engine *e, const hvl_pset *ps, const hvl_batch_kind *k
     return -1;
 }
 
+hvl_plane hvl__plane_staged(const hvl_engine *e, const hvl_pset *ps, const hvl_batch_kind *k)
+{
+    hvl_batch_kind host = *k;
+    host.memory = HVL_MEMORY_HOST;
+    int i = pick(e, ps, &host);
+    if (i < 0) i = NPLANES - 1;
+    return (hvl_plane){registry[i], ps->plane_state[i], i, 1};
+}
+
 hvl_plane hvl__plane_for(const hvl_engine *e, const hvl_pset *ps, const hvl_batch_kind *k)
 {
-    int i = pick(e, ps, k), staged = 0;
-    if (i < 0 && k->memory != HVL_MEMORY_HOST) {
-        hvl_batch_kind host = *k;
-        host.memory = HVL_MEMORY_HOST;
-        i = pick(e, ps, &host);
-        staged = 1;
-    }
+    int i = pick(e, ps, k);
+    if (i < 0 && k->memory != HVL_MEMORY_HOST) return hvl__plane_staged(e, ps, k);
     if (i < 0) i = NPLANES - 1;
-    return (hvl_plane){registry[i], ps->plane_state[i], i, staged};
+    return (hvl_plane){registry[i], ps->plane_state[i], i, 0};
 }
 
 void hvl__plane_count(hvl_engine *e, const hvl_plane *p, int64_t bytes)

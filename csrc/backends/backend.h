@@ -137,6 +137,8 @@ int hvl__planes_prepare(hvl_engine *e, hvl_pset *ps, const hvl_batch_kind *k, in
  * memory and no device plane takes it), the first that runs it in host memory, staged (MPI takes
  * every host batch). An Adasum allreduce goes to the first plane that has .adasum. */
 hvl_plane hvl__plane_for(const hvl_engine *e, const hvl_pset *ps, const hvl_batch_kind *k);
+/* The plane a CUDA batch of kind k is staged on (the first host plane that runs it). */
+hvl_plane hvl__plane_staged(const hvl_engine *e, const hvl_pset *ps, const hvl_batch_kind *k);
 /* Counts one collective of `bytes` run by p (any thread reads them: hvl_get_backend_counters). */
 void hvl__plane_count(hvl_engine *e, const hvl_plane *p, int64_t bytes);
 

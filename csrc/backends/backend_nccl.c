@@ -270,8 +270,8 @@ static void describe_self(int device, member_info *me)
     if (device < 0) return;
     int rc = load_nccl();
     if (rc == HVL_OK) rc = hvl__cuda_bus_id(device, me->bus, sizeof(me->bus));
-    if (rc == HVL_OK) rc = hvl__cuda_pools(device, &me->pools);
     me->ok = rc == HVL_OK;
+    if (me->ok && hvl__cuda_pools(device, &me->pools) != HVL_OK) me->pools = 0;   /* no GPU results */
     if (!me->ok) snprintf(me->why, sizeof(me->why), "%s", hvl_last_error());
 }
 

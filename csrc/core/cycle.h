@@ -99,10 +99,12 @@ int hvl__execute(hvl_engine *e, hvl_batch_list *batches);
 /* gather.c: allgather (fused batches) and alltoall; results go into o[] (one per entry). */
 int hvl__run_allgather(hvl_engine *e, const struct hvl_plane *p, hvl_batch *b, hvl_outcome *o);
 int hvl__run_alltoall(hvl_engine *e, const struct hvl_plane *p, hvl_batch *b, hvl_outcome *o);
-/* The same on a device plane (CUDA tensors): results on this rank's GPU (hvl_outcome). */
+/* The same on a device plane (CUDA tensors): results on this rank's GPU (hvl_outcome). HVL_OK
+ * with *restage = 1 (alike on every member, o[] cleared) where some member's GPU had no room
+ * for its results: the caller runs the batch on the staged path instead. */
 int hvl__run_allgather_device(hvl_engine *e, const struct hvl_plane *p, const struct hvl_batch_kind *k,
-                              hvl_batch *b, hvl_outcome *o);
+                              hvl_batch *b, hvl_outcome *o, int *restage);
 int hvl__run_alltoall_device(hvl_engine *e, const struct hvl_plane *p, const struct hvl_batch_kind *k,
-                             hvl_batch *b, hvl_outcome *o);
+                             hvl_batch *b, hvl_outcome *o, int *restage);
 
 #endif /* HVLITE_CYCLE_H */

@@ -259,11 +259,20 @@ static int run_staged(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outco
 
 /* A batch of CUDA tensors on a device plane: the plane gets the device pointers and runs it
  * whole (fusion included). A joined rank's stand-ins are host memory with device -1. Allgather
- * and alltoall, whose results the engine sizes, go through gather.c. */
-static int run_device(hvl_engine *e, const hvl_plane *p, const hvl_batch_kind *k, hvl_batch *b, hvl_outcome *o)
+ * and alltoall, whose results the engine sizes, go through gather.c; where a member's GPU had no
+ * room for its results, every member runs the batch staged instead (*p says where it ran). */
+static int run_device(hvl_engine *e, hvl_plane *p, const hvl_batch_kind *k, hvl_batch *b, hvl_outcome *o)
 {
-    if (b->op == HVL_ALLGATHER) return hvl__run_allgather_device(e, p, k, b, o);
-    if (b->op == HVL_ALLTOALL) return hvl__run_alltoall_device(e, p, k, b, o);
+    if (b->op == HVL_ALLGATHER || b->op == HVL_ALLTOALL) {
+        int restage = 0;
+        int rc = b->op == HVL_ALLGATHER ? hvl__run_allgather_device(e, p, k, b, o, &restage)
+                                        : hvl__run_alltoall_device(e, p, k, b, o, &restage);
+        if (rc != HVL_OK || !restage) return rc;
+        *p = hvl__plane_staged(e, b->ps, k);
+        b->backend = p->be->name;
+        b->inputs_ready = 0;
+        return run_staged(e, p, b, o);
+    }
     hvl_device_tensor *t = calloc((size_t)b->count, sizeof(*t));
     int64_t *counts = malloc(sizeof(int64_t) * (size_t)b->ps->size);
     int rc = HVL_OK;

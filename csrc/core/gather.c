@@ -9,6 +9,7 @@
  * on the rank's GPU, on the engine's stream, and the plane moves the data into it with no
  * packing (hvl_device_batch: counts per member); the handle then owns device memory.
  * bg thread only. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "backend.h"
@@ -163,13 +164,47 @@ static void drop_device_results(int dev, hvl_outcome *o, int n)
     }
 }
 
-/* Allocates o's result on device dev; a failure is this rank's, to agree on. */
+/* Allocates o's result on device dev; a failure is this rank's, to agree on (HVL_ERR_NO_MEMORY:
+ * the GPU had no room). */
 static int device_result(int dev, hvl_outcome *o, const char *what, const char *name)
 {
     int rc = hvl__cuda_result_alloc(dev, &o->result, o->result_bytes);
     if (rc != HVL_OK) return hvl__fail(rc, "%s '%s': %s", what, name, hvl_last_error());
     o->result_memory = HVL_MEMORY_CUDA;
     o->result_device = dev;
+    return HVL_OK;
+}
+
+/* The members' agreement before a device batch moves data: the worst verdict wins everywhere.
+ * Any error but a lack of GPU room fails the batch on every member (failed_everywhere); a lack
+ * of room alone (PyTorch's caching allocator keeps what it reserved from the pool the results
+ * come from) sets *restage: every member runs the batch again on the staged path instead. */
+enum { VERDICT_OK, VERDICT_NO_ROOM, VERDICT_FAILED };
+static int agree_device(hvl_engine *e, hvl_batch *b, int local, const char *what, int *restage)
+{
+    hvl_pset *ps = b->ps;
+    int64_t mine = local == HVL_OK ? VERDICT_OK : local == HVL_ERR_NO_MEMORY ? VERDICT_NO_ROOM : VERDICT_FAILED;
+    int64_t *all = malloc(sizeof(int64_t) * (size_t)ps->size), worst = VERDICT_OK;
+    char why[1024];
+    snprintf(why, sizeof(why), "%s", local == HVL_OK ? "" : hvl_last_error());
+    *restage = 0;
+    if (!all) return hvl__oom("a device batch's agreement");
+    int rc = hvl__allgather_i64(ps->comm, &mine, 1, all, hvl__peer_bound(e), what);
+    for (int r = 0; r < ps->size && rc == HVL_OK; r++) worst = all[r] > worst ? all[r] : worst;
+    free(all);
+    HVL_CHECK(rc);
+    if (worst == VERDICT_FAILED) {
+        b->failed_everywhere = 1;
+        return mine == VERDICT_FAILED ? hvl__fail(HVL_ERR_INVALID_ARG, "%s", why)
+             : hvl__fail(HVL_ERR_INVALID_ARG, "%s failed on another rank (its error says why)", what);
+    }
+    if (worst == VERDICT_NO_ROOM) {
+        *restage = 1;
+        if (mine == VERDICT_NO_ROOM)
+            hvl__log_once("device results restaged", HVL_LOG_WARNING, "%s; it runs through host memory "
+                          "instead (the staged path). With PyTorch, PYTORCH_CUDA_ALLOC_CONF=backend:"
+                          "cudaMallocAsync lets hvlite's results share its memory pool", why);
+    }
     return HVL_OK;
 }
 
@@ -182,10 +217,11 @@ static int run_on_device(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_de
 }
 
 int hvl__run_allgather_device(hvl_engine *e, const hvl_plane *p, const hvl_batch_kind *kind, hvl_batch *b,
-                              hvl_outcome *o)
+                              hvl_outcome *o, int *restage)
 {
     hvl_pset *ps = b->ps;
     int k = b->count, n = ps->size, dev = b->entries[0]->device, rc;
+    *restage = 0;
     int64_t *v = calloc((size_t)(k + 2 * n * k), sizeof(int64_t));
     hvl_device_tensor *t = calloc((size_t)k, sizeof(*t));
     if (!v || !t) {
@@ -206,12 +242,17 @@ int hvl__run_allgather_device(hvl_engine *e, const hvl_plane *p, const hvl_batch
         }
         o[i].result_bytes = total_rows * hvl__row_bytes(en);
         gathered_shape(en, total_rows, &o[i]);
+        if (local == HVL_OK && en->device != dev)    /* fused by memory kind, not by device */
+            local = hvl__fail(HVL_ERR_INVALID_ARG, "allgather '%s' is on cuda:%d, but '%s' of the same "
+                              "fused batch on cuda:%d: one GPU per rank", en->d.name, en->device,
+                              b->entries[0]->d.name, dev);
         if (local == HVL_OK) local = device_result(dev, &o[i], "allgather", en->d.name);
         t[i] = (hvl_device_tensor){en->input, o[i].result, mine[i] * row_elems, en->device, en->ready_event};
     }
-    rc = hvl__agree(ps->comm, local, "allgather", &b->failed_everywhere, hvl__peer_bound(e));
-    if (rc != HVL_OK) {
+    rc = agree_device(e, b, local, "allgather", restage);
+    if (rc != HVL_OK || *restage) {
         drop_device_results(dev, o, k);
+        if (*restage) memset(o, 0, sizeof(*o) * (size_t)k);
         goto out;
     }
     hvl_device_batch db = {*kind, 0, k, t, counts, b->entries[0]->d.name, b->timed ? &b->inputs_ready : NULL};
@@ -223,11 +264,12 @@ out:
 }
 
 int hvl__run_alltoall_device(hvl_engine *e, const hvl_plane *p, const hvl_batch_kind *kind, hvl_batch *b,
-                             hvl_outcome *o)
+                             hvl_outcome *o, int *restage)
 {
     hvl_pset *ps = b->ps;
     hvl_entry *en = b->entries[0];
     int n = ps->size, rc;
+    *restage = 0;
     int64_t row_elems = hvl__row_bytes(en) / hvl_dtype_size(b->dtype), *counts = malloc(sizeof(int64_t) * 2 * (size_t)n);
     o->recv_splits = malloc(sizeof(int64_t) * (size_t)n);
     o->nsplits = n;
@@ -246,9 +288,13 @@ int hvl__run_alltoall_device(hvl_engine *e, const hvl_plane *p, const hvl_batch_
     for (int i = 1; i < en->d.ndim; i++) o->shape[i] = en->d.shape[i];
     int local = device_result(en->device, o, "alltoall", en->d.name);
     /* only this rank knows its sizes: every member agrees before the data moves */
-    rc = hvl__agree(ps->comm, local, "alltoall", &b->failed_everywhere, hvl__peer_bound(e));
-    if (rc != HVL_OK) {
+    rc = agree_device(e, b, local, "alltoall", restage);
+    if (rc != HVL_OK || *restage) {
         drop_device_results(en->device, o, 1);
+        if (*restage) {
+            free(o->recv_splits);
+            memset(o, 0, sizeof(*o));
+        }
         goto out;
     }
     hvl_device_tensor t = {en->input, o->result, hvl__shape_elems(en->d.ndim, en->d.shape), en->device,

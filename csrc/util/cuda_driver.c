@@ -23,6 +23,7 @@ typedef int CUdevice_attribute;
 
 #define CU_SUCCESS 0                  /* CUDA_SUCCESS */
 #define CU_NOT_READY 600              /* CUDA_ERROR_NOT_READY */
+#define CU_OUT_OF_MEMORY 2            /* CUDA_ERROR_OUT_OF_MEMORY */
 #define STREAM_NON_BLOCKING 1u        /* CU_STREAM_NON_BLOCKING */
 #define EVENT_DISABLE_TIMING 2u       /* CU_EVENT_DISABLE_TIMING */
 #define HOST_ALLOC_PORTABLE 1u        /* CU_MEMHOSTALLOC_PORTABLE */
@@ -36,7 +37,6 @@ static struct {
     CUresult (*ctx_release)(CUdevice dev);
     CUresult (*ctx_set_current)(CUcontext ctx);
     CUresult (*ctx_get_current)(CUcontext *ctx);
-    CUresult (*device_attribute)(int *value, CUdevice_attribute attribute, CUdevice dev);
     CUresult (*stream_create)(CUstream *stream, unsigned int flags);
     CUresult (*stream_destroy)(CUstream stream);
     CUresult (*stream_wait_event)(CUstream stream, CUevent event, unsigned int flags);
@@ -52,9 +52,11 @@ static struct {
     CUresult (*mem_alloc)(CUdeviceptr *p, size_t bytes);
     CUresult (*mem_free)(CUdeviceptr p);
     CUresult (*memset_async)(CUdeviceptr p, unsigned char value, size_t n, CUstream stream);
+    /* Optional: results on the GPU (CUDA 11.2 drivers), the timeline's GPU timing. */
+    CUresult (*device_attribute)(int *value, CUdevice_attribute attribute, CUdevice dev);
     CUresult (*mem_alloc_async)(CUdeviceptr *p, size_t bytes, CUstream stream);
     CUresult (*mem_free_async)(CUdeviceptr p, CUstream stream);
-    CUresult (*event_elapsed)(float *ms, CUevent start, CUevent end);   /* optional (timing) */
+    CUresult (*event_elapsed)(float *ms, CUevent start, CUevent end);
     CUresult (*error_name)(CUresult rc, const char **name);
     CUresult (*error_string)(CUresult rc, const char **text);
 } cu;
@@ -73,8 +75,7 @@ static const struct { void **slot; const char *name; } symbols[] = {
     SYMBOL(host_free, "cuMemFreeHost"), SYMBOL(bus_id, "cuDeviceGetPCIBusId"),
     SYMBOL(mem_alloc, "cuMemAlloc_v2"), SYMBOL(mem_free, "cuMemFree_v2"),
     SYMBOL(memset_async, "cuMemsetD8Async"), SYMBOL(error_name, "cuGetErrorName"),
-    SYMBOL(ctx_get_current, "cuCtxGetCurrent"), SYMBOL(device_attribute, "cuDeviceGetAttribute"),
-    SYMBOL(mem_alloc_async, "cuMemAllocAsync"), SYMBOL(mem_free_async, "cuMemFreeAsync"),
+    SYMBOL(ctx_get_current, "cuCtxGetCurrent"),
     SYMBOL(error_string, "cuGetErrorString"),
 };
 #undef SYMBOL
@@ -124,7 +125,11 @@ static void load(void)
         snprintf(load_error, sizeof(load_error), "%s", hvl_last_error());
         return;
     }
-    /* Optional, for the timeline's GPU phases: cuda.h maps the name to _v2 from CUDA 12.8. */
+    /* Optional (NULL where the driver lacks them); cuda.h maps cuEventElapsedTime to _v2 from
+     * CUDA 12.8. */
+    *(void **)&cu.device_attribute = dlsym(lib, "cuDeviceGetAttribute");
+    *(void **)&cu.mem_alloc_async = dlsym(lib, "cuMemAllocAsync");
+    *(void **)&cu.mem_free_async = dlsym(lib, "cuMemFreeAsync");
     *(void **)&cu.event_elapsed = dlsym(lib, "cuEventElapsedTime_v2");
     if (!cu.event_elapsed) *(void **)&cu.event_elapsed = dlsym(lib, "cuEventElapsedTime");
     __atomic_store_n(&load_status, HVL_OK, __ATOMIC_RELEASE);
@@ -290,6 +295,7 @@ int hvl__cuda_pools(int dev, int *supported)
     CUdevice handle;
     *supported = 0;
     HVL_CHECK(hvl__cuda_use(dev));
+    if (!cu.device_attribute || !cu.mem_alloc_async || !cu.mem_free_async) return HVL_OK;   /* before 11.2 */
     HVL_CHECK(check(cu.device_get(&handle, dev), "cuDeviceGet"));
     return check(cu.device_attribute(supported, ATTRIBUTE_MEMORY_POOLS, handle),
                  "cuDeviceGetAttribute (memory pools)");
@@ -300,8 +306,13 @@ int hvl__cuda_result_alloc(int dev, void **out, int64_t bytes)
     CUdeviceptr p = 0;
     *out = NULL;
     HVL_CHECK(hvl__cuda_use(dev));
-    HVL_CHECK(check(cu.mem_alloc_async(&p, (size_t)(bytes > 0 ? bytes : 1), devices[dev].stream),
-                    "cuMemAllocAsync (a result on the GPU)"));
+    if (!cu.mem_alloc_async) return hvl__fail(HVL_ERR_CUDA, "CUDA: the driver has no cuMemAllocAsync");
+    CUresult rc = cu.mem_alloc_async(&p, (size_t)(bytes > 0 ? bytes : 1), devices[dev].stream);
+    if (rc == CU_OUT_OF_MEMORY) {
+        check(rc, "cuMemAllocAsync (a result on the GPU)");
+        return hvl__fail(HVL_ERR_NO_MEMORY, "%s", hvl_last_error());
+    }
+    HVL_CHECK(check(rc, "cuMemAllocAsync (a result on the GPU)"));
     *out = (void *)(uintptr_t)p;
     return HVL_OK;
 }
@@ -312,7 +323,7 @@ void hvl__cuda_result_free(int dev, void *p, void *stream)
 {
     CUdevice handle;
     CUcontext mine = NULL, theirs = NULL;
-    if (!p || !hvl__cuda_loaded() || dev < 0 || dev >= HVL_CUDA_MAX_DEVICES) return;
+    if (!p || !hvl__cuda_loaded() || !cu.mem_free_async || dev < 0 || dev >= HVL_CUDA_MAX_DEVICES) return;
     if (cu.device_get(&handle, dev) != CU_SUCCESS || cu.ctx_retain(&mine, handle) != CU_SUCCESS) return;
     cu.ctx_get_current(&theirs);
     if (cu.ctx_set_current(mine) == CU_SUCCESS) cu.mem_free_async((CUdeviceptr)(uintptr_t)p, (CUstream)stream);
@@ -353,7 +364,8 @@ SAME(error_name, cuGetErrorName); SAME(event_elapsed, cuEventElapsedTime); SAME(
 SAME(ctx_get_current, cuCtxGetCurrent); SAME(device_attribute, cuDeviceGetAttribute);
 SAME(mem_alloc_async, cuMemAllocAsync); SAME(mem_free_async, cuMemFreeAsync);
 _Static_assert(ATTRIBUTE_MEMORY_POOLS == (int)CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, "attribute");
-_Static_assert(CU_SUCCESS == (int)CUDA_SUCCESS && CU_NOT_READY == (int)CUDA_ERROR_NOT_READY, "codes");
+_Static_assert(CU_SUCCESS == (int)CUDA_SUCCESS && CU_NOT_READY == (int)CUDA_ERROR_NOT_READY &&
+               CU_OUT_OF_MEMORY == (int)CUDA_ERROR_OUT_OF_MEMORY, "codes");
 _Static_assert(STREAM_NON_BLOCKING == (unsigned)CU_STREAM_NON_BLOCKING && EVENT_DISABLE_TIMING ==
                (unsigned)CU_EVENT_DISABLE_TIMING && HOST_ALLOC_PORTABLE == CU_MEMHOSTALLOC_PORTABLE, "flags");
 #endif

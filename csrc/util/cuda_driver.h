@@ -61,11 +61,14 @@ void hvl__cuda_device_free(int dev, void *p);
  * seconds from 0 to 1. HVL_ERR_CUDA where the driver cannot time events. */
 int hvl__cuda_time(int dev, int which);
 int hvl__cuda_elapsed(int dev, double *seconds);
-/* Whether the device has stream-ordered memory pools (cuMemAllocAsync): *supported 1 or 0. */
+/* Whether the device has stream-ordered memory pools (cuMemAllocAsync): *supported 1 or 0 (0
+ * also where the driver predates them, CUDA 11.2). */
 int hvl__cuda_pools(int dev, int *supported);
 /* Device memory for a result that outlives the batch (allgather, alltoall on a device plane):
  * stream-ordered on the engine's stream (cuMemAllocAsync), so work queued there after this call
- * may write it; the host never waits. Freed with hvl__cuda_result_free. */
+ * may write it; the host never waits. HVL_ERR_NO_MEMORY where the GPU has no room (the device's
+ * default pool, which PyTorch's caching allocator does not lend to). Freed with
+ * hvl__cuda_result_free. */
 int hvl__cuda_result_alloc(int dev, void **out, int64_t bytes);
 /* Any thread: frees such a result, stream-ordered on `stream` (a stream of the device's primary
  * context; NULL: the legacy default stream), after the work queued there before; the calling

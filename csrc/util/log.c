@@ -103,19 +103,16 @@ int hvl__fail(int rc, const char *fmt, ...)
     va_start(ap, fmt);
     int need = vsnprintf(NULL, 0, fmt, ap) + 1;   /* messages carry whole tensor names */
     va_end(ap);
-    if (need > 0 && (size_t)need > last_error_cap) {
-        char *grown = realloc(last_error, (size_t)need);
-        if (grown) {
-            last_error = grown, last_error_cap = (size_t)need;
-            pthread_once(&error_key_once, make_error_key);
-            if (error_key_ok) pthread_setspecific(error_key, grown);
-        }
-    }
-    if (last_error_cap) {
-        va_start(ap, fmt);
-        vsnprintf(last_error, last_error_cap, fmt, ap);
-        va_end(ap);
-    }
+    /* Formatted into a fresh buffer: an argument may be the old message (hvl_last_error()). */
+    char *text = need > 0 ? malloc((size_t)need) : NULL;
+    if (!text) return rc;                         /* out of memory: the old message stays */
+    va_start(ap, fmt);
+    vsnprintf(text, (size_t)need, fmt, ap);
+    va_end(ap);
+    free(last_error);
+    last_error = text, last_error_cap = (size_t)need;
+    pthread_once(&error_key_once, make_error_key);
+    if (error_key_ok) pthread_setspecific(error_key, text);
     return rc;
 }
 

@@ -152,7 +152,9 @@ class _DeviceResult:
 
 def _adopt_device(buffer, nbytes, device):
     """A uint8 tensor over an engine result on ``device``, freed (stream-ordered) on the stream
-    that is current when it is adopted: the caller's, where the result is safe to use."""
+    that is current when it is adopted: the caller's, where the result is safe to use. torch's
+    ``record_stream`` does nothing for memory it did not allocate, so a caller that uses the
+    result on another stream keeps it alive until that stream is done with it (or clones it)."""
     buffer.stream = torch.cuda.current_stream(device).cuda_stream
     return torch.as_tensor(_DeviceResult(buffer, nbytes), device=device)
 

@@ -139,6 +139,33 @@ def test_alltoall_uneven_splits_on_the_expected_plane(dtype):
     check_plane(before, 1)
 
 
+def test_no_gpu_room_for_results_runs_the_batch_staged():
+    """Each rank's PyTorch caching allocator keeps a large block reserved (freed, still cached),
+    so the GPU has almost nothing left for hvlite's results (the driver's pool): every rank runs
+    that allgather on the staged path instead, and it is still right."""
+    if EXPECT != "nccl":
+        pytest.skip("staged already")
+    per_rank = 8 << 20                           # bytes each rank gives: SIZE times that comes back
+    x = torch.full((per_rank // 4,), float(RANK), device=CUDA)
+    hvd.barrier()
+    free = hvd.broadcast_object(torch.cuda.mem_get_info()[0] if RANK == 0 else None, root_rank=0)
+    share = free // SIZE - (2 << 20)             # ~2 MiB a rank stays free: less than any result
+    filler = torch.empty(share, dtype=torch.uint8, device=CUDA)
+    del filler                                   # cached by PyTorch, not given back
+    hvd.barrier()
+    try:
+        before = nccl_ran()
+        got = hvd.allgather(x, name="no.room")
+        assert nccl_ran() == before, "the batch should have been staged"
+        assert torch.equal(got.cpu(), torch.cat([torch.full((per_rank // 4,), float(r)) for r in range(SIZE)]))
+    finally:
+        torch.cuda.empty_cache()
+        hvd.barrier()
+    after = hvd.allgather(x[:8], name="room.again")   # room again: back on NCCL
+    assert torch.equal(after.cpu(), torch.cat([torch.full((8,), float(r)) for r in range(SIZE)]))
+    check_plane(before, 1)
+
+
 def test_a_desync_on_cuda_tensors_is_a_deadlock_on_every_rank_and_the_engine_goes_on():
     """Deadlock detection runs in negotiation, before any plane: NCCL underneath changes
     nothing (allreduce on rank 0, allgather on the others)."""
