@@ -240,15 +240,16 @@ static void finish_batch(hvl_engine *e, hvl_batch *b, int rc, hvl_outcome *o)
 }
 
 /* A batch of CUDA tensors on a host plane: on host copies of its buffers (stage.h). The set's
- * first member says once per set and op that this op's CUDA tensors take this path. */
-static int run_staged(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outcome *o)
+ * first member says once per set and op that this op's CUDA tensors take this path, and `why`
+ * (NULL: no GPU plane runs it). */
+static int run_staged(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outcome *o, const char *why)
 {
-    char key[64];
-    snprintf(key, sizeof(key), "staged path, set %d, op %d", b->ps->id, b->op);
+    char key[80];
+    snprintf(key, sizeof(key), "staged path, set %d, op %d%s", b->ps->id, b->op, why ? ", restaged" : "");
     if (e->rank == b->ps->ranks[0])
         hvl__log_once(key, HVL_LOG_WARNING, "process set %d: CUDA %s goes through host memory (copied "
-                      "to page-locked memory on hvlite's stream, run on the %s plane, copied back): "
-                      "no GPU plane runs it here", b->ps->id, hvl__op_name(b->op), p->be->name);
+                      "to page-locked memory on hvlite's stream, run on the %s plane, copied back): %s",
+                      b->ps->id, hvl__op_name(b->op), p->be->name, why ? why : "no GPU plane runs it here");
     hvl_stage st;
     int rc = hvl__stage_in(e, b, &st);
     if (rc == HVL_OK) rc = run_batch(e, p, b, o);
@@ -271,7 +272,7 @@ static int run_device(hvl_engine *e, hvl_plane *p, const hvl_batch_kind *k, hvl_
         *p = hvl__plane_staged(e, b->ps, k);
         b->backend = p->be->name;
         b->inputs_ready = 0;
-        return run_staged(e, p, b, o);
+        return run_staged(e, p, b, o, "a GPU had no room for its results (at least once)");
     }
     hvl_device_tensor *t = calloc((size_t)b->count, sizeof(*t));
     int64_t *counts = malloc(sizeof(int64_t) * (size_t)b->ps->size);
@@ -329,7 +330,7 @@ static int execute_one(hvl_engine *e, hvl_batch *b)
     b->backend = data ? p.be->name : "none";
     b->timed = hvl__tl_active();
     double t0 = hvl__now();
-    int rc = p.staged ? run_staged(e, &p, b, o)
+    int rc = p.staged ? run_staged(e, &p, b, o, NULL)
            : data && b->memory != HVL_MEMORY_HOST ? run_device(e, &p, &k, b, o)
            : run_batch(e, &p, b, o);
     rc = hvl__peers_explain(e, rc);          /* a timeout names the silent ranks */
