@@ -22,6 +22,9 @@ Contract:
   * :func:`nccl_version` loads the library (``ctypes``; no GPU needed) and returns its version
     as ``"2.32.3"``. Raises :class:`NcclNotFound` when it cannot be loaded or is not NCCL (no
     ``ncclGetVersion``).
+  * :func:`version_code` is NCCL's version code (``23007`` for 2.30.7) of the library
+    :func:`find_nccl` names, 0 where none can be used: a wheel's from its metadata (loading
+    nothing), any other by loading it. What ``hvlite.nccl_built()`` returns, as Horovod's does.
 """
 import ctypes
 import ctypes.util
@@ -86,8 +89,29 @@ def _from_wheel():
     return None, None
 
 
+def version_code(environ: Optional[Mapping[str, str]] = None) -> int:
+    """NCCL's version code of the library to load, 0 if there is none (see the docstring)."""
+    try:
+        library = find_nccl(environ)
+        if library.path is None:
+            return 0
+        path, wheel = _from_wheel()
+        if wheel and os.path.realpath(library.path) == path:
+            from importlib.metadata import version
+            major, minor, patch = (int(part) for part in version(wheel).split(".")[:3])
+            return major * 10000 + minor * 100 + patch
+        return _loaded_code(library)
+    except (NcclNotFound, ValueError):
+        return 0
+
+
 def nccl_version(library: NcclLibrary) -> str:
     """Load `library` (found: ``path`` not None) and return NCCL's version, e.g. ``"2.32.3"``."""
+    return format_version(_loaded_code(library))
+
+
+def _loaded_code(library: NcclLibrary) -> int:
+    """NCCL's version code, asked of the library loaded with ctypes."""
     try:
         lib = ctypes.CDLL(library.path)
     except OSError as e:
@@ -101,7 +125,7 @@ def nccl_version(library: NcclLibrary) -> str:
     code = ctypes.c_int(0)
     if get_version(ctypes.byref(code)) != 0:
         raise NcclNotFound("ncclGetVersion failed in %s" % library.path)
-    return format_version(code.value)
+    return code.value
 
 
 def format_version(code: int) -> str:

@@ -12,6 +12,7 @@ before ``init()``, as Horovod's do.
 import atexit
 import os
 
+from . import _nccl_find
 from ._lib import ffi, lib
 from .errors import HvliteError, _check
 
@@ -54,7 +55,6 @@ def _tell_engine_where_nccl_is():
     """The engine's GPU plane loads HVLITE_NCCL_LIB, else the loader's libnccl.so.2; torch's
     NCCL lives in its nvidia-nccl wheel, off the loader's path, so point the engine at it
     (read from the wheel's metadata; nothing is loaded here)."""
-    from . import _nccl_find
     path = _nccl_find.engine_library()
     if path:
         os.environ["HVLITE_NCCL_LIB"] = path
@@ -179,7 +179,16 @@ def mpi_enabled():
 
 
 def nccl_built():
-    return bool(lib.hvl_nccl_built())
+    """As Horovod's: NCCL's version code (e.g. 23007, true) of the NCCL the GPU plane would load,
+    0 where none is found (the plane is always built; it loads NCCL at run time). Found once
+    (hvlite._nccl_find.version_code)."""
+    global _nccl_code
+    if _nccl_code is None:
+        _nccl_code = _nccl_find.version_code() if lib.hvl_nccl_built() else 0
+    return _nccl_code
+
+
+_nccl_code = None
 
 
 def shm_built():

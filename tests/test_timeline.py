@@ -118,8 +118,10 @@ def test_a_plane_that_streams_its_allreduce_still_shows_it(tmp_path):
               "    got = hvd.allreduce(np.full(1 << 18, hvd.rank() + 1.0, np.float32), name='streamed', op=hvd.Sum)\n"
               "    assert (got == 3.0).all()\n"
               "hvd.shutdown()\n")
+    before = shm_files()
     job = _run_job(2, ["python", "-c", script], timeout=120, hvlrun_args=["--timeline-filename", str(path)])
     assert job.returncode == 0, job.stdout + job.stderr
+    assert_no_new_shm_files(before, job.stdout + job.stderr)
     trace = tt.load(path)
     ops = trace.of("streamed", "X", "ALLREDUCE")
     assert [op["args"]["backend"] for op in ops] == ["shm", "shm"], ops
