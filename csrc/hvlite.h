@@ -180,9 +180,12 @@ int64_t hvl_submit(int op, int dtype, int reduce_op, int root_rank, int process_
                    const char *name, int ndim, const int64_t *shape, const void *input,
                    void *output, double prescale, double postscale, const int64_t *splits,
                    int nsplits, int memory, int device, void *ready_event);
-/* Bursts: between hvl_burst_begin() and hvl_burst_end() enqueued requests do not wake the
- * background thread; the end wakes it once, so a group submitted together is negotiated (and
- * fused) together instead of its first request alone. Calls nest (a counter). Cannot fail. */
+/* Bursts: requests a thread enqueues between its hvl_burst_begin() and hvl_burst_end() stay
+ * queued until the end, which wakes the background thread once, so the group is negotiated (and
+ * fused) together, however slowly it is submitted. A burst is the calling thread's: other
+ * threads' requests are not held. The hold lasts at most 0.25 s, so a thread that waits on its
+ * own request inside a burst is delayed, not hung (the engine says so once, at info level).
+ * Calls nest (the outermost pair is the burst). Cannot fail. */
 void hvl_burst_begin(void);
 void hvl_burst_end(void);
 /* Wait for completion. timeout_s < 0 waits for ever (but returns if the engine fails).

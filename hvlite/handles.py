@@ -148,8 +148,9 @@ _NO_SHAPE = [0]
 
 
 class burst:
-    """``with burst(): submit(...); submit(...)``: the engine negotiates the whole group at once
-    (it is woken at the end, not by the first request), so the group fuses."""
+    """``with burst(): submit(...); submit(...)``: the engine takes this thread's requests of the
+    block only at its end, and negotiates them at once, so the group fuses. Do not wait on them
+    inside the block: they would start only when the engine's bounded hold (0.25 s) runs out."""
 
     def __enter__(self):
         lib.hvl_burst_begin()

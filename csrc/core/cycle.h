@@ -43,7 +43,12 @@ double hvl__waits_blocked_for(void);
 void hvl__waits_describe(hvl_buf *out);
 
 /* ---- queue (queue.c): the door into the engine and the life of an entry ---- */
-int hvl__queue_drain(hvl_engine *e);                                 /* queue -> pending */
+/* queue -> pending: every queued entry but those of a burst still open (held at most
+ * BURST_HOLD_S), so a burst enters negotiation whole, in one cycle. */
+int hvl__queue_drain(hvl_engine *e);
+/* queue_lock held: 1 if a drain would take something now; else 0, and *until is lowered to when
+ * the first held burst's hold runs out. */
+int hvl__queue_has_work(const hvl_engine *e, double now, double *until);
 /* Pairs this cycle's agreed responses with this rank's entries, in order. An error response
  * (a mismatch, ...) finishes its entry with that error at once; a response of a set this rank
  * is not in (or that was removed) is skipped; on a joined rank a tensor it never submitted

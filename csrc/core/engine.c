@@ -130,12 +130,15 @@ static void teardown(hvl_engine *e, int clean)
     }
 }
 
-/* Sleeps until a request arrives, shutdown is asked, or the tick at `deadline`. */
+/* Sleeps until a request a drain would take arrives (a burst's, at its end), shutdown is asked,
+ * or the tick at `deadline`. */
 static void wait_for_work(hvl_engine *e, double deadline)
 {
     pthread_mutex_lock(&e->queue_lock);
-    while (!e->queue_head && !__atomic_load_n(&e->shutdown_requested, __ATOMIC_ACQUIRE)) {
-        double left = deadline - hvl__now();
+    while (!__atomic_load_n(&e->shutdown_requested, __ATOMIC_ACQUIRE)) {
+        double now = hvl__now(), until = deadline;
+        if (hvl__queue_has_work(e, now, &until)) break;
+        double left = until - now;
         if (left <= 0) break;
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -101,7 +101,7 @@ struct hvl_engine {
     pthread_cond_t wake_cond;   /* signalled on enqueue and shutdown */
     hvl_entry *queue_head, *queue_tail;
     int running;                /* accepting requests */
-    int bursts;                 /* open hvl_burst_begin calls: enqueue does not wake bg */
+    int wake_sent;              /* bg was signalled since its last drain: no need to again */
     hvl_pset **psets;           /* indexed by set id; NULL where a set was removed. Changed by bg
                                    under queue_lock; bg reads it without the lock */
     int npsets;

@@ -17,6 +17,24 @@
 #include "kernels.h"
 #include "timeline.h"
 
+/* Bursts (hvl_burst_begin/end) belong to the calling thread. The queue holds a burst's requests
+ * until it ends, so the bg thread takes the group in one drain and negotiates (and fuses) it
+ * together, however slowly the group is submitted or however the cycles fall. The hold is
+ * bounded, so a thread that waits on its own request inside a burst is delayed, not hung. */
+#define BURST_HOLD_S 0.25
+static _Thread_local int burst_depth;         /* nesting: the outermost begin/end count */
+static _Thread_local uint64_t burst_id;       /* this thread's open burst */
+static _Thread_local double burst_began;
+static uint64_t burst_count;                  /* atomic: burst ids, unique in the process */
+
+/* queue_lock held: signals the bg thread once between two drains. */
+static void wake(hvl_engine *e)
+{
+    if (e->wake_sent) return;
+    e->wake_sent = 1;
+    pthread_cond_signal(&e->wake_cond);
+}
+
 /* Checks that need the process set: it exists, this rank is a member, the root is one, and
  * alltoall splits match its size. *set_size gets its size. */
 static int check_set(hvl_engine *e, const hvl_request *q, const char *name, int *set_size)
@@ -253,9 +271,12 @@ int hvl_enqueue(const hvl_request *q, int64_t *handle_out)
         pthread_mutex_unlock(&names_lock);
     }
     if (rc == HVL_OK) {
-        /* Only the first request of a burst wakes the bg thread: it drains the whole queue,
-         * and it checks the queue under this lock before it sleeps, so no wake-up is lost. */
-        if (!e->queue_head && !e->bursts) pthread_cond_signal(&e->wake_cond);
+        en->burst = burst_depth ? burst_id : 0;
+        en->burst_began = burst_began;
+        /* A burst's requests wait for its end, which wakes the bg thread; another request wakes
+         * it unless that was done since its last drain. It checks the queue under this lock
+         * before it sleeps, so no wake-up is lost. */
+        if (!en->burst) wake(e);
         if (e->queue_tail) e->queue_tail->next = en; else e->queue_head = en;
         e->queue_tail = en;
         *handle_out = en->handle;
@@ -266,12 +287,54 @@ int hvl_enqueue(const hvl_request *q, int64_t *handle_out)
     return rc;
 }
 
+/* queue_lock held */
+static int held(const hvl_entry *en, double now)
+{
+    return en->burst && now - en->burst_began < BURST_HOLD_S;
+}
+
+int hvl__queue_has_work(const hvl_engine *e, double now, double *until)
+{
+    for (const hvl_entry *en = e->queue_head; en; en = en->next) {
+        if (!held(en, now)) return 1;
+        if (en->burst_began + BURST_HOLD_S < *until) *until = en->burst_began + BURST_HOLD_S;
+    }
+    return 0;
+}
+
+/* Unlinks the entries a drain takes now, in queue order, and leaves the held ones queued. */
+static hvl_entry *take_ready(hvl_engine *e)
+{
+    double now = hvl__now();
+    hvl_entry *taken = NULL, **taken_end = &taken, *kept = NULL, **kept_end = &kept, *last_kept = NULL;
+    int overdue = 0;
+    pthread_mutex_lock(&e->queue_lock);
+    for (hvl_entry *en = e->queue_head, *next; en; en = next) {
+        next = en->next;
+        en->next = NULL;
+        if (held(en, now)) {
+            *kept_end = last_kept = en;
+            kept_end = &en->next;
+        } else {
+            overdue |= en->burst != 0;
+            *taken_end = en;
+            taken_end = &en->next;
+        }
+    }
+    e->queue_head = kept;
+    e->queue_tail = last_kept;
+    e->wake_sent = 0;
+    pthread_mutex_unlock(&e->queue_lock);
+    static int told;
+    if (overdue && !told++)
+        hvl__log(HVL_LOG_INFO, "a burst stayed open over %.2f s (did its thread wait inside it?): its "
+                 "requests started before its end, so it may not fuse as one (said once)", BURST_HOLD_S);
+    return taken;
+}
+
 int hvl__queue_drain(hvl_engine *e)
 {
-    pthread_mutex_lock(&e->queue_lock);
-    hvl_entry *en = e->queue_head;
-    e->queue_head = e->queue_tail = NULL;
-    pthread_mutex_unlock(&e->queue_lock);
+    hvl_entry *en = take_ready(e);
     int rc = HVL_OK, tl = hvl__tl_active();
     for (hvl_entry *next; en; en = next) {
         next = en->next;
@@ -432,16 +495,22 @@ int64_t hvl_submit(int op, int dtype, int reduce_op, int root_rank, int process_
 
 void hvl_burst_begin(void)
 {
-    hvl_engine *e = &hvl__engine;
-    pthread_mutex_lock(&e->queue_lock);
-    e->bursts++;
-    pthread_mutex_unlock(&e->queue_lock);
+    if (burst_depth++) return;      /* nested: the outermost burst is the group */
+    burst_id = __atomic_add_fetch(&burst_count, 1, __ATOMIC_RELAXED);
+    burst_began = hvl__now();
 }
 
 void hvl_burst_end(void)
 {
+    if (burst_depth == 0 || --burst_depth) return;
     hvl_engine *e = &hvl__engine;
+    int released = 0;
     pthread_mutex_lock(&e->queue_lock);
-    if (e->bursts > 0 && --e->bursts == 0 && e->queue_head) pthread_cond_signal(&e->wake_cond);
+    for (hvl_entry *en = e->queue_head; en; en = en->next)
+        if (en->burst == burst_id) {
+            en->burst = 0;
+            released = 1;
+        }
+    if (released) wake(e);
     pthread_mutex_unlock(&e->queue_lock);
 }

@@ -65,6 +65,8 @@ typedef struct hvl_entry {
     int cache_slot;             /* bg only: this cycle's cache slot, or -1 */
     int synthetic;              /* bg only: made for a joined rank; owns zero input/output */
     double enqueued_at;
+    uint64_t burst;             /* queue_lock: its thread's open burst, 0 once that ended (queue.c) */
+    double burst_began;         /* when that burst began: the queue holds it at most BURST_HOLD_S */
     struct hvl_entry *next;     /* queue link (queue_lock) */
     struct hvl_entry *prev_pending, *next_pending;   /* bg only: pending list, enqueue order */
 } hvl_entry;
