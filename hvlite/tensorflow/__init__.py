@@ -23,7 +23,7 @@ from .compression import Compression
 from . import elastic
 from ..elastic import HostsUpdatedInterrupt
 from .functions import (allgather_object, broadcast_, broadcast_global_variables, broadcast_object,
-                        broadcast_variables)
+                        broadcast_object_fn, broadcast_variables)
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall, barrier,
                   broadcast, grouped_allgather, grouped_allreduce, grouped_reducescatter, join,
@@ -41,7 +41,8 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "alltoall", "reducescatter", "grouped_reducescatter", "barrier", "join", "size_op",
            "rank_op", "local_size_op", "local_rank_op", "process_set_included_op",
            "broadcast_global_variables", "broadcast_variables", "broadcast_", "broadcast_object",
-           "allgather_object", "DistributedGradientTape", "PartialDistributedGradientTape",
+           "broadcast_object_fn", "allgather_object", "SyncBatchNormalization",
+           "DistributedGradientTape", "PartialDistributedGradientTape",
            "DistributedOptimizer", "start_timeline", "stop_timeline", "elastic",
            "HostsUpdatedInterrupt"]
 
@@ -63,3 +64,12 @@ def DistributedOptimizer(optimizer, *args, **kwargs):
                          "DistributedOptimizer (Adasum of the gradients)")
     from .keras import DistributedOptimizer as keras_distributed_optimizer
     return keras_distributed_optimizer(optimizer, *args, **kwargs)
+
+
+def __getattr__(name):
+    # SyncBatchNormalization subclasses a Keras layer: Keras is imported when it is first asked
+    # for, not by ``import hvlite.tensorflow``.
+    if name == "SyncBatchNormalization":
+        from .sync_batch_norm import SyncBatchNormalization
+        return SyncBatchNormalization
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

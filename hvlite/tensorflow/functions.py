@@ -15,6 +15,7 @@ from ._bridge import in_function, library, np_dtype, op_name, unchained
 from .ops import _broadcast_raw
 
 __all__ = ["broadcast_global_variables", "broadcast_variables", "broadcast_", "broadcast_object",
+           "broadcast_object_fn",
            "allgather_object"]
 
 
@@ -93,6 +94,16 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=glob
     """
     _eager_only("broadcast_object")
     return _broadcast_object(obj, root_rank, name=name, process_set=process_set)
+
+
+def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
+    """Horovod's TF1 helper: a function ``fn(obj)`` that returns root_rank's ``obj`` on every rank,
+    callable again and again (each call is ``broadcast_object``; ``session`` is ignored, since
+    objects go through the engine directly, eagerly or beside a TF1 graph).
+    """
+    def broadcast_fn(obj):
+        return broadcast_object(obj, root_rank, name=name, process_set=process_set)
+    return broadcast_fn
 
 
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):

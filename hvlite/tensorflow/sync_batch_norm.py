@@ -1,0 +1,60 @@
+"""Horovod's ``hvd.SyncBatchNormalization`` for Keras 3 on TensorFlow: batch normalization whose
+training-time statistics are those of the global batch, every rank's samples together.
+
+Contract:
+- ``SyncBatchNormalization(**kwargs)`` takes ``keras.layers.BatchNormalization``'s arguments
+  (``axis``, ``momentum``, ``epsilon``, ``center``, ``scale``, initializers, ``renorm``, ...) and
+  Horovod's ``fused``, which must be ``False`` (``True`` or ``None`` raises ``ValueError``, as in
+  Horovod); ``synchronized=True`` is refused too (that is tf.distribute's synchronisation).
+- In training (``training=True`` and the layer trainable) the mean and variance over the
+  reduction axes are computed over every rank's batch: the element count and sum are
+  allreduced first, then the sum of squared deviations from the global mean (two passes, so a
+  large mean does not cost precision). Ranks may hold different batch sizes, and a Keras mask
+  weighs samples as in ``BatchNormalization``. The moving statistics are updated from these
+  global moments, so they stay the same on every rank. Gradients flow through the allreduces.
+- Inference uses the moving statistics, with no communication.
+- Every rank of the global process set must run the layer in the same order (it is two
+  collectives per training call): a rank that skips one leaves the others waiting, which the
+  engine reports as a deadlock. The collectives run eagerly and inside ``tf.function``.
+- Like Keras's own layer, float16/bfloat16 inputs are normalised in float32.
+"""
+import keras
+import tensorflow as tf
+
+from .ops import Sum, allreduce, grouped_allreduce
+
+__all__ = ["SyncBatchNormalization"]
+
+
+@keras.saving.register_keras_serializable(package="hvlite")
+class SyncBatchNormalization(keras.layers.BatchNormalization):
+    """Batch normalization with the global batch's statistics in training (module docstring)."""
+
+    def __init__(self, fused=False, **kwargs):
+        if fused in (True, None):
+            raise ValueError("SyncBatchNormalization does not support fused=True (or None): its "
+                             "statistics come from hvlite's allreduce, not a fused kernel")
+        if kwargs.get("synchronized"):
+            raise ValueError("SyncBatchNormalization synchronises through hvlite; "
+                             "synchronized=True (tf.distribute's) does not apply")
+        super().__init__(**kwargs)
+
+    def _moments(self, inputs, mask):
+        axes = list(self._reduction_axes)
+        if mask is None:
+            weights = None
+            local_sum = tf.reduce_sum(inputs, axes, keepdims=True)
+            per_channel = tf.size(inputs) // tf.maximum(tf.size(local_sum), 1)
+            count = tf.ones_like(local_sum) * tf.cast(per_channel, inputs.dtype)
+        else:
+            weights = tf.cast(tf.broadcast_to(tf.expand_dims(mask, -1), tf.shape(inputs)), inputs.dtype)
+            count = tf.reduce_sum(weights, axes, keepdims=True)
+            local_sum = tf.reduce_sum(inputs * weights, axes, keepdims=True)
+        total_count, total_sum = grouped_allreduce([count, local_sum], op=Sum)
+        mean = tf.math.divide_no_nan(total_sum, total_count)
+        deviation = tf.square(inputs - mean)
+        if weights is not None:
+            deviation *= weights
+        total_squares = allreduce(tf.reduce_sum(deviation, axes, keepdims=True), op=Sum)
+        variance = tf.math.divide_no_nan(total_squares, total_count)
+        return tf.squeeze(mean, axes), tf.squeeze(variance, axes)
