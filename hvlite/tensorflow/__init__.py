@@ -48,16 +48,22 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
 
 
 def DistributedOptimizer(optimizer, *args, **kwargs):
-    """Horovod's ``hvd.DistributedOptimizer`` for a Keras 3 optimizer: the same as
-    ``hvlite.tensorflow.keras.DistributedOptimizer`` (TF1 ``tf.compat.v1.train`` optimizers are
-    not supported).
+    """Horovod's ``hvd.DistributedOptimizer``: for a TF1 optimizer
+    (``tf.compat.v1.train.Optimizer``) ``hvlite.tensorflow.optimizer_v1``'s wrapper, whose
+    ``compute_gradients`` allreduces; for a Keras 3 optimizer the same as
+    ``hvlite.tensorflow.keras.DistributedOptimizer``.
 
     Raises:
-        TypeError: ``optimizer`` is not a Keras optimizer.
+        TypeError: ``optimizer`` is neither.
         ValueError: ``op=Adasum``, which Horovod's ``hvd.DistributedOptimizer`` refuses for
             Keras optimizers (``hvlite.tensorflow.keras.DistributedOptimizer`` takes it and
-            Adasum-reduces the gradients, as Horovod's Keras one does).
+            Adasum-reduces the gradients, as Horovod's Keras one does); the TF1 wrapper's
+            refusals (its module docstring).
     """
+    import tensorflow as tf
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        from .optimizer_v1 import DistributedOptimizerV1
+        return DistributedOptimizerV1(optimizer, *args, **kwargs)
     if kwargs.get("op") == Adasum:
         raise ValueError("op == Adasum is not supported with Keras optimizers by "
                          "hvd.DistributedOptimizer; use hvlite.tensorflow.keras."
