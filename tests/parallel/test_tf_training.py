@@ -14,6 +14,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import keras  # noqa: E402
 
+import hvlite  # noqa: E402
 import hvlite.tensorflow as hvd  # noqa: E402
 import hvlite.tensorflow.keras as hvdk  # noqa: E402
 
@@ -157,6 +158,47 @@ def test_model_fit_equivalence_and_callbacks():
     local_losses = hvd.allgather_object([log["loss"] for log in before.logs])
     for epoch, log in enumerate(after.logs):
         np.testing.assert_allclose(log["loss"], np.mean([l[epoch] for l in local_losses]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("average,clipnorm", [(False, None), (True, None), (True, 0.05)])
+def test_backward_passes_per_step_reduces_once_per_n_steps(average, clipnorm):
+    """Horovod's backward_passes_per_step=2: local gradients accumulate over two steps, then are
+    allreduced once and applied (summed over the steps, or averaged with
+    average_aggregated_gradients), clipped after the allreduce; equal to one process on every
+    rank's batches with Keras's own accumulation, and only every other step communicates."""
+    x, y = data(5, LOCAL_BATCH * SIZE * STEPS, 6)
+    model = keras_model(7)
+    start = model.get_weights()
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9, clipnorm=clipnorm),
+                                    backward_passes_per_step=2, average_aggregated_gradients=average)
+    model.compile(optimizer=opt, loss="mse", jit_compile=False)
+    before = hvlite.engine_counters()["tensors_submitted"]
+    model.fit(x[RANK::SIZE], y[RANK::SIZE], batch_size=LOCAL_BATCH, epochs=1, shuffle=False, verbose=0)
+    submitted = hvlite.engine_counters()["tensors_submitted"] - before
+    assert submitted == (STEPS // 2) * len(model.trainable_variables), submitted
+
+    reference = keras_model(7)
+    reference.set_weights(start)
+    # the sum over two steps is the average with twice the learning rate (SGD is linear in it)
+    lr = 0.05 if average else 0.1
+    reference.compile(optimizer=keras.optimizers.SGD(lr, momentum=0.9, clipnorm=clipnorm,
+                                                     gradient_accumulation_steps=2),
+                      loss="mse", jit_compile=False)
+    order = combined_order(x, LOCAL_BATCH)
+    reference.fit(x[order], y[order], batch_size=LOCAL_BATCH * SIZE, epochs=1, shuffle=False, verbose=0)
+    for got, expected in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert_same_on_every_rank(model.get_weights(), "backward_passes_per_step weights")
+
+
+def test_backward_passes_per_step_refusals():
+    built = keras.optimizers.SGD(0.1)
+    built.build([keras.Variable(np.zeros(2, np.float32))])
+    for opt, match in [(built, "not been built"),
+                       (keras.optimizers.SGD(0.1, gradient_accumulation_steps=3), "already has"),
+                       (keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)), "LossScale")]:
+        with pytest.raises(ValueError, match=match):
+            hvdk.DistributedOptimizer(opt, backward_passes_per_step=2)
 
 
 def test_optimizer_is_the_wrapped_one():

@@ -12,9 +12,14 @@ Contract:
 - Every rank must train the same model the same way (same variables, same steps).
 - ``model.compile(jit_compile=True)`` (XLA) cannot run the engine call: ``apply`` then raises
   ``ValueError`` asking for ``jit_compile=False`` (Keras picks XLA by itself only on GPUs).
-- ``backward_passes_per_step`` > 1 is not supported: use Keras 3's own
-  ``gradient_accumulation_steps`` on the wrapped optimizer (gradients are then reduced every
-  step, with the same result).
+- ``backward_passes_per_step=N`` > 1 (Horovod's local gradient aggregation) is Keras 3's own
+  ``gradient_accumulation_steps=N`` on the wrapped optimizer: each step adds its local
+  gradients to the accumulators, and every N-th step the accumulated gradients are allreduced
+  and applied, so ranks communicate once per N steps. Keras averages them over the N steps;
+  with ``average_aggregated_gradients=False`` (Horovod's default) they are summed instead, as
+  in Horovod. The optimizer must be unbuilt (accumulators are made at build) and not a
+  ``LossScaleOptimizer``; ``ValueError`` otherwise, as for an optimizer that already has
+  ``gradient_accumulation_steps``.
 """
 import keras
 import tensorflow as tf
@@ -59,20 +64,38 @@ class _DistributedMixin:
             ValueError: running under XLA (``jit_compile=True``).
         """
         grads = list(grads)
-        if grads:
-            if _in_xla_context():
-                raise ValueError("hvlite's DistributedOptimizer cannot run under XLA: compile the "
-                                 "model with jit_compile=False")
-            local = getattr(self, "_hvlite_local", None)
-            if local:
-                variables = (self._trainable_variables if trainable_variables is None
-                             else list(trainable_variables))
-                grads = _reduce_shared(grads, [_key(v) in local for v in variables],
-                                       self._hvlite_scale_local, self._hvlite_options)
-            else:
-                grads = allreduce_gradients(grads, "DistributedOptimizer",
-                                            **self._hvlite_options)
+        if grads and not self.gradient_accumulation_steps:
+            grads = self._hvlite_reduce(grads, trainable_variables)
         return super().apply(grads, trainable_variables)
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        # With gradient accumulation Keras adds each step's local gradients to its accumulators
+        # and, every N-th step only, clips the accumulated ones (averaged over the steps) and
+        # applies them: they are reduced there (_clip_gradients), once per N steps, before the
+        # clipping, as without accumulation. The variables are kept for the local-layer rule
+        # (past Keras's attribute tracking, which would count them as the optimizer's own).
+        object.__setattr__(self, "_hvlite_step_variables", list(trainable_variables))
+        return super()._backend_apply_gradients(grads, trainable_variables)
+
+    def _clip_gradients(self, grads):
+        if self.gradient_accumulation_steps:       # an update step's accumulated gradients
+            grads = list(grads)
+            if not getattr(self, "_hvlite_average_aggregated", True):
+                grads = [None if g is None else g * self.gradient_accumulation_steps for g in grads]
+            grads = self._hvlite_reduce(grads, self._hvlite_step_variables)
+        return super()._clip_gradients(grads)
+
+    def _hvlite_reduce(self, grads, trainable_variables):
+        if _in_xla_context():
+            raise ValueError("hvlite's DistributedOptimizer cannot run under XLA: compile the "
+                             "model with jit_compile=False")
+        local = getattr(self, "_hvlite_local", None)
+        if local:
+            variables = (self._trainable_variables if trainable_variables is None
+                         else list(trainable_variables))
+            return _reduce_shared(grads, [_key(v) in local for v in variables],
+                                  self._hvlite_scale_local, self._hvlite_options)
+        return allreduce_gradients(grads, "DistributedOptimizer", **self._hvlite_options)
 
 
 def _reduce_shared(grads, is_local, scale_local, options):
@@ -132,9 +155,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             by it / size after.
         op: hvd.Average (default) or hvd.Sum, ...
         num_groups: split gradients into this many fused submissions (0: one).
-        backward_passes_per_step: must be 1 (see the module docstring).
-        device_*, average_aggregated_gradients, scale_local_gradients: accepted for
-            compatibility. groups: must be None.
+        backward_passes_per_step: apply (and allreduce) every this many steps, gradients
+            accumulated locally in between (see the module docstring).
+        average_aggregated_gradients: with backward_passes_per_step > 1, average the
+            accumulated gradients over the steps (False, the default: sum them).
+        device_*, scale_local_gradients: accepted for compatibility. groups: must be None.
         process_set: the global process set.
     Returns:
         The distributed optimizer (a new one, or ``optimizer`` itself if it was built).
@@ -145,8 +170,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         raise TypeError("DistributedOptimizer expects a keras.optimizers.Optimizer, got %s"
                         % type(optimizer).__name__)
     if backward_passes_per_step != 1:
-        raise ValueError("backward_passes_per_step > 1 is not supported: use the Keras 3 "
-                         "optimizer's gradient_accumulation_steps instead")
+        _check_accumulation(optimizer, backward_passes_per_step)
     if groups is not None:
         raise ValueError("DistributedOptimizer(groups=...) is not supported; use num_groups")
     op = reduce_op(None, op)
@@ -159,9 +183,31 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
+    if backward_passes_per_step != 1:
+        config["gradient_accumulation_steps"] = backward_passes_per_step
     distributed = _distributed_class(optimizer.__class__).from_config(config)
     distributed._hvlite_options = dict(_DistributedMixin._hvlite_options, **options)
+    # Horovod's default sums the N steps' gradients; Keras's own accumulation averages them
+    distributed._hvlite_average_aggregated = (backward_passes_per_step == 1
+                                              or bool(average_aggregated_gradients))
     return distributed
+
+
+def _check_accumulation(optimizer, passes):
+    """backward_passes_per_step becomes the wrapped optimizer's gradient_accumulation_steps."""
+    if not isinstance(passes, int) or passes < 1:
+        raise ValueError("backward_passes_per_step must be an integer >= 1, got %r" % (passes,))
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ValueError("backward_passes_per_step > 1 is not supported with a "
+                         "LossScaleOptimizer: set gradient_accumulation_steps on its inner "
+                         "optimizer and pass backward_passes_per_step=1")
+    if optimizer.built or is_distributed(optimizer):
+        raise ValueError("backward_passes_per_step > 1 needs an optimizer that has not been "
+                         "built or wrapped yet (Keras makes its gradient accumulators at build)")
+    if optimizer.gradient_accumulation_steps:
+        raise ValueError("the optimizer already has gradient_accumulation_steps=%d: pass "
+                         "backward_passes_per_step=1, or leave gradient_accumulation_steps unset"
+                         % optimizer.gradient_accumulation_steps)
 
 
 def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
