@@ -276,7 +276,7 @@ int hvl_enqueue(const hvl_request *q, int64_t *handle_out)
         /* A burst's requests wait for its end, which wakes the bg thread; another request wakes
          * it unless that was done since its last drain. It checks the queue under this lock
          * before it sleeps, so no wake-up is lost. */
-        if (!en->burst) wake(e);
+        if (!en->burst || en->burst_began + BURST_HOLD_S <= hvl__now()) wake(e);   /* not held */
         if (e->queue_tail) e->queue_tail->next = en; else e->queue_head = en;
         e->queue_tail = en;
         *handle_out = en->handle;

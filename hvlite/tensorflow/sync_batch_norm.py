@@ -17,6 +17,9 @@ Contract:
   collectives per training call): a rank that skips one leaves the others waiting, which the
   engine reports as a deadlock. The collectives run eagerly and inside ``tf.function``.
 - Like Keras's own layer, float16/bfloat16 inputs are normalised in float32.
+- Models holding the layer load with ``hvlite.tensorflow.keras.load_model`` (which registers
+  it); ``keras.models.load_model`` needs ``hvlite.tensorflow.SyncBatchNormalization`` touched
+  first, or passed in ``custom_objects``. The layer never runs under XLA (``supports_jit``).
 """
 import keras
 import tensorflow as tf
@@ -38,23 +41,25 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
             raise ValueError("SyncBatchNormalization synchronises through hvlite; "
                              "synchronized=True (tf.distribute's) does not apply")
         super().__init__(**kwargs)
+        self.supports_jit = False       # XLA cannot run the engine's tf.numpy_function
 
     def _moments(self, inputs, mask):
         axes = list(self._reduction_axes)
         if mask is None:
-            weights = None
+            keep = None
             local_sum = tf.reduce_sum(inputs, axes, keepdims=True)
             per_channel = tf.size(inputs) // tf.maximum(tf.size(local_sum), 1)
             count = tf.ones_like(local_sum) * tf.cast(per_channel, inputs.dtype)
-        else:
-            weights = tf.cast(tf.broadcast_to(tf.expand_dims(mask, -1), tf.shape(inputs)), inputs.dtype)
-            count = tf.reduce_sum(weights, axes, keepdims=True)
-            local_sum = tf.reduce_sum(inputs * weights, axes, keepdims=True)
+        else:       # as Keras: masked positions are zeroed (a NaN in padding stays out)
+            keep = tf.broadcast_to(tf.expand_dims(tf.cast(mask, tf.bool), -1), tf.shape(inputs))
+            inputs = tf.where(keep, inputs, tf.zeros_like(inputs))
+            count = tf.reduce_sum(tf.cast(keep, inputs.dtype), axes, keepdims=True)
+            local_sum = tf.reduce_sum(inputs, axes, keepdims=True)
         total_count, total_sum = grouped_allreduce([count, local_sum], op=Sum)
         mean = tf.math.divide_no_nan(total_sum, total_count)
         deviation = tf.square(inputs - mean)
-        if weights is not None:
-            deviation *= weights
+        if keep is not None:
+            deviation = tf.where(keep, deviation, tf.zeros_like(deviation))
         total_squares = allreduce(tf.reduce_sum(deviation, axes, keepdims=True), op=Sum)
         variance = tf.math.divide_no_nan(total_squares, total_count)
         return tf.squeeze(mean, axes), tf.squeeze(variance, axes)

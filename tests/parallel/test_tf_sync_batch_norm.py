@@ -98,6 +98,7 @@ def test_a_mask_weighs_the_samples_as_keras_does():
     everything, mine = every_ranks_rows((3, 4), seed=11)
     rng = np.random.default_rng(12)
     mask = rng.random(everything.shape[:2]) < 0.6
+    everything[~mask] = np.nan          # padding may hold anything: it must not count
     sync, ref = pair(-1, momentum=0.0)
     out_sync = sync(tf.constant(everything[mine]), training=True, mask=tf.constant(mask[mine]))
     out_ref = ref(tf.constant(everything), training=True, mask=tf.constant(mask))
@@ -145,6 +146,18 @@ def test_in_a_keras_model_fit_every_rank_keeps_the_same_statistics():
     for r, theirs in enumerate(hvd.allgather_object(stats)):
         for a, b in zip(stats, theirs):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg="rank %d differs" % r)
+
+
+def test_a_saved_model_loads_with_hvlites_load_model(tmp_path):
+    import hvlite.tensorflow.keras as hvdk
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(hvd.SyncBatchNormalization(momentum=0.7)(inputs)))
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    path = str(tmp_path / ("sbn.%d.keras" % RANK))
+    model.save(path)
+    loaded = hvdk.load_model(path)
+    layer = [l for l in loaded.layers if isinstance(l, hvd.SyncBatchNormalization)][0]
+    assert layer.momentum == pytest.approx(0.7) and layer.supports_jit is False
 
 
 def test_broadcast_object_fn():

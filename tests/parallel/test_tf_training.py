@@ -191,6 +191,22 @@ def test_backward_passes_per_step_reduces_once_per_n_steps(average, clipnorm):
     assert_same_on_every_rank(model.get_weights(), "backward_passes_per_step weights")
 
 
+def test_load_model_keeps_accumulation_with_the_rule_asked(tmp_path):
+    model = keras_model(3)
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1),
+                                                      backward_passes_per_step=np.int64(2)),
+                  loss="mse", jit_compile=False)
+    x, y = data(9, LOCAL_BATCH * 2, 6)
+    model.fit(x, y, batch_size=LOCAL_BATCH, epochs=1, verbose=0)
+    path = str(tmp_path / ("acc.%d.keras" % RANK))
+    model.save(path)
+    for average in (True, False):
+        loaded = hvdk.load_model(path, average_aggregated_gradients=average)
+        assert hvdk.is_distributed(loaded.optimizer)
+        assert loaded.optimizer.gradient_accumulation_steps == 2
+        assert loaded.optimizer._hvlite_average_aggregated is average
+
+
 def test_backward_passes_per_step_refusals():
     built = keras.optimizers.SGD(0.1)
     built.build([keras.Variable(np.zeros(2, np.float32))])

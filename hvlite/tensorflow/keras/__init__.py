@@ -22,6 +22,7 @@ from .. import functions as _functions
 from .. import ops as _ops
 from ..compression import Compression
 from ..ops import Adasum, Average, Max, Min, Product, Sum
+from ..sync_batch_norm import SyncBatchNormalization  # noqa: F401 - registered for load_model
 from . import callbacks, elastic
 from ...elastic import HostsUpdatedInterrupt
 from .callbacks import _model_variables
@@ -80,14 +81,20 @@ def reducescatter(value, name=None, op=Average):
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None,
-               compression=Compression.none):
+               compression=Compression.none, average_aggregated_gradients=True):
     """Load a Keras model saved with or without hvlite, with its optimizer distributed.
 
     Args:
-        filepath: a ``.keras`` file (anything ``keras.models.load_model`` reads).
+        filepath: a ``.keras`` file (anything ``keras.models.load_model`` reads; models with
+            ``hvlite.tensorflow.SyncBatchNormalization`` included).
         custom_optimizers: optimizer classes the file needs, beyond Keras's own.
         custom_objects: other custom objects, as for ``keras.models.load_model``.
         compression: compression for the re-wrapped optimizer.
+        average_aggregated_gradients: for an optimizer saved with gradient accumulation (Keras
+            keeps ``gradient_accumulation_steps``, which ``backward_passes_per_step`` sets):
+            average the accumulated steps (Keras's rule, the default here), or sum them with
+            False (Horovod's ``backward_passes_per_step`` default; the file cannot say which
+            one the model was trained with).
     Returns:
         The model; its optimizer (with the saved state) allreduces gradients.
     """
@@ -97,4 +104,5 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
     model = keras.models.load_model(filepath, custom_objects=objects)
     if getattr(model, "optimizer", None) is not None:
         wrap_in_place(model.optimizer, compression=compression)
+        model.optimizer._hvlite_average_aggregated = bool(average_aggregated_gradients)
     return model

@@ -19,8 +19,11 @@ Contract:
   with ``average_aggregated_gradients=False`` (Horovod's default) they are summed instead, as
   in Horovod. The optimizer must be unbuilt (accumulators are made at build) and not a
   ``LossScaleOptimizer``; ``ValueError`` otherwise, as for an optimizer that already has
-  ``gradient_accumulation_steps``.
+  ``gradient_accumulation_steps``. Keras saves ``gradient_accumulation_steps``, not the sum or
+  average rule: a re-wrapped optimizer (``load_model``, ``wrap_in_place``) averages unless told.
 """
+import operator
+
 import keras
 import tensorflow as tf
 
@@ -184,7 +187,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     if name is not None:
         config["name"] = name
     if backward_passes_per_step != 1:
-        config["gradient_accumulation_steps"] = backward_passes_per_step
+        config["gradient_accumulation_steps"] = operator.index(backward_passes_per_step)
     distributed = _distributed_class(optimizer.__class__).from_config(config)
     distributed._hvlite_options = dict(_DistributedMixin._hvlite_options, **options)
     # Horovod's default sums the N steps' gradients; Keras's own accumulation averages them
@@ -195,7 +198,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
 
 def _check_accumulation(optimizer, passes):
     """backward_passes_per_step becomes the wrapped optimizer's gradient_accumulation_steps."""
-    if not isinstance(passes, int) or passes < 1:
+    try:
+        passes = operator.index(passes)
+    except TypeError:
+        passes = 0
+    if passes < 1:
         raise ValueError("backward_passes_per_step must be an integer >= 1, got %r" % (passes,))
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         raise ValueError("backward_passes_per_step > 1 is not supported with a "
