@@ -176,18 +176,18 @@ def check_workload(trace, size, steps, tag=""):
 
 
 def check_pieces(trace, tag, steps):
-    """The fused group's copies into and out of the fusion buffer, inside every op span of a
-    fused batch (a group member can run alone when its group straddles a cycle on some rank:
-    then its op holds the bare MPI_ALLREDUCE); the lone 2.5 MiB allreduce in three 1 MiB pieces,
-    each with its input and output scaling."""
-    fused = [s for n in FUSED for s in trace.of(tag + n, "X", "ALLREDUCE")]
-    assert any(s["args"]["batch_tensors"] > 1 for s in fused), "the group never fused"
+    """The fused group, submitted in one burst, fuses at every step: each member's op span is
+    a batch of the whole group holding the copies into and out of the fusion buffer and the
+    MPI_ALLREDUCE; the lone 2.5 MiB allreduce in three 1 MiB pieces, each with its input and
+    output scaling."""
     for n in FUSED:
-        for op in trace.of(tag + n, "X", "ALLREDUCE"):
+        ops = trace.of(tag + n, "X", "ALLREDUCE")
+        assert len(ops) == steps, (n, len(ops))
+        for op in ops:
+            assert op["args"]["batch_tensors"] >= len(FUSED), (n, op["args"])
             inside = {e["name"] for e in trace.of(tag + n, "X") if e is not op and
                       op["ts"] - EPS <= e["ts"] and e["ts"] + e["dur"] <= op["ts"] + op["dur"] + EPS}
-            want = ({"MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"}
-                    if op["args"]["batch_tensors"] > 1 else {"MPI_ALLREDUCE"})
+            want = {"MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"}
             assert want <= inside, (n, op["args"], sorted(inside))
     pieces = trace.of(tag + BIG, "X", "MPI_ALLREDUCE")
     assert len(pieces) == 3 * steps, len(pieces)
