@@ -192,7 +192,8 @@ def test_session_ops_fetched_together_run_in_one_order():
     does not chain the next one (running that one sends one request)."""
     import hvlite
     config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1,
-                                      intra_op_parallelism_threads=1)
+                                      intra_op_parallelism_threads=1,
+                                      use_per_session_threads=True)   # not the global pool
     config.graph_options.rewrite_options.disable_meta_optimizer = True   # keep the identities
     with context.graph_mode(), tf.Graph().as_default():
         # inputs behind chains of identities, long for the first ops on even ranks and for
@@ -211,6 +212,22 @@ def test_session_ops_fetched_together_run_in_one_order():
             before = hvlite.engine_counters()["tensors_submitted"]
             np.testing.assert_array_equal(session.run(later), np.full(2, float(SIZE)))
             assert hvlite.engine_counters()["tensors_submitted"] - before == 1
+
+
+def test_session_ops_already_run_fetched_again_together():
+    """Ops that already ran are not chained; fetched again together, each holds one TensorFlow
+    thread while it waits, so a Session with at least that many inter-op threads (the README's
+    advice) runs every one of them at every fetch (Horovod's allgather-fused test pattern)."""
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=16,
+                                      use_per_session_threads=True)
+    with context.graph_mode(), tf.Graph().as_default(), \
+            tf.compat.v1.Session(config=config) as session:
+        outs = []
+        for k in range(12):
+            outs.append(hvd.allgather(tf.fill([RANK + 1, 2], float(k))))
+            got = session.run(outs)
+            for j, g in enumerate(got):
+                np.testing.assert_array_equal(g, np.full((SIZE * (SIZE + 1) // 2, 2), j))
 
 
 def test_unknown_process_set_raises_when_the_graph_is_built():
