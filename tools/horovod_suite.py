@@ -1,0 +1,156 @@
+"""Run Horovod's own ``test/parallel/test_torch.py`` against hvlite and count the results.
+
+Contract:
+    python tools/horovod_suite.py TEST_TORCH_PY [--np 2] [--out DIR] [--one-gpu]
+                                  [--per-test [--jobs K]] [--only TEST ...] [--timeout SECONDS]
+    TEST_TORCH_PY is Horovod's file, read from outside this tree (``fetch github:horovod/horovod``;
+    on the GPU machine, a git-ignored copy carried along). Nothing of it is kept in the project:
+    the runnable copy is written under DIR (default ``$OUT``, else ``horovod-suite/``) with two
+    edits, the import (``horovod.torch`` -> ``hvlite.torch``) and the path of the three helpers it
+    takes from Horovod's test utils, which this script writes as our own stand-ins. With
+    ``--one-gpu`` every rank's CUDA device is 0 (``.cuda(hvd.local_rank())``, ``.cuda(local_rank)``
+    and ``hvd.join(hvd.local_rank())``), for ranks sharing one GPU.
+    Runs the file as one ``hvlrun -np N`` job (or, with ``--per-test``, one job per test, K jobs
+    at a time, slower but immune to a test that spoils the ones after it: a whole-file run of
+    hvlite cascades after the duplicate-name tests, whose never-synchronized handles keep their
+    names in flight), each under a hard timeout. ``--only`` runs the named tests alone.
+    Prints, and writes to DIR/summary.txt, the counts (a test passes when it passed on every rank,
+    fails when it failed on any, is "not run" when the job ended before reporting it) and the
+    names of the tests that did not pass. Exit status 0 when the run completed, whatever the
+    counts; 1 when no result could be read.
+"""
+import argparse
+import concurrent.futures
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+STAND_INS = '''"""Stand-ins, written by hvlite's tools/horovod_suite.py, for the three helpers
+test_torch.py imports from Horovod's test/utils/common.py."""
+import contextlib
+import os
+import tempfile
+
+
+def mpi_env_rank_and_size():
+    for rank, size in (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                       ("HOROVOD_RANK", "HOROVOD_SIZE")):
+        if rank in os.environ and size in os.environ:
+            return int(os.environ[rank]), int(os.environ[size])
+    return 0, 1
+
+
+def skip_or_fail_gpu_test(test, message):
+    test.skipTest(message)
+
+
+@contextlib.contextmanager
+def temppath():
+    fd, path = tempfile.mkstemp()
+    os.close(fd)
+    try:
+        yield path
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
+'''
+
+# (pattern, replacement, needed): needed edits must match, or the file is not the one expected
+EDITS = [(r"^import horovod\.torch as hvd$", "import hvlite.torch as hvd", True),
+         (r"^sys\.path\.append\(.*'utils'\)\)$",
+          "sys.path.append(os.path.dirname(os.path.abspath(__file__)))", True)]
+ONE_GPU_EDITS = [(r"\.cuda\(hvd\.local_rank\(\)\)", ".cuda(0)", True),
+                 (r"\.cuda\(local_rank\)", ".cuda(0)", False),
+                 (r"hvd\.join\(hvd\.local_rank\(\)\)", "hvd.join(0)", False)]
+# pytest -v: "test_torch.py::TorchTests::test_x PASSED" (subtests and xfail count as their word)
+RESULT = re.compile(r"test_torch\.py::TorchTests::(\w+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)")
+WORST = {"PASSED": 0, "XPASS": 0, "XFAIL": 1, "SKIPPED": 1, "FAILED": 2, "ERROR": 2}
+
+
+def prepare(test_file, work, one_gpu):
+    """The runnable copy of ``test_file`` and the stand-ins, in ``work``."""
+    text = open(test_file).read()
+    for pattern, replacement, needed in EDITS + (ONE_GPU_EDITS if one_gpu else []):
+        text, n = re.subn(pattern, replacement, text, flags=re.M)
+        if needed and n == 0:
+            sys.exit("horovod_suite: %s has no line matching %r: not Horovod's test_torch.py?"
+                     % (test_file, pattern))
+    os.makedirs(work, exist_ok=True)
+    with open(os.path.join(work, "test_torch.py"), "w") as f:
+        f.write(text)
+    with open(os.path.join(work, "common.py"), "w") as f:
+        f.write(STAND_INS)
+    return re.findall(r"^    def (test_\w+)\(self", text, flags=re.M)
+
+
+def run_job(work, np_, selector, ranks_dir, timeout):
+    """One hvlrun job of pytest over ``selector``; each rank's output lands in ``ranks_dir``."""
+    shutil.rmtree(ranks_dir, ignore_errors=True)
+    os.makedirs(os.path.dirname(ranks_dir), exist_ok=True)
+    cmd = ["timeout", "-k", "10", str(timeout), sys.executable, "-m", "hvlite.runner", "-np", str(np_), "--output-filename",
+           ranks_dir, sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", selector]
+    with open(ranks_dir + ".log", "w") as log:
+        return subprocess.call(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL)
+
+
+def read_results(ranks_dir, np_):
+    """{test: worst word over the ranks}, for tests some rank reported."""
+    results = {}
+    for rank in range(np_):
+        path = os.path.join(ranks_dir, "rank.%d" % rank, "stdout")
+        if not os.path.exists(path):
+            continue
+        for name, word in RESULT.findall(open(path, errors="replace").read()):
+            if WORST[word] >= WORST.get(results.get(name), -1):
+                results[name] = word
+    return results
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("test_file")
+    ap.add_argument("--np", type=int, default=2)
+    ap.add_argument("--out", default=os.environ.get("OUT") or "horovod-suite")
+    ap.add_argument("--one-gpu", action="store_true", help="every rank on CUDA device 0")
+    ap.add_argument("--per-test", action="store_true", help="one job per test")
+    ap.add_argument("--jobs", type=int, default=1, help="per-test jobs at a time")
+    ap.add_argument("--only", nargs="+", metavar="TEST", help="run these tests only")
+    ap.add_argument("--timeout", type=int, default=None,
+                    help="seconds per job (default: 180 per test, 900 for the whole file)")
+    args = ap.parse_args()
+    work = os.path.abspath(args.out)
+    tests = prepare(args.test_file, work, args.one_gpu)
+    if args.only:
+        tests = [name for name in tests if name in args.only]
+    results = {}
+    if args.per_test or args.only:
+        def one(name):
+            ranks = os.path.join(work, "ranks", name)
+            run_job(work, args.np, "test_torch.py::TorchTests::" + name, ranks, args.timeout or 180)
+            return read_results(ranks, args.np)
+        with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            for found in pool.map(one, tests):
+                results.update(found)
+    else:
+        ranks = os.path.join(work, "ranks", "all")
+        run_job(work, args.np, "test_torch.py", ranks, args.timeout or 900)
+        results = read_results(ranks, args.np)
+    if not results:
+        print("horovod_suite: no result could be read; see", os.path.join(work, "ranks"))
+        return 1
+    words = [results.get(name, "NOT RUN") for name in tests]
+    counts = {w: words.count(w) for w in sorted(set(words))}
+    lines = ["%d tests, %d ranks%s: %s" % (len(tests), args.np, ", one GPU" if args.one_gpu else "",
+                                          ", ".join("%s %d" % kv for kv in counts.items()))]
+    lines += ["%s %s" % (w, name) for name, w in zip(tests, words) if WORST.get(w, 2) > 1]
+    with open(os.path.join(work, "summary.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
