@@ -11,7 +11,10 @@ Contract:
 - A request's name stays taken until its handle is waited on (``synchronize``), even after the
   request completed, as in Horovod: submitting the name again before that raises, whatever the
   timing. ``wait`` (also when it raises) releases the handle and frees the name; a handle that
-  is dropped without a wait keeps its name (and its buffers) for the life of the engine.
+  is dropped without a wait keeps its name (and its buffers) for the life of the process. After an
+  error the engine met once data could move (a timeout, a lost peer, a GPU or MPI failure), a
+  copy or collective it gave up on may still touch the buffers, so ``keep`` is never let go (a
+  leak rather than memory reused while a GPU or MPI writes into it).
 - ``Handle.wait()`` blocks (with the GIL released, and Ctrl-C still works) and returns
   ``finish``'s result, or raises the engine's error for that tensor on every rank it affects.
 - ``wait_all(handles)`` waits for every handle even when one raises (so every name is freed),
@@ -40,6 +43,11 @@ _counters = {}
 # Handle, so that a dropped handle (or an exception between submit and wait) cannot free a
 # buffer the engine still reads or writes; wait() releases the entry.
 _keep_alive = {}
+# What failed requests may still be touched through (see the contract), and the errors that are
+# decided before any data moves, after which nothing can
+_stranded = []
+_DECIDED_BEFORE_DATA = (lib.HVL_ERR_INVALID_ARG, lib.HVL_ERR_MISMATCH, lib.HVL_ERR_DEADLOCK,
+                        lib.HVL_ERR_UNSUPPORTED, lib.HVL_ERR_NOT_INITIALIZED)
 
 
 def reset_auto_names():
@@ -96,7 +104,9 @@ class Handle:
         finally:
             lib.hvl_release(self._id)
             self._done = True
-            _keep_alive.pop(self._id, None)
+            keep = _keep_alive.pop(self._id, None)
+            if rc != lib.HVL_OK and rc not in _DECIDED_BEFORE_DATA:
+                _stranded.append(keep)
         return self._result
 
     def __repr__(self):

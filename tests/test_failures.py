@@ -95,6 +95,7 @@ def test_stopped_rank_during_shm_allreduce_times_out():
     assert elapsed < 20 * MULTIPLIER, "the job took %.1f s" % elapsed
     assert "rank 0 timeout" in out and "shm allreduce" in out, out
     assert re.search(r"rank 1 \(pid \d+\) on this host did not arrive for 2 s", out), out
+    assert "rank 0 keeps the buffers of 1 failed request(s)" in out, out   # given up mid-way
     assert "UNEXPECTED" not in out
     assert_nothing_left(out, "tests/scenarios/stopped_peer.py")
 

@@ -37,7 +37,9 @@
  *   communicator is aborted and the error is fatal to this engine, as a failed MPI collective is.
  * bg thread only, except the library's loading (pthread_once). */
 #include <dlfcn.h>
+#include <float.h>
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -194,26 +196,42 @@ static int nccl_dtype(int dtype)
 
 static int is_float(int dtype) { return dtype >= HVL_FLOAT16 && dtype <= HVL_FLOAT64; }
 
-/* 1 if NCCL computes this reduction with its scale factors: unscaled, or linear (Sum, Average)
- * on a floating type, where the factors fold into one pre-multiplier. */
-static int reduction_ok(const hvl_batch_kind *k)
+/* 1 if the pre-multiplier `f` keeps its digits in the tensors' own type, which NCCL multiplies
+ * in: float16 only in its normal range (below 2^-14 it is subnormal: 3.3e-7 is held as 3.6e-7),
+ * bfloat16 and float32 in float's. The staged path scales in float or double instead. */
+static int factor_fits(int dtype, double f)
+{
+    double a = fabs(f);
+    if (a == 0.0 || dtype == HVL_FLOAT64) return 1;
+    if (dtype == HVL_FLOAT16) return a >= 0x1p-14 && a <= 65504.0;
+    return a >= FLT_MIN && a <= 0x1.fep127;     /* bfloat16's largest, below float's */
+}
+
+/* 1 if NCCL computes this reduction with its scale factors over `nranks`: unscaled, or linear
+ * (Sum, Average) on a floating type, where the factors fold into one pre-multiplier that the
+ * type holds. */
+static int reduction_ok(const hvl_batch_kind *k, int nranks)
 {
     if (nccl_dtype(k->dtype) < 0) return 0;
     int scaled = k->prescale != 1.0 || k->postscale != 1.0;
+    double factor = k->prescale * k->postscale;
     switch (k->reduce_op) {
-    case HVL_SUM: case HVL_AVERAGE: return !scaled || is_float(k->dtype);
+    case HVL_SUM: case HVL_AVERAGE:
+        if (!scaled) return 1;
+        if (k->reduce_op == HVL_AVERAGE && factor != 1.0) factor /= nranks;   /* as reduction_op */
+        return is_float(k->dtype) && factor_fits(k->dtype, factor);
     case HVL_MIN: case HVL_MAX: case HVL_PRODUCT: return !scaled;
     default: return 0;                      /* Adasum: the MPI plane's, staged */
     }
 }
 
-/* 1 if NCCL runs a batch of this kind (whether this set uses NCCL aside). */
-static int runs(const hvl_batch_kind *k)
+/* 1 if NCCL runs a batch of this kind over `nranks` (whether this set uses NCCL aside). */
+static int runs(const hvl_batch_kind *k, int nranks)
 {
     if (k->memory != HVL_MEMORY_CUDA) return 0;
     switch (k->op) {
-    case HVL_ALLREDUCE: return reduction_ok(k);
-    case HVL_REDUCESCATTER: return k->even_rows && reduction_ok(k);
+    case HVL_ALLREDUCE: return reduction_ok(k, nranks);
+    case HVL_REDUCESCATTER: return k->even_rows && reduction_ok(k, nranks);
     case HVL_BROADCAST: case HVL_ALLGATHER: case HVL_ALLTOALL: return 1;
     default: return 0;
     }
@@ -444,7 +462,7 @@ static int exchange(hvl_engine *e, hvl_pset *ps, const member_info *me, member_i
 static int prepare(hvl_engine *e, hvl_pset *ps, void *state, const hvl_batch_kind *k, int device)
 {
     nccl_set *s = state;
-    if (s->mode != UNDECIDED || !runs(k)) return HVL_OK;   /* not a batch NCCL runs: no NCCL yet */
+    if (s->mode != UNDECIDED || !runs(k, ps->size)) return HVL_OK;   /* not a batch NCCL runs: no NCCL yet */
     if (e->params.nccl_disable) {           /* agreed from rank 0: alike on every member */
         stay_staged(ps, s, "HVLITE_NCCL_DISABLE=1");
         return HVL_OK;
@@ -484,8 +502,8 @@ static int prepare(hvl_engine *e, hvl_pset *ps, void *state, const hvl_batch_kin
 static int can_run(const hvl_engine *e, const hvl_pset *ps, const void *state, const hvl_batch_kind *k)
 {
     const nccl_set *s = state;
-    (void)e; (void)ps;
-    return s->mode == USE_NCCL && s->comm && runs(k) && (s->pools || !sized_by_engine(k->op));
+    (void)e;
+    return s->mode == USE_NCCL && s->comm && runs(k, ps->size) && (s->pools || !sized_by_engine(k->op));
 }
 
 /* ---- running ---- */

@@ -10,8 +10,9 @@
  * so the members agree on the stage-in (hvl__agree) and fail the batch alike (this rank keeps its
  * own error's status and message). The copy back runs after the collective; a failure there is
  * this rank's alone (fatal to its engine).
- * Owns the pinned staging buffer (e->stage_buf). It is only freed or reused when no copy can
- * still touch it: every batch waits for its copies, and after an error with copies queued the
+ * Owns the pinned staging buffer (e->stage_buf), and those it outgrew (e->stage_retired, freed
+ * at the end). It is only freed or reused when no copy can still touch it: every batch waits
+ * for its copies, and after an error with copies queued the
  * copies are waited for (bounded); when that wait gives up too (a kernel before them hangs), the
  * buffer is abandoned to them (never freed: a leak rather than memory written after its free).
  * Entries whose buffers are host memory (a joined rank's stand-ins) are left as they are.
@@ -64,13 +65,19 @@ static void abandon(hvl_engine *e)
 }
 
 /* Room in the pinned buffer: grown (never shrunk) to the next power of 2 from STAGE_MIN. The old
- * buffer is idle (see the file note). `dev`: a device whose context makes the allocation. */
+ * buffer is idle (see the file note) but not freed until hvl__stage_free: freeing page-locked
+ * memory waits for the whole device, the framework's streams included, with no bound (and a
+ * kernel there may wait on a peer that waits on this rank). Retired buffers add up to less than
+ * the current one. `dev`: a device whose context makes the allocation. */
 static int reserve(hvl_engine *e, int dev, int64_t need)
 {
     if (need <= e->stage_cap) return HVL_OK;
     int64_t cap = e->stage_cap > STAGE_MIN ? e->stage_cap : STAGE_MIN;
     while (cap < need) cap *= 2;
-    hvl__cuda_host_free(e->stage_buf);
+    if (e->stage_buf) {
+        *(void **)e->stage_buf = e->stage_retired;
+        e->stage_retired = e->stage_buf;
+    }
     e->stage_buf = NULL;
     e->stage_cap = 0;
     void *buf;
@@ -144,8 +151,8 @@ static int copy_in(hvl_engine *e, hvl_batch *b, hvl_stage *st)
         int64_t in_bytes = hvl__desc_bytes(&en->d), out_bytes = separate_output_bytes(b, en);
         int sends = b->op != HVL_BROADCAST || e->rank == b->root_rank;   /* others only receive */
         st->saved[i] = (hvl_stage_saved){en->input, en->output, 1};
-        st->devices |= 1ull << en->device;
         if (en->ready_event) HVL_CHECK_GOTO(hvl__cuda_wait_event(en->device, en->ready_event), rc, failed);
+        st->devices |= 1ull << en->device;      /* its stream is usable: wait for it from here on */
         if (sends && in_bytes > 0)
             HVL_CHECK_GOTO(hvl__cuda_copy_to_host(en->device, at, en->input, in_bytes), rc, failed);
         en->input = at;
@@ -204,6 +211,11 @@ void hvl__stage_free(hvl_engine *e)
     hvl__cuda_host_free(e->stage_buf);     /* idle, or already abandoned (NULL) */
     e->stage_buf = NULL;
     e->stage_cap = 0;
+    while (e->stage_retired) {
+        void *next = *(void **)e->stage_retired;
+        hvl__cuda_host_free(e->stage_retired);
+        e->stage_retired = next;
+    }
     hvl__cuda_release();
 }
 

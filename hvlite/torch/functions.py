@@ -52,10 +52,10 @@ class _TensorSpec:
     def __init__(self, tensor):
         self.shape, self.dtype, self.cuda = tuple(tensor.shape), tensor.dtype, tensor.is_cuda
 
-    def empty(self):
-        """A tensor to receive it: on this rank's current CUDA device when the root's is on
-        one (every rank's buffers must be in the same kind of memory)."""
-        return torch.empty(self.shape, dtype=self.dtype, device="cuda" if self.cuda else "cpu")
+    def empty(self, cuda_device):
+        """A tensor to receive it: on ``cuda_device`` when the root's is on a GPU (every rank's
+        buffers must be in the same kind of memory, and on NCCL on this rank's GPU)."""
+        return torch.empty(self.shape, dtype=self.dtype, device=cuda_device if self.cuda else "cpu")
 
 
 def _split(obj, tensors):
@@ -70,17 +70,27 @@ def _split(obj, tensors):
     return obj
 
 
-def _fill(obj, tensors):
+def _fill(obj, tensors, cuda_device):
     """The inverse walk: _TensorSpec -> a new tensor (appended to ``tensors``)."""
     if isinstance(obj, _TensorSpec):
-        t = obj.empty()
+        t = obj.empty(cuda_device)
         tensors.append(t)
         return t
     if isinstance(obj, dict):
-        return {k: _fill(v, tensors) for k, v in obj.items()}
+        return {k: _fill(v, tensors, cuda_device) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_fill(v, tensors) for v in obj)
+        return type(obj)(_fill(v, tensors, cuda_device) for v in obj)
     return obj
+
+
+def _cuda_device(optimizer):
+    """This rank's GPU for received state: its parameters' (a script may place them with
+    ``.cuda(local_rank)`` and never call ``set_device``), else the current device."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.is_cuda:
+                return p.device
+    return torch.device("cuda")
 
 
 def _initialize_state(optimizer, model):
@@ -123,7 +133,7 @@ def broadcast_optimizer_state(optimizer, root_rank=0, model=None, process_set=No
                                  process_set)
     if rank() != root_rank:
         tensors = []
-        state = _fill(structure, tensors)
+        state = _fill(structure, tensors, _cuda_device(optimizer))
     wait_all([broadcast_async_(t, root_rank, "broadcast_optimizer_state.%d" % i, process_set)
               for i, t in enumerate(tensors)])
     if rank() != root_rank:

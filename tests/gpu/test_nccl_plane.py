@@ -69,6 +69,18 @@ def test_scaled_average_folds_into_nccl(dtype):
     check_plane(before, 1)
 
 
+def test_a_float16_multiplier_below_its_normal_range_is_staged_and_right():
+    """5e-3 * 5e-3 / size is below float16's normal range (2^-14), where NCCL would multiply
+    (held with at most 2-3 digits): that batch is staged, scaled on the host, and within float16's
+    rounding of the reference (the inputs, 1000-3000, keep the result normal)."""
+    xs = [value(r, 512, torch.float16).double().numpy() * 1000 for r in range(SIZE)]
+    before = nccl_ran()
+    got = hvd.allreduce(value(RANK, 512, torch.float16).to(CUDA) * 1000, op=hvd.Average,
+                        prescale_factor=5e-3, postscale_factor=5e-3, name="tiny.f16")
+    np.testing.assert_allclose(got.double().cpu().numpy(), np.mean(xs, 0) * 2.5e-5, rtol=2e-3)
+    check_plane(before, 0)
+
+
 def test_fused_grouped_allreduce_in_place():
     tensors = [value(RANK, 100 + i, torch.float32).to(CUDA) for i in range(8)]
     expected = [sum(value(r, 100 + i, torch.float32).numpy() for r in range(SIZE)) for i in range(8)]

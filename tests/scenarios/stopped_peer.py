@@ -58,7 +58,11 @@ try:
     print("rank", rank, "UNEXPECTED: completed", flush=True)
 except (hvd.HvliteTimeoutError, hvd.HvliteShutdownError) as e:
     kind = "timeout" if isinstance(e, hvd.HvliteTimeoutError) else "shut down"
+    from hvlite import handles
+    # the collective was given up on mid-way: its buffer is kept, never let go
+    kept = len(handles._stranded)
     sys.stdout.write("rank %d %s after %.1f s: %s\n" % (rank, kind, time.monotonic() - start, e))
+    sys.stdout.write("rank %d keeps the buffers of %d failed request(s)\n" % (rank, kept))
     sys.stdout.flush()
     time.sleep(1.0 if kind == "shut down" else 0)    # shutdown() prints when it returned
     os.kill(pids[1], signal.SIGCONT)

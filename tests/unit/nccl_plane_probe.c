@@ -24,15 +24,16 @@ int probe_verdict(int n, const int *ranks, const char *const *hosts, const char 
     return verdict(&ps, all, why, (size_t)len);
 }
 
-/* can_run() of a set that chose NCCL (mode 1) or not (0), its members' GPUs with memory pools
- * (pools 1) or not. */
+/* can_run() of a set of `nranks` that chose NCCL (mode 1) or not (0), its members' GPUs with
+ * memory pools (pools 1) or not. */
 int probe_can_run(int nccl_chosen, int pools, int op, int reduce_op, int dtype, int memory, double prescale,
-                  double postscale, int even_rows)
+                  double postscale, int even_rows, int nranks)
 {
     nccl_set s = {.mode = nccl_chosen ? USE_NCCL : STAGED, .pools = pools,
                   .comm = nccl_chosen ? (ncclComm_t)&s : NULL};
     hvl_batch_kind k = {op, reduce_op, dtype, memory, 4096, prescale, postscale, even_rows};
-    return can_run(NULL, NULL, &s, &k);
+    hvl_pset ps = {.size = nranks};
+    return can_run(NULL, &ps, &s, &k);
 }
 
 void probe_host_key(char *out, int len) { host_key(out, (size_t)len); }

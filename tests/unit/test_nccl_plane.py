@@ -115,11 +115,12 @@ def test_nccl_hostid_is_the_host(probe, monkeypatch):
     assert key.value.decode().startswith(os.uname().nodename + ":")
 
 
-def can_run(probe, op, dtype, reduce_op=None, pre=1.0, post=1.0, even=1, memory=None, chosen=1, pools=1):
+def can_run(probe, op, dtype, reduce_op=None, pre=1.0, post=1.0, even=1, memory=None, chosen=1, pools=1,
+            nranks=2):
     reduce_op = lib.HVL_SUM if reduce_op is None else reduce_op
     memory = lib.HVL_MEMORY_CUDA if memory is None else memory
     return probe.probe_can_run(chosen, pools, op, reduce_op, dtype, memory, ctypes.c_double(pre),
-                               ctypes.c_double(post), even)
+                               ctypes.c_double(post), even, nranks)
 
 
 def test_which_batches_run_on_nccl(probe):
@@ -138,6 +139,19 @@ def test_which_batches_run_on_nccl(probe):
     assert not can_run(probe, all_reduce, f32, lib.HVL_PRODUCT, post=2.0)
     assert not can_run(probe, all_reduce, lib.HVL_INT32, lib.HVL_SUM, pre=2.0)
     assert not can_run(probe, all_reduce, f32, lib.HVL_ADASUM)
+    # ... and only where the tensors' type holds that multiplier (NCCL multiplies in it): float16
+    # between 2^-14 and 65504, so 1e-3 * 1e-3 / 3 ranks (subnormal: 7% off) is staged
+    f16, bf16 = lib.HVL_FLOAT16, lib.HVL_BFLOAT16
+    assert not can_run(probe, all_reduce, f16, lib.HVL_AVERAGE, pre=1e-3, post=1e-3, nranks=3)
+    assert can_run(probe, all_reduce, f16, lib.HVL_AVERAGE, pre=0.1, post=0.1, nranks=3)
+    assert can_run(probe, all_reduce, f16, lib.HVL_SUM, pre=1e-4)
+    assert not can_run(probe, all_reduce, f16, lib.HVL_SUM, pre=1e-5)
+    assert not can_run(probe, all_reduce, f16, lib.HVL_SUM, pre=300.0, post=300.0)
+    assert can_run(probe, all_reduce, f16, lib.HVL_AVERAGE, pre=2.0, post=0.5, nranks=4096)  # ncclAvg
+    assert can_run(probe, all_reduce, bf16, lib.HVL_SUM, pre=1e-3, post=1e-3)
+    assert can_run(probe, all_reduce, f32, lib.HVL_AVERAGE, pre=1e-20, post=1e-15, nranks=3)
+    assert not can_run(probe, all_reduce, f32, lib.HVL_SUM, pre=1e-30, post=1e-30)
+    assert can_run(probe, all_reduce, lib.HVL_FLOAT64, lib.HVL_SUM, pre=1e-30, post=1e-30)
     assert can_run(probe, lib.HVL_REDUCESCATTER, f32, lib.HVL_SUM, even=1)
     assert not can_run(probe, lib.HVL_REDUCESCATTER, f32, lib.HVL_SUM, even=0)
     # results the engine sizes are allocated on the GPU, stream-ordered: bytes, any dtype, but
