@@ -9,8 +9,8 @@ Contract:
   earlier request has not been waited on yet). ``hvlite.collectives`` builds the collectives on
   it.
 - A request's name stays taken until its handle is waited on (``synchronize``), even after the
-  request completed, as in Horovod: submitting the name again before that raises, whatever the
-  timing. ``wait`` (also when it raises) releases the handle and frees the name; a handle that
+  request completed: submitting the name again before that raises, whatever the timing (Horovod
+  frees it when the request starts running, which depends on the other ranks). ``wait`` (also when it raises) releases the handle and frees the name; a handle that
   is dropped without a wait keeps its name (and its buffers) for the life of the process. After an
   error the engine met once data could move (a timeout, a lost peer, a GPU or MPI failure), a
   copy or collective it gave up on may still touch the buffers, so ``keep`` is never let go (a
