@@ -248,6 +248,7 @@ typedef struct {
     int device;                 /* this rank's GPU for the set (USE_NCCL) */
     ncclComm_t comm;
     void *zeros, *scratch;      /* a joined rank's stand-ins on the device (grown, never shrunk) */
+    int abort_stuck;            /* an ncclCommAbort of this set did not return: never free them */
     int64_t zeros_cap, scratch_cap;
 } nccl_set;
 
@@ -390,12 +391,14 @@ static void *abort_helper(void *arg)
 
 /* Aborted, never destroyed, clean stop or not: ncclCommDestroy finalizes with the peers, and
  * every batch has finished (nothing to flush). Waited for up to the peer timeout (30 s when that
- * is off); an abort still stuck then is left to its thread, and the communicator leaks. */
+ * is off); an abort still stuck then is left to its thread, and the communicator leaks.
+ * An abort left running marks the set (s->abort_stuck): NCCL may still use its device memory. */
 static void drop_comm(nccl_set *s)
 {
     if (!s->comm) return;
     abort_call *a = calloc(1, sizeof(*a));
     pthread_t thread;
+    s->abort_stuck = 1;                     /* until the abort is seen to return */
     if (!a) return;                         /* out of memory: the communicator leaks */
     *a = (abort_call){s->comm, s->device, 2, 0};
     s->comm = NULL;
@@ -408,7 +411,9 @@ static void drop_comm(nccl_set *s)
     double start = hvl__now(), nap_s = 1e-4;
     while (!__atomic_load_n(&a->done, __ATOMIC_ACQUIRE) && hvl__now() - start < limit)
         hvl__nap(&nap_s, 1e-3);
-    if (!__atomic_load_n(&a->done, __ATOMIC_ACQUIRE))
+    if (__atomic_load_n(&a->done, __ATOMIC_ACQUIRE))
+        s->abort_stuck = 0;
+    else
         hvl__log(HVL_LOG_WARNING, "ncclCommAbort did not return in %.0f s (a peer on this host is "
                  "stopped?): its communicator is left behind", limit);
     abort_release(a);
@@ -429,8 +434,10 @@ static void close_set(void *state, int clean)
     nccl_set *s = state;
     (void)clean;
     drop_comm(s);
-    hvl__cuda_device_free(s->device, s->zeros);
-    hvl__cuda_device_free(s->device, s->scratch);
+    if (!s->abort_stuck) {                  /* else a stuck abort may still use them: they leak */
+        hvl__cuda_device_free(s->device, s->zeros);
+        hvl__cuda_device_free(s->device, s->scratch);
+    }
     free(s);
 }
 
