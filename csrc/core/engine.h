@@ -125,6 +125,7 @@ struct hvl_engine {
     char *stage_buf;            /* page-locked host copies of staged CUDA tensors (stage.c) */
     int64_t stage_cap;
     void *stage_retired;        /* outgrown staging buffers, a list through their first bytes */
+    int stage_stuck;            /* a staged copy never finished: stage nothing more (stage.c) */
 
     hvl_counters counters;      /* written by bg with relaxed atomics, read by anyone */
     struct { int64_t collectives, bytes; } plane_counts[HVL_MAX_BACKENDS];   /* the same; by registry slot */

@@ -53,9 +53,12 @@ static int64_t result_bytes(const hvl_engine *e, const hvl_batch *b, const hvl_e
     }
 }
 
-/* Gives the pinned buffer up to copies that may still be queued on it: never freed or reused. */
+/* Gives the pinned buffer up to copies that may still be queued on it: never freed or reused.
+ * The stream is stuck behind them, so later batches are refused at once (not each after its own
+ * timeout, leaking a buffer each). */
 static void abandon(hvl_engine *e)
 {
+    e->stage_stuck = 1;
     if (e->stage_buf)
         hvl__log_once("stage abandoned", HVL_LOG_WARNING, "a GPU copy of the staged path did not "
                       "finish; its page-locked buffer (%lld bytes) is left to it, not freed",
@@ -143,6 +146,10 @@ static int copy_in(hvl_engine *e, hvl_batch *b, hvl_stage *st)
         if (first < 0) first = en->device;
     }
     if (need == 0) return HVL_OK;
+    if (e->stage_stuck)
+        return hvl__fail(HVL_ERR_CUDA, "tensor '%s': CUDA tensors cannot be staged through host memory on "
+                         "this rank any more: an earlier copy on hvlite's GPU stream never finished (a kernel "
+                         "before it on the framework's stream hangs?)", b->entries[0]->d.name);
     HVL_CHECK(reserve(e, first, need));
     char *at = e->stage_buf;
     for (int i = 0; i < b->count; i++) {
