@@ -5,7 +5,7 @@ Contract:
                                   [--per-test [--jobs K]] [--only TEST ...] [--timeout SECONDS]
     TEST_TORCH_PY is Horovod's file, read from outside this tree (``fetch github:horovod/horovod``;
     on the GPU machine, a git-ignored copy carried along). Nothing of it is kept in the project:
-    the runnable copy is written under DIR (default ``$OUT``, else ``horovod-suite/``) with two
+    the runnable copy is written under DIR (default ``horovod-suite/``, git-ignored) with two
     edits, the import (``horovod.torch`` -> ``hvlite.torch``) and the path of the three helpers it
     takes from Horovod's test utils, which this script writes as our own stand-ins. With
     ``--one-gpu`` every rank's CUDA device is 0 (``.cuda(hvd.local_rank())``, ``.cuda(local_rank)``
@@ -113,7 +113,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("test_file")
     ap.add_argument("--np", type=int, default=2)
-    ap.add_argument("--out", default=os.environ.get("OUT") or "horovod-suite")
+    ap.add_argument("--out", default="horovod-suite", help="work folder (many files: not $OUT)")
     ap.add_argument("--one-gpu", action="store_true", help="every rank on CUDA device 0")
     ap.add_argument("--per-test", action="store_true", help="one job per test")
     ap.add_argument("--jobs", type=int, default=1, help="per-test jobs at a time")
