@@ -13,7 +13,7 @@ out=${2:-${OUT:-gpu-check}}
 mkdir -p "$out"
 summary="$out/summary.txt"
 touch "$summary"
-export HVLITE_SPMD=1 NCCL_SOCKET_IFNAME=lo
+export HVLITE_SPMD=1 NCCL_SOCKET_IFNAME=lo NCCL_DEBUG=${NCCL_DEBUG:-WARN}   # NCCL says why it fails
 step() {        # step NAME SECONDS COMMAND...
     local name=$1 limit=$2 start=$SECONDS
     shift 2
