@@ -489,9 +489,10 @@ static int prepare(hvl_engine *e, hvl_pset *ps, void *state, const hvl_batch_kin
     int everywhere = 0, local = create_comm(e, ps, s);
     if (local != HVL_OK) drop_comm(s);
     /* A member whose set-up failed at once gets here while the others still wait in NCCL's
-     * bootstrap for it, up to the peer timeout: twice that lets every member agree. */
+     * bootstrap for it, up to the peer timeout, and then up to that again for their abort
+     * (drop_comm): three times it lets every member agree. */
     hvl_bound agreement = hvl__peer_bound(e);
-    agreement.timeout_s *= 2;
+    agreement.timeout_s *= 3;
     rc = hvl__agree(ps->comm, local, "the NCCL communicator", &everywhere, agreement);
     if (rc == HVL_OK) {
         s->mode = USE_NCCL;

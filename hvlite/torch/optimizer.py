@@ -19,6 +19,7 @@ A rank that is not in ``process_set`` does what Horovod's does: it registers no 
 no part, and its ``step()`` applies its own local gradients.
 """
 import contextlib
+import threading
 
 import torch
 
@@ -30,6 +31,10 @@ from .adasum_optimizer import adasum_optimizer
 from .compression import Compression
 from .ops import Adasum, Average, Sum, allreduce_async_, sparse_allreduce_async
 from .parameter_names import parameter_names
+
+# Autograd runs a model's CPU and CUDA gradients on different threads at once: the hooks' shared
+# state (bucket, handles) is changed under this lock (module-wide: an optimizer stays copyable)
+_HOOKS = threading.RLock()
 
 __all__ = ["DistributedOptimizer"]
 
@@ -95,6 +100,10 @@ class _DistributedOptimizer:
     # ---- during backward ----
 
     def _on_gradient(self, p):
+        with _HOOKS:
+            self._on_gradient_locked(p)
+
+    def _on_gradient_locked(self, p):
         if p in self._handles or self._delay[p] <= 0:
             raise RuntimeError("gradient of '%s' computed more than backward_passes_per_step=%d "
                                "times before step()/synchronize()"
