@@ -6,13 +6,14 @@
 # ../shared/tools/gpu-prep (its .whl/ carried along):
 #     source .whl/setup.sh && tools/gpu_check.sh 1 [OUTDIR]      (then 2, if time is left)
 # Each step's output goes to OUTDIR/NN-name.log (default: $OUT, else gpu-check/); a summary line
-# per step goes to OUTDIR/summary.txt. A step that fails does not stop the next.
+# per step goes to OUTDIR/summary-PART.txt. A step that fails does not stop the next.
 set -u
 part=${1:-1}
+case $part in 1|2) ;; *) echo "usage: tools/gpu_check.sh 1|2 [OUTDIR]" >&2; exit 2 ;; esac
 out=${2:-${OUT:-gpu-check}}
 mkdir -p "$out"
-summary="$out/summary.txt"
-touch "$summary"
+summary="$out/summary-$part.txt"
+: > "$summary"
 export HVLITE_SPMD=1 NCCL_SOCKET_IFNAME=lo NCCL_DEBUG=${NCCL_DEBUG:-WARN}   # NCCL says why it fails
 step() {        # step NAME SECONDS COMMAND...
     local name=$1 limit=$2 start=$SECONDS
@@ -37,5 +38,4 @@ case $part in
     step 07-bench-nccl-2 105 hvlrun -np 2 python3 bench/gpu_nccl.py --hostid-per-rank --iters 5
     step 08-bench-staged-2 105 hvlrun -np 2 python3 bench/gpu_allreduce.py --iters 5
     ;;
-*)  echo "usage: tools/gpu_check.sh 1|2 [OUTDIR]" >&2; exit 2 ;;
 esac

@@ -16,7 +16,7 @@ Contract:
     names in flight), each under a hard timeout. ``--only`` runs the named tests alone.
     Prints, and writes to DIR/summary.txt, the counts (a test passes when it passed on every rank,
     fails when it failed on any, is "not run" when the job ended before reporting it) and the
-    names of the tests that did not pass. Exit status 0 when the run completed, whatever the
+    names of the tests that failed or did not run (skipped ones are counted only). Exit status 0 when the run completed, whatever the
     counts; 1 when no result could be read.
 """
 import argparse

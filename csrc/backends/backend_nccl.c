@@ -19,14 +19,15 @@
  *   yet (it joined before its first CUDA tensor) leaves the set undecided until the next batch.
  * - Communicator: a unique id from the set's first member, broadcast over MPI (bounded), then a
  *   nonblocking ncclCommInitRankConfig polled under the peer bound; the members agree on the
- *   outcome (bounded by twice the peer timeout, as a member that failed at once waits for the
- *   others' bootstrap to give up), and a failure anywhere leaves the set staged everywhere.
+ *   outcome (bounded by three times the peer timeout, as a member that failed at once waits for
+ *   the others' bootstrap to give up and then their abort), and a failure anywhere leaves the set staged everywhere.
  *   Aborted, on a helper thread waited for with a bound (drop_comm), when the set is removed,
  *   the engine stops or a collective fails.
  * - Running (run_device): on the engine's stream of the device, after each input's ready event;
  *   a fused batch is one NCCL group of per-tensor calls (no fusion buffer, no copies). Scale
  *   factors fold into ncclAvg or ncclRedOpCreatePreMulSum where the op is linear (Sum, Average
- *   on floating types); Min, Max, Product and scaled integer reductions stay staged (there is no
+ *   on floating types) and the type holds the folded factor (factor_fits); Min, Max, Product,
+ *   scaled integer reductions and out-of-range factors stay staged (there is no
  *   kernel of ours on the GPU to scale with). Allgather and alltoall fill results the engine
  *   allocated on the GPU (stream-ordered, so only where every member's GPU has memory pools):
  *   allgather is ncclAllGather where every member gives as many rows, else one ncclBroadcast per

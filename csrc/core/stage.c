@@ -77,14 +77,12 @@ static int reserve(hvl_engine *e, int dev, int64_t need)
     if (need <= e->stage_cap) return HVL_OK;
     int64_t cap = e->stage_cap > STAGE_MIN ? e->stage_cap : STAGE_MIN;
     while (cap < need) cap *= 2;
+    void *buf;
+    HVL_CHECK(hvl__cuda_host_alloc(dev, &buf, cap));   /* failed: the current one serves on */
     if (e->stage_buf) {
         *(void **)e->stage_buf = e->stage_retired;
         e->stage_retired = e->stage_buf;
     }
-    e->stage_buf = NULL;
-    e->stage_cap = 0;
-    void *buf;
-    HVL_CHECK(hvl__cuda_host_alloc(dev, &buf, cap));
     e->stage_buf = buf;
     e->stage_cap = cap;
     return HVL_OK;
@@ -218,7 +216,7 @@ void hvl__stage_free(hvl_engine *e)
     hvl__cuda_host_free(e->stage_buf);     /* idle, or already abandoned (NULL) */
     e->stage_buf = NULL;
     e->stage_cap = 0;
-    while (e->stage_retired) {
+    while (e->stage_retired && !e->stage_stuck) {   /* stuck: a free would wait on the hung GPU */
         void *next = *(void **)e->stage_retired;
         hvl__cuda_host_free(e->stage_retired);
         e->stage_retired = next;
