@@ -10,8 +10,12 @@ Contract:
   it.
 - A request's name stays taken until its handle is waited on (``synchronize``), even after the
   request completed: submitting the name again before that raises, whatever the timing (Horovod
-  frees it when the request starts running, which depends on the other ranks). ``wait`` (also when it raises) releases the handle and frees the name; a handle that
-  is dropped without a wait keeps its name (and its buffers) for the life of the process. After an
+  frees it when the request starts running, which depends on the other ranks). ``wait`` (also
+  when it raises) releases the handle and frees the name. A handle dropped without a wait
+  (Horovod's fire-and-forget ``*_async`` calls) still runs; once its request is done, the next
+  wait on any handle (a ``synchronize``, a blocking collective, ``barrier``) releases it, which
+  frees its name and buffers. Not a submission: a name submitted twice in a row still fails the
+  second time, whatever the timing, as Horovod's duplicate-name tests expect. After an
   error the engine met once data could move (a timeout, a lost peer, a GPU or MPI failure), a
   copy or collective it gave up on may still touch the buffers, so ``keep`` is never let go (a
   leak rather than memory reused while a GPU or MPI writes into it).
@@ -30,6 +34,7 @@ Contract:
   and process set; the members of a set call its collectives in the same order, so the counters
   agree (a rank's calls on sets others are not in do not shift the others' names).
 """
+import collections
 import itertools
 
 import numpy as np
@@ -48,6 +53,36 @@ _keep_alive = {}
 _stranded = []
 _DECIDED_BEFORE_DATA = (lib.HVL_ERR_INVALID_ARG, lib.HVL_ERR_MISMATCH, lib.HVL_ERR_DEADLOCK,
                         lib.HVL_ERR_UNSUPPORTED, lib.HVL_ERR_NOT_INITIALIZED)
+# Ids of handles dropped before their wait (appended by any thread's garbage collection: a
+# deque's append and popleft are atomic, so no lock that a collection could re-enter); released
+# after waits, once done (see the contract)
+_orphans = collections.deque()
+
+
+def _let_go(hid, rc):
+    """After handle ``hid`` finished with status ``rc`` and was released: its buffers."""
+    keep = _keep_alive.pop(hid, None)
+    if rc != lib.HVL_OK and rc not in _DECIDED_BEFORE_DATA:
+        _stranded.append(keep)
+
+
+def _release_finished_orphans():
+    """Release the dropped handles whose requests are done (their names become free)."""
+    done = ffi.new("int *")
+    for _ in range(len(_orphans)):
+        try:
+            hid = _orphans.popleft()
+        except IndexError:          # another thread took the rest
+            return
+        if lib.hvl_poll(hid, done) != lib.HVL_OK:   # a stopped engine's: nothing runs it now
+            _keep_alive.pop(hid, None)
+            continue
+        if not done[0]:
+            _orphans.append(hid)
+            continue
+        rc = lib.hvl_wait(hid, 0.0)                 # done: its final status, at once
+        lib.hvl_release(hid)
+        _let_go(hid, rc)
 
 
 def reset_auto_names():
@@ -104,10 +139,17 @@ class Handle:
         finally:
             lib.hvl_release(self._id)
             self._done = True
-            keep = _keep_alive.pop(self._id, None)
-            if rc != lib.HVL_OK and rc not in _DECIDED_BEFORE_DATA:
-                _stranded.append(keep)
+            _let_go(self._id, rc)
+            if _orphans:
+                _release_finished_orphans()
         return self._result
+
+    def __del__(self):
+        if not self._done:
+            try:
+                _orphans.append(self._id)
+            except Exception:    # noqa: BLE001 - interpreter shutdown: nothing to release into
+                pass
 
     def __repr__(self):
         return "<hvlite.Handle %s%s>" % (self.name, " done" if self._done else "")

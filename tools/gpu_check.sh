@@ -2,14 +2,15 @@
 # The GPU checks that matter most, in order, each under its own time limit, for a GPU machine
 # lent for minutes (the full suite, `make test-gpu`, takes far longer). Two parts, each within
 # one device call (600 s at most, setup included): part 1 is correctness on both GPU paths,
-# part 2 the failure bounds and the benchmarks. Run from the checkout's root after
+# part 2 the failure bounds and the benchmarks, part 3 Horovod's own test_torch.py on both paths
+# (HOROVOD_TEST_TORCH=its path; carry it as a git-ignored file). Run from the checkout's root after
 # ../shared/tools/gpu-prep (its .whl/ carried along):
 #     source .whl/setup.sh && tools/gpu_check.sh 1 [OUTDIR]      (then 2, if time is left)
 # Each step's output goes to OUTDIR/NN-name.log (default: $OUT, else gpu-check/); a summary line
 # per step goes to OUTDIR/summary-PART.txt. A step that fails does not stop the next.
 set -u
 part=${1:-1}
-case $part in 1|2) ;; *) echo "usage: tools/gpu_check.sh 1|2 [OUTDIR]" >&2; exit 2 ;; esac
+case $part in 1|2|3) ;; *) echo "usage: tools/gpu_check.sh 1|2|3 [OUTDIR]" >&2; exit 2 ;; esac
 out=${2:-${OUT:-gpu-check}}
 mkdir -p "$out"
 summary="$out/summary-$part.txt"
@@ -37,5 +38,10 @@ case $part in
     step 06-lost-rank 210 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "lost_inside or killed_rank"
     step 07-bench-nccl-2 105 hvlrun -np 2 python3 bench/gpu_nccl.py --hostid-per-rank --iters 5
     step 08-bench-staged-2 105 hvlrun -np 2 python3 bench/gpu_allreduce.py --iters 5
+    ;;
+3)  # limits: 300 s in all; the work folders stay out of $OUT (hundreds of files)
+    suite="python3 tools/horovod_suite.py ${HOROVOD_TEST_TORCH:?set HOROVOD_TEST_TORCH} --one-gpu --timeout 140"
+    step 09-horovod-staged-2 150 $suite --out /tmp/horovod-staged
+    step 10-horovod-nccl-2 150 $suite --hostid-per-rank --out /tmp/horovod-nccl
     ;;
 esac

@@ -1,7 +1,7 @@
 """Run Horovod's own ``test/parallel/test_torch.py`` against hvlite and count the results.
 
 Contract:
-    python tools/horovod_suite.py TEST_TORCH_PY [--np 2] [--out DIR] [--one-gpu]
+    python tools/horovod_suite.py TEST_TORCH_PY [--np 2] [--out DIR] [--one-gpu] [--hostid-per-rank]
                                   [--per-test [--jobs K]] [--only TEST ...] [--timeout SECONDS]
     TEST_TORCH_PY is Horovod's file, read from outside this tree (``fetch github:horovod/horovod``;
     on the GPU machine, a git-ignored copy carried along). Nothing of it is kept in the project:
@@ -9,15 +9,15 @@ Contract:
     edits, the import (``horovod.torch`` -> ``hvlite.torch``) and the path of the three helpers it
     takes from Horovod's test utils, which this script writes as our own stand-ins. With
     ``--one-gpu`` every rank's CUDA device is 0 (``.cuda(hvd.local_rank())``, ``.cuda(local_rank)``
-    and ``hvd.join(hvd.local_rank())``), for ranks sharing one GPU.
+    and ``hvd.join(hvd.local_rank())``), for ranks sharing one GPU; ``--hostid-per-rank`` also
+    gives each rank its own ``NCCL_HOSTID`` (NCCL then runs them over sockets on loopback).
     Runs the file as one ``hvlrun -np N`` job (or, with ``--per-test``, one job per test, K jobs
-    at a time, slower but immune to a test that spoils the ones after it: a whole-file run of
-    hvlite cascades after the duplicate-name tests, whose never-synchronized handles keep their
-    names in flight), each under a hard timeout. ``--only`` runs the named tests alone.
+    at a time, slower but immune to a test that spoils the ones after it), each under a hard
+    timeout. ``--only`` runs the named tests alone.
     Prints, and writes to DIR/summary.txt, the counts (a test passes when it passed on every rank,
     fails when it failed on any, is "not run" when the job ended before reporting it) and the
-    names of the tests that failed or did not run (skipped ones are counted only). Exit status 0 when the run completed, whatever the
-    counts; 1 when no result could be read.
+    names of the tests that failed or did not run (skipped ones are counted only). Exit status 0
+    when the run completed, whatever the counts; 1 when no result could be read.
 """
 import argparse
 import concurrent.futures
@@ -55,6 +55,11 @@ def temppath():
     finally:
         if os.path.exists(path):
             os.remove(path)
+
+
+if os.environ.get("HVLITE_SUITE_NCCL_HOSTID") == "per-rank":   # ranks sharing a GPU, on NCCL
+    os.environ["NCCL_HOSTID"] = "hvlite-suite-rank-%d" % mpi_env_rank_and_size()[0]
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
 '''
 
 # (pattern, replacement, needed): needed edits must match, or the file is not the one expected
@@ -115,6 +120,7 @@ def main():
     ap.add_argument("--np", type=int, default=2)
     ap.add_argument("--out", default="horovod-suite", help="work folder (many files: not $OUT)")
     ap.add_argument("--one-gpu", action="store_true", help="every rank on CUDA device 0")
+    ap.add_argument("--hostid-per-rank", action="store_true", help="an NCCL_HOSTID per rank")
     ap.add_argument("--per-test", action="store_true", help="one job per test")
     ap.add_argument("--jobs", type=int, default=1, help="per-test jobs at a time")
     ap.add_argument("--only", nargs="+", metavar="TEST", help="run these tests only")
@@ -122,6 +128,8 @@ def main():
                     help="seconds per job (default: 180 per test, 900 for the whole file)")
     args = ap.parse_args()
     work = os.path.abspath(args.out)
+    if args.hostid_per_rank:
+        os.environ["HVLITE_SUITE_NCCL_HOSTID"] = "per-rank"
     tests = prepare(args.test_file, work, args.one_gpu)
     if args.only:
         tests = [name for name in tests if name in args.only]
@@ -143,9 +151,11 @@ def main():
         return 1
     words = [results.get(name, "NOT RUN") for name in tests]
     counts = {w: words.count(w) for w in sorted(set(words))}
-    lines = ["%d tests, %d ranks%s: %s" % (len(tests), args.np, ", one GPU" if args.one_gpu else "",
-                                          ", ".join("%s %d" % kv for kv in counts.items()))]
-    lines += ["%s %s" % (w, name) for name, w in zip(tests, words) if WORST.get(w, 2) > 1]
+    lines = ["%s %s" % (w, name) for name, w in zip(tests, words) if WORST.get(w, 2) > 1]
+    lines.append("%d tests, %d ranks%s%s: %s" % (
+        len(tests), args.np, ", one GPU" if args.one_gpu else "",
+        ", NCCL_HOSTID per rank" if args.hostid_per_rank else "",
+        ", ".join("%s %d" % kv for kv in counts.items())))      # last: the line a log tail shows
     with open(os.path.join(work, "summary.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -107,6 +107,24 @@ def test_name_stays_taken_until_synchronized(submit):
     hvd.synchronize(submit("x"))      # free again: every rank runs it
 
 
+def test_a_dropped_handle_frees_its_name_once_its_request_is_done():
+    """Horovod's fire-and-forget pattern (its *_duplicate_name_error tests never synchronize):
+    a handle dropped while its request is pending keeps the name (a second submission right
+    after it fails, on every rank that makes one); once the request is done, the next wait
+    releases the handle with its name and buffers."""
+    from hvlite import handles
+    x = np.ones(2, np.float32)
+    for turn in (0, 1):                # rank 0 first (pending), then the others (completing)
+        if (RANK == 0) == (turn == 0):
+            hvd.allreduce_async(x, name="dropped", op=hvd.Sum)      # dropped at once
+            with pytest.raises(hvd.HvliteInvalidArgument, match="'dropped' is already in flight"):
+                hvd.allreduce_async(x, name="dropped")
+        hvd.barrier()
+    hvd.barrier()                      # a cycle after the one that ran 'dropped': done everywhere
+    assert (hvd.allreduce(x, name="dropped", op=hvd.Sum) == SIZE).all()
+    assert not handles._orphans and not handles._keep_alive      # nothing else is pending
+
+
 def test_local_argument_errors():
     with pytest.raises(TypeError, match="numpy.ndarray"):
         hvd.allreduce([1, 2, 3])
