@@ -4,9 +4,14 @@ Contract: ``DistributedOptimizer(optimizer, ...)`` returns an optimizer of a sub
 ``type(optimizer)`` sharing its state and param groups. A hook on every parameter notes when
 backward has accumulated its gradient ``backward_passes_per_step`` times; gradients are then
 submitted as asynchronous allreduces in buckets of ``bucket_bytes`` (or one by one, or by
-``groups``), so communication overlaps the rest of backward. ``step()``
-waits for all of them (``synchronize()``), writes the averaged gradients back and runs the
-wrapped step. Every rank must build the same model (checked at construction: a clear
+``groups``), so communication overlaps the rest of backward. Once every parameter's
+gradient is final for the step (the last of ``backward_passes_per_step`` passes), the end of that
+backward pass waits for all of them and writes the averaged gradients into ``p.grad``, as DDP
+does: code between ``backward()`` and ``step()`` (torch's ``GradScaler``, gradient clipping)
+sees the averaged gradients on every rank, so every rank takes the same decisions (a
+``GradScaler`` skips a step on every rank or on none). Where a parameter got no gradient in
+the step, that wait happens at ``step()`` or ``synchronize()`` instead, as in Horovod.
+``step()`` then runs the wrapped step. Every rank must build the same model (checked at construction: a clear
 ``ValueError`` on every rank otherwise) and call backward/step in the same pattern.
 
 Gradient names are ``allreduce.<parameter name>`` (from ``named_parameters``, else the
@@ -69,7 +74,10 @@ class _DistributedOptimizer:
         self._group_ready = {}      # group index -> params ready, waiting for the rest
         self._bucket_bytes = bucket_bytes
         self._bucket, self._bucket_fill = [], 0   # ungrouped params ready, not yet submitted
-        self._synchronized = False
+        self._unready = len(self._params)   # params whose gradient is not final for the step
+        self._end_queued = False    # this backward pass's end calls _end_of_backward
+        self._reduced = False       # p.grad holds this step's averaged gradients
+        self._synchronized = False  # ... and synchronize() was called (for step()'s warning)
         self._should_synchronize = True
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient)
                        for p in self._params] if self._included else []
@@ -104,6 +112,11 @@ class _DistributedOptimizer:
             self._on_gradient_locked(p)
 
     def _on_gradient_locked(self, p):
+        if self._reduced:            # a backward pass after one without step() (a skipped step)
+            self._reduced = self._synchronized = False
+        if not self._end_queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            self._end_queued = True
         if p in self._handles or self._delay[p] <= 0:
             raise RuntimeError("gradient of '%s' computed more than backward_passes_per_step=%d "
                                "times before step()/synchronize()"
@@ -111,6 +124,7 @@ class _DistributedOptimizer:
         self._delay[p] -= 1
         if self._delay[p] > 0:
             return
+        self._unready -= 1
         group = self._groups[p]
         if group is None:
             self._bucket.append(p)
@@ -149,13 +163,26 @@ class _DistributedOptimizer:
                                   postscale_factor=post, process_set=self._process_set)
         return handle, ctx, sent
 
+    def _end_of_backward(self):
+        """Autograd's callback at the end of a backward pass: the averaged gradients are in
+        ``p.grad`` when ``backward()`` returns, once every parameter's is final."""
+        with _HOOKS:
+            self._end_queued = False
+            if self._unready > 0:
+                return
+        self._reduce()
+        self._reduced = True
+
     # ---- at step ----
 
     def synchronize(self):
-        """Wait for every gradient allreduce and write the results into ``p.grad``."""
-        if not self._included:
-            self._synchronized = True
-            return
+        """Wait for every gradient allreduce and write the results into ``p.grad`` (at once
+        where the end of backward already did)."""
+        if self._included and not self._reduced:
+            self._reduce()
+        self._synchronized = True
+
+    def _reduce(self):
         self._flush_bucket()
         with burst():
             for p in self._params:
@@ -179,9 +206,9 @@ class _DistributedOptimizer:
         self._group_ready.clear()
         self._bucket, self._bucket_fill = [], 0
         self._delay = {p: self._passes for p in self._params}
+        self._unready = len(self._params)
         if error is not None:
             raise error
-        self._synchronized = True
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -202,7 +229,7 @@ class _DistributedOptimizer:
                           "second time (same values, time spent again). Wrap step() in `with "
                           "optimizer.skip_synchronize():` (hvlite warns once per process)")
             self.synchronize()
-        self._synchronized = False
+        self._synchronized = self._reduced = False
         return super().step(closure)
 
     def zero_grad(self, set_to_none=True):

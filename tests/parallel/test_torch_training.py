@@ -1,11 +1,13 @@
 """hvlite.torch training semantics, each checked on every rank against one process computing on
 the combined batch: DistributedOptimizer (SGD with momentum, Adam; 1 and 2 backward passes per
-step; fp16 compression; sparse embedding gradients), broadcast_parameters and
+step; fp16 compression; sparse embedding gradients; mixed precision with torch's GradScaler,
+in torch's plain loop and Horovod's synchronize-then-clip one), broadcast_parameters and
 broadcast_optimizer_state (state created or not: created by a zero-gradient step, as in
 Horovod), SyncBatchNorm forward/backward/running stats,
 join with uneven batches, and clear errors for a model that differs across ranks. On the CPU,
 or on CUDA models and tensors with HVLITE_TEST_DEVICE=cuda (torch_device.py).
 SPMD: run by hvlrun."""
+import contextlib
 import copy
 
 import pytest
@@ -91,6 +93,55 @@ def test_synchronize_then_clip_with_skip_synchronize():
         ref_opt.step()
     for p, q in zip(model.parameters(), reference.parameters()):
         assert torch.allclose(p, q, rtol=1e-10, atol=1e-10)
+
+
+AUTOCAST = torch.float16 if DEVICE.type == "cuda" else torch.bfloat16
+
+
+def amp_step(model, opt, scaler, xb, yb, loop, distributed):
+    """One mixed-precision step with torch's GradScaler: `plain` is torch's loop (scaler.step
+    unscales and checks the gradients it finds after backward); `clip` unscales and clips first,
+    after Horovod's synchronize() where distributed."""
+    opt.zero_grad()
+    with torch.autocast(DEVICE.type, dtype=AUTOCAST):
+        loss = torch.nn.functional.mse_loss(model(xb).float(), yb)
+    scaler.scale(loss).backward()
+    if loop == "clip":
+        if distributed:
+            opt.synchronize()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        with opt.skip_synchronize() if distributed else contextlib.nullcontext():
+            scaler.step(opt)
+    else:
+        scaler.step(opt)
+    scaler.update()
+    return scaler.get_scale()
+
+
+@pytest.mark.parametrize("loop,bucket", [("plain", 4 << 20), ("plain", 0), ("clip", 4 << 20), ("clip", 0)])
+def test_grad_scaler_matches_combined_batch_and_skips_together(loop, bucket):
+    """GradScaler finds the averaged gradients when it looks (as after DDP's backward), so every
+    rank skips the same steps: batch 3 has an infinity in rank 0's rows alone, and every rank
+    must skip that step and halve its scale, as one process on the combined batch does."""
+    model, x, y = model_and_data(torch.float32)
+    x[3, 0, 0] = float("inf")                      # row 0 is rank 0's
+    reference = copy.deepcopy(model)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters(), bucket_bytes=bucket)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    # a small first scale: float16 overflows nowhere but at batch 3
+    scaler, ref_scaler = (torch.amp.GradScaler(DEVICE.type, init_scale=1024.0) for _ in range(2))
+    for b in range(8):
+        scale = amp_step(model, opt, scaler, shard(x[b]), shard(y[b]), loop, True)
+        ref_scale = amp_step(reference, ref_opt, ref_scaler, x[b], y[b], loop, False)
+        assert scale == ref_scale, (b, scale, ref_scale)
+        if b == 3:
+            assert scale == 512.0, scale            # halved: the step was skipped
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.isfinite(p).all(), name
+        assert torch.allclose(p, q, rtol=2e-2, atol=2e-2), (name, (p - q).abs().max())
+    assert_same_on_every_rank(model)
 
 
 @pytest.mark.parametrize("sparse_as_dense", [False, True])
