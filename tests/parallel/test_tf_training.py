@@ -1,6 +1,7 @@
 """Training with hvlite.tensorflow on n ranks gives what one process gives on the combined
 batch: DistributedGradientTape in a tf.function loop (dense and IndexedSlices gradients) and
-Keras 3 model.fit with DistributedOptimizer; the callbacks broadcast at start, average the
+Keras 3 model.fit with DistributedOptimizer (also under the mixed_float16 policy, its loss
+scaling skipping the same steps on every rank); the callbacks broadcast at start, average the
 logs and set the warmup/schedule learning rates; load_model re-wraps the optimizer. Every rank
 checks against its own single-process NumPy/TensorFlow reference, and that all ranks agree.
 SPMD: run by hvlrun (tests/test_spmd.py)."""
@@ -205,6 +206,41 @@ def test_load_model_keeps_accumulation_with_the_rule_asked(tmp_path):
         assert hvdk.is_distributed(loaded.optimizer)
         assert loaded.optimizer.gradient_accumulation_steps == 2
         assert loaded.optimizer._hvlite_average_aggregated is average
+
+
+@pytest.mark.parametrize("wrap", ["compile", "inside", "outside"])
+def test_mixed_float16_skips_the_same_steps_everywhere(wrap):
+    """A LossScaleOptimizer skips a step whose gradients are not finite. An infinity in rank 0's
+    rows of batch 1 must make every rank skip that step and halve its scale, as one process on
+    the combined batch does, however the optimizers are nested: `compile` wraps the
+    DistributedOptimizer in a LossScaleOptimizer under the mixed_float16 policy, `inside` does
+    that by hand, `outside` wraps a LossScaleOptimizer in the DistributedOptimizer."""
+    x, y = data(4, LOCAL_BATCH * SIZE * STEPS, 6)
+    x, y = x * 0.1, y * 0.1      # small: no float16 overflow at scale 2^15 but batch 1's infinity
+    x[LOCAL_BATCH * SIZE, 0] = np.inf              # rank 0's shard x[0::SIZE], batch 1, row 0
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model, reference = keras_model(5), keras_model(5)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    sgd, scaler = keras.optimizers.SGD(0.05), keras.optimizers.LossScaleOptimizer
+    optimizer = {"compile": lambda: hvdk.DistributedOptimizer(sgd),
+                 "inside": lambda: scaler(hvdk.DistributedOptimizer(sgd)),
+                 "outside": lambda: hvdk.DistributedOptimizer(scaler(sgd))}[wrap]()
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
+    model.fit(x[RANK::SIZE], y[RANK::SIZE], batch_size=LOCAL_BATCH, epochs=1, shuffle=False, verbose=0)
+    reference.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", jit_compile=False)
+    order = combined_order(x, LOCAL_BATCH)
+    reference.fit(x[order], y[order], batch_size=LOCAL_BATCH * SIZE, epochs=1, shuffle=False, verbose=0)
+
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    scale = float(np.asarray(model.optimizer.dynamic_scale))
+    ref_scale = float(np.asarray(reference.optimizer.dynamic_scale))
+    assert scale == ref_scale == 2.0 ** 14, (scale, ref_scale)   # 2^15 halved once
+    for mine, ref in zip(model.get_weights(), reference.get_weights()):
+        assert np.isfinite(mine).all()
+        np.testing.assert_allclose(mine, ref, rtol=2e-2, atol=2e-2)
+    assert_same_on_every_rank(model.get_weights(), "weights")
 
 
 def test_backward_passes_per_step_refusals():

@@ -10,6 +10,14 @@ Contract:
   variables, loss scaling) is the wrapped optimizer's. An unbuilt optimizer is re-created from
   its config (as Horovod does); an already built one (with state) is converted in place.
 - Every rank must train the same model the same way (same variables, same steps).
+- Mixed precision: a ``LossScaleOptimizer`` skips the steps whose gradients have an infinity or
+  a NaN, and every rank must skip the same ones (the allreduce runs in the steps applied).
+  ``DistributedOptimizer(LossScaleOptimizer(opt))`` allreduces before the check. A
+  ``LossScaleOptimizer`` around a distributed optimizer (what ``model.compile`` makes under
+  the ``mixed_float16`` policy, or ``LossScaleOptimizer(DistributedOptimizer(opt))``) is given,
+  when it builds its inner optimizer, a check agreed over the ranks: the gradients count as
+  finite only where they are on every rank (one int32 allreduce per step), as Keras's own does
+  across the replicas of a ``tf.distribute`` strategy.
 - ``model.compile(jit_compile=True)`` (XLA) cannot run the engine call: ``apply`` then raises
   ``ValueError`` asking for ``jit_compile=False`` (Keras picks XLA by itself only on GPUs).
 - ``backward_passes_per_step=N`` > 1 (Horovod's local gradient aggregation) is Keras 3's own
@@ -23,6 +31,7 @@ Contract:
   average rule: a re-wrapped optimizer (``load_model``, ``wrap_in_place``) averages unless told.
 """
 import operator
+import sys
 
 import keras
 import tensorflow as tf
@@ -32,7 +41,7 @@ from ...process_sets import global_process_set, rank_and_size
 from ..compression import Compression
 from .._bridge import library
 from ..gradient_tape import _key, _local_layer_list, _scale_factors, allreduce_gradients
-from ..ops import Average
+from ..ops import Average, Min, allreduce
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "is_distributed",
            "wrap_in_place"]
@@ -70,6 +79,16 @@ class _DistributedMixin:
         if grads and not self.gradient_accumulation_steps:
             grads = self._hvlite_reduce(grads, trainable_variables)
         return super().apply(grads, trainable_variables)
+
+    def build(self, var_list):
+        # Keras's LossScaleOptimizer.build builds its inner optimizer (at the latest in its
+        # first apply, before its check for infinities): when that is this one, its check is
+        # made to agree over the ranks (see the module docstring)
+        caller = sys._getframe(1).f_locals.get("self")
+        if isinstance(caller, keras.optimizers.LossScaleOptimizer) and caller.inner_optimizer is self:
+            caller.__class__ = _in_front(_FiniteEverywhere, caller.__class__)
+            object.__setattr__(caller, "_hvlite_process_set", self._hvlite_options["process_set"])
+        return super().build(var_list)
 
     def _backend_apply_gradients(self, grads, trainable_variables):
         # With gradient accumulation Keras adds each step's local gradients to its accumulators
@@ -120,13 +139,24 @@ def _reduce_shared(grads, is_local, scale_local, options):
     return out
 
 
-def _distributed_class(cls):
-    if issubclass(cls, _DistributedMixin):
+class _FiniteEverywhere:
+    """Put in front of a LossScaleOptimizer whose inner optimizer is distributed."""
+
+    def check_finite(self, grads):
+        """Finite where the gradients are finite on every rank of the set (else every rank
+        skips the step, and the inner optimizer's allreduce runs on every rank or on none)."""
+        finite = tf.cast(super().check_finite(grads), tf.int32)
+        return tf.equal(allreduce(finite, op=Min, process_set=self._hvlite_process_set), 1)
+
+
+def _in_front(mixin, cls):
+    """``cls`` with ``mixin`` in front: same name and module, so a saved model loads anywhere."""
+    if issubclass(cls, mixin):
         return cls
-    if cls not in _CLASSES:
-        _CLASSES[cls] = type(cls.__name__, (_DistributedMixin, cls),
-                             {"__module__": cls.__module__, "__doc__": cls.__doc__})
-    return _CLASSES[cls]
+    if (mixin, cls) not in _CLASSES:
+        _CLASSES[mixin, cls] = type(cls.__name__, (mixin, cls),
+                                    {"__module__": cls.__module__, "__doc__": cls.__doc__})
+    return _CLASSES[mixin, cls]
 
 
 def is_distributed(optimizer):
@@ -136,7 +166,7 @@ def is_distributed(optimizer):
 
 def wrap_in_place(optimizer, **options):
     """Make an existing (possibly built) optimizer distributed, keeping its state; returns it."""
-    optimizer.__class__ = _distributed_class(optimizer.__class__)
+    optimizer.__class__ = _in_front(_DistributedMixin, optimizer.__class__)
     optimizer._hvlite_options = dict(_DistributedMixin._hvlite_options, **options)
     return optimizer
 
@@ -188,7 +218,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         config["name"] = name
     if backward_passes_per_step != 1:
         config["gradient_accumulation_steps"] = operator.index(backward_passes_per_step)
-    distributed = _distributed_class(optimizer.__class__).from_config(config)
+    distributed = _in_front(_DistributedMixin, optimizer.__class__).from_config(config)
     distributed._hvlite_options = dict(_DistributedMixin._hvlite_options, **options)
     # Horovod's default sums the N steps' gradients; Keras's own accumulation averages them
     distributed._hvlite_average_aggregated = (backward_passes_per_step == 1
