@@ -11,7 +11,8 @@ does: code between ``backward()`` and ``step()`` (torch's ``GradScaler``, gradie
 sees the averaged gradients on every rank, so every rank takes the same decisions (a
 ``GradScaler`` skips a step on every rank or on none). Where a parameter got no gradient in
 the step, that wait happens at ``step()`` or ``synchronize()`` instead, as in Horovod.
-``step()`` then runs the wrapped step. Every rank must build the same model (checked at construction: a clear
+A backward pass after that and before ``step()`` starts the step over from the averaged
+gradients, as after Horovod's ``synchronize()``. ``step()`` then runs the wrapped step. Every rank must build the same model (checked at construction: a clear
 ``ValueError`` on every rank otherwise) and call backward/step in the same pattern.
 
 Gradient names are ``allreduce.<parameter name>`` (from ``named_parameters``, else the
@@ -173,6 +174,14 @@ class _DistributedOptimizer:
         self._reduce()
         self._reduced = True
 
+    def _warn_unused(self):
+        missing = [self._parameter_names[p] for p in self._params if self._delay[p] > 0]
+        warn_once("gradients at step", "%d of the optimizer's parameters got no gradient in this "
+                  "step (first: '%s'), so the gradients are averaged at step(), not when "
+                  "backward() returns: code between the two (GradScaler, clipping) sees this "
+                  "rank's own gradients. Call optimizer.synchronize() before it (hvlite warns "
+                  "once per process)" % (len(missing), missing[0]))
+
     # ---- at step ----
 
     def synchronize(self):
@@ -180,9 +189,11 @@ class _DistributedOptimizer:
         where the end of backward already did)."""
         if self._included and not self._reduced:
             self._reduce()
+        self._reduced = False       # as after Horovod's: a later backward or step() reduces again
         self._synchronized = True
 
     def _reduce(self):
+        self._end_queued = False    # also where a failed backward never ran the callback
         self._flush_bucket()
         with burst():
             for p in self._params:
@@ -228,6 +239,8 @@ class _DistributedOptimizer:
                           "after optimizer.synchronize(): step() allreduces every gradient a "
                           "second time (same values, time spent again). Wrap step() in `with "
                           "optimizer.skip_synchronize():` (hvlite warns once per process)")
+            elif self._included and not self._reduced and self._unready < len(self._params):
+                self._warn_unused()
             self.synchronize()
         self._synchronized = self._reduced = False
         return super().step(closure)
@@ -236,6 +249,7 @@ class _DistributedOptimizer:
         if self._handles or self._bucket:
             raise RuntimeError("optimizer.zero_grad() was called after loss.backward() but before "
                                "optimizer.step() or optimizer.synchronize()")
+        self._reduced = self._end_queued = False    # a new step (after a skipped one)
         return super().zero_grad(set_to_none=set_to_none)
 
 

@@ -243,6 +243,29 @@ def test_mixed_float16_skips_the_same_steps_everywhere(wrap):
     assert_same_on_every_rank(model.get_weights(), "weights")
 
 
+def test_mixed_float16_with_a_process_set():
+    """Only rank 0 is in the optimizer's set: every rank trains as one process on its own rows
+    (rank 0 with a set of one), the agreed check for infinities included."""
+    process_set = hvd.add_process_set([0])
+    try:
+        x, y = data(5, LOCAL_BATCH * STEPS, 6)
+        x, y = x * 0.1 + 0.01 * RANK, y * 0.1
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        try:
+            model, reference = keras_model(7), keras_model(7)
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+        distributed = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05), process_set=process_set)
+        model.compile(optimizer=distributed, loss="mse", jit_compile=False)
+        model.fit(x, y, batch_size=LOCAL_BATCH, epochs=1, shuffle=False, verbose=0)
+        reference.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", jit_compile=False)
+        reference.fit(x, y, batch_size=LOCAL_BATCH, epochs=1, shuffle=False, verbose=0)
+        for mine, ref in zip(model.get_weights(), reference.get_weights()):
+            np.testing.assert_allclose(mine, ref, rtol=1e-6, atol=1e-6)
+    finally:
+        hvd.remove_process_set(process_set)
+
+
 def test_backward_passes_per_step_refusals():
     built = keras.optimizers.SGD(0.1)
     built.build([keras.Variable(np.zeros(2, np.float32))])

@@ -3,7 +3,9 @@ against one process computing on the combined batch: named_parameters given as t
 or omitted (and the names it keeps, ``_parameter_names``); process_set= on a set this rank is
 not in (the rank takes no part and steps on its own gradients); SparseAdam on a sparse
 embedding, with and without sparse_as_dense (the gradients stay sparse); the warning for
-step() after synchronize() (Horovod's words, then hvlite's advice).
+step() after synchronize() (Horovod's words, then hvlite's advice); the gradients averaged
+when backward returns, also after a backward pass that failed half way, and the warning when a
+parameter without a gradient moves that wait to step().
 SPMD: run by hvlrun at 2 and 3 ranks."""
 import copy
 import warnings
@@ -112,3 +114,60 @@ def test_step_after_synchronize_warns_in_horovods_words():
     text = str(caught[0].message)
     assert text.startswith("optimizer.step() called without optimizer.skip_synchronize()")
     assert "with optimizer.skip_synchronize():" in text
+
+
+class FailingBackward(torch.autograd.Function):
+    """Identity whose backward raises while `fail` is set."""
+    fail = False
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        if FailingBackward.fail:
+            raise RuntimeError("backward failed on purpose")
+        return grad
+
+
+def test_gradients_averaged_when_backward_returns():
+    model, x, y = model_and_batches()
+    reference = copy.deepcopy(model)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+
+    def loss(m, xb, yb):
+        return torch.nn.functional.mse_loss(m[2](FailingBackward.apply(m[1](m[0](xb)))), yb)
+
+    FailingBackward.fail = True            # the last layer's hooks run, then backward fails
+    with pytest.raises(RuntimeError, match="on purpose"):
+        loss(model, x[0][RANK * 2:RANK * 2 + 2], y[0][RANK * 2:RANK * 2 + 2]).backward()
+    FailingBackward.fail = False
+    opt.synchronize()                      # every rank failed alike: take part, then start over
+    opt.zero_grad()
+    for b in (1, 2):
+        opt.zero_grad()
+        loss(model, x[b][RANK * 2:RANK * 2 + 2], y[b][RANK * 2:RANK * 2 + 2]).backward()
+        reference.zero_grad()
+        loss(reference, x[b], y[b]).backward()
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            assert torch.allclose(p.grad, q.grad, rtol=1e-10, atol=1e-12), (b, name)   # before step()
+        opt.step()
+        with torch.no_grad():
+            for p, q in zip(model.parameters(), reference.parameters()):
+                q.copy_(p)             # the same start for the next batch
+
+
+def test_parameter_without_gradient_moves_the_wait_to_step():
+    model, x, y = model_and_batches()
+    unused = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(list(model.parameters()) + [unused], lr=0.1),
+                                   named_parameters=list(model.named_parameters()) + [("unused", unused)])
+    torch.nn.functional.mse_loss(model(x[0]), y[0]).backward()
+    assert not opt._reduced                 # waits at step()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()
+    texts = [str(w.message) for w in caught]
+    assert len(texts) == 1 and "(first: 'unused')" in texts[0], texts

@@ -39,7 +39,7 @@ import tensorflow as tf
 from ...collectives import reduce_op
 from ...process_sets import global_process_set, rank_and_size
 from ..compression import Compression
-from .._bridge import library
+from .._bridge import library, op_name
 from ..gradient_tape import _key, _local_layer_list, _scale_factors, allreduce_gradients
 from ..ops import Average, Min, allreduce
 
@@ -144,9 +144,15 @@ class _FiniteEverywhere:
 
     def check_finite(self, grads):
         """Finite where the gradients are finite on every rank of the set (else every rank
-        skips the step, and the inner optimizer's allreduce runs on every rank or on none)."""
-        finite = tf.cast(super().check_finite(grads), tf.int32)
-        return tf.equal(allreduce(finite, op=Min, process_set=self._hvlite_process_set), 1)
+        skips the step, and the inner optimizer's allreduce runs on every rank or on none);
+        a rank outside the set trains alone, on its own check."""
+        finite = super().check_finite(grads)
+        process_set = self._hvlite_process_set
+        if rank_and_size(process_set)[0] < 0:
+            return finite
+        name = op_name("LossScaleOptimizer.finite", None, process_set)
+        everywhere = allreduce(tf.cast(finite, tf.int32), op=Min, name=name, process_set=process_set)
+        return tf.equal(everywhere, 1)
 
 
 def _in_front(mixin, cls):
