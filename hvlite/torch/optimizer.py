@@ -5,15 +5,16 @@ Contract: ``DistributedOptimizer(optimizer, ...)`` returns an optimizer of a sub
 backward has accumulated its gradient ``backward_passes_per_step`` times; gradients are then
 submitted as asynchronous allreduces in buckets of ``bucket_bytes`` (or one by one, or by
 ``groups``), so communication overlaps the rest of backward. Once every parameter's
-gradient is final for the step (the last of ``backward_passes_per_step`` passes), the end of that
-backward pass waits for all of them and writes the averaged gradients into ``p.grad``, as DDP
-does: code between ``backward()`` and ``step()`` (torch's ``GradScaler``, gradient clipping)
-sees the averaged gradients on every rank, so every rank takes the same decisions (a
-``GradScaler`` skips a step on every rank or on none). Where a parameter got no gradient in
-the step, that wait happens at ``step()`` or ``synchronize()`` instead, as in Horovod.
-A backward pass after that and before ``step()`` starts the step over from the averaged
-gradients, as after Horovod's ``synchronize()``. ``step()`` then runs the wrapped step. Every rank must build the same model (checked at construction: a clear
-``ValueError`` on every rank otherwise) and call backward/step in the same pattern.
+gradient is final for the step (the last of ``backward_passes_per_step`` passes), the end of
+that backward pass waits for all of them and writes the averaged gradients into ``p.grad``, as
+DDP does: code between ``backward()`` and ``step()`` (torch's ``GradScaler``, gradient
+clipping) sees the averaged gradients on every rank, so every rank takes the same decisions (a
+``GradScaler`` skips a step on every rank or on none). Where a parameter got no gradient in the
+step, that wait happens at ``step()`` (with a warning, once) or ``synchronize()`` instead, as in
+Horovod. A backward pass after that and before ``step()`` starts the step over from the
+averaged gradients, as after Horovod's ``synchronize()``. ``step()`` then runs the wrapped
+step. Every rank must build the same model (checked at construction: a clear ``ValueError`` on
+every rank otherwise) and call backward/step in the same pattern.
 
 Gradient names are ``allreduce.<parameter name>`` (from ``named_parameters``, else the
 parameter's position), the same every step, so the engine's response cache agrees on them
@@ -239,7 +240,7 @@ class _DistributedOptimizer:
                           "after optimizer.synchronize(): step() allreduces every gradient a "
                           "second time (same values, time spent again). Wrap step() in `with "
                           "optimizer.skip_synchronize():` (hvlite warns once per process)")
-            elif self._included and not self._reduced and self._unready < len(self._params):
+            elif self._included and not self._reduced and 0 < self._unready < len(self._params):
                 self._warn_unused()
             self.synchronize()
         self._synchronized = self._reduced = False

@@ -116,6 +116,15 @@ def test_step_after_synchronize_warns_in_horovods_words():
     assert "with optimizer.skip_synchronize():" in text
 
 
+def step_warnings(opt):
+    """opt.step()'s warnings, the once-per-process one about gradients at step() included."""
+    hvlite.once._seen.discard("gradients at step")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()
+    return [str(w.message) for w in caught]
+
+
 class FailingBackward(torch.autograd.Function):
     """Identity whose backward raises while `fail` is set."""
     fail = False
@@ -131,22 +140,33 @@ class FailingBackward(torch.autograd.Function):
         return grad
 
 
-def test_gradients_averaged_when_backward_returns():
+@pytest.mark.parametrize("failing", ["middle", "input"])
+def test_gradients_averaged_when_backward_returns(failing):
+    """After a backward pass that failed (`middle`: after the last layer's hooks ran; `input`:
+    after every parameter's), step() works and later steps average when backward returns."""
     model, x, y = model_and_batches()
     reference = copy.deepcopy(model)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters())
 
     def loss(m, xb, yb):
+        if failing == "input":
+            return torch.nn.functional.mse_loss(m(FailingBackward.apply(xb.clone().requires_grad_())), yb)
         return torch.nn.functional.mse_loss(m[2](FailingBackward.apply(m[1](m[0](xb)))), yb)
 
-    FailingBackward.fail = True            # the last layer's hooks run, then backward fails
+    FailingBackward.fail = True
     with pytest.raises(RuntimeError, match="on purpose"):
         loss(model, x[0][RANK * 2:RANK * 2 + 2], y[0][RANK * 2:RANK * 2 + 2]).backward()
     FailingBackward.fail = False
-    opt.synchronize()                      # every rank failed alike: take part, then start over
-    opt.zero_grad()
+    texts = step_warnings(opt)             # every rank failed alike: step on what there is
+    if failing == "middle":                # the first layer's hooks never ran
+        assert len(texts) == 1 and "(first: '0.weight')" in texts[0], texts
+    else:
+        assert texts == []
     for b in (1, 2):
+        with torch.no_grad():
+            for p, q in zip(model.parameters(), reference.parameters()):
+                q.copy_(p)                 # the same start for each batch
         opt.zero_grad()
         loss(model, x[b][RANK * 2:RANK * 2 + 2], y[b][RANK * 2:RANK * 2 + 2]).backward()
         reference.zero_grad()
@@ -154,9 +174,6 @@ def test_gradients_averaged_when_backward_returns():
         for (name, p), q in zip(model.named_parameters(), reference.parameters()):
             assert torch.allclose(p.grad, q.grad, rtol=1e-10, atol=1e-12), (b, name)   # before step()
         opt.step()
-        with torch.no_grad():
-            for p, q in zip(model.parameters(), reference.parameters()):
-                q.copy_(p)             # the same start for the next batch
 
 
 def test_parameter_without_gradient_moves_the_wait_to_step():
@@ -166,8 +183,5 @@ def test_parameter_without_gradient_moves_the_wait_to_step():
                                    named_parameters=list(model.named_parameters()) + [("unused", unused)])
     torch.nn.functional.mse_loss(model(x[0]), y[0]).backward()
     assert not opt._reduced                 # waits at step()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        opt.step()
-    texts = [str(w.message) for w in caught]
+    texts = step_warnings(opt)
     assert len(texts) == 1 and "(first: 'unused')" in texts[0], texts
