@@ -150,7 +150,9 @@ int hvl_init(void);
 int hvl_shutdown(void);
 int hvl_is_initialized(void);          /* cannot fail */
 
-/* Topology; valid after hvl_init, -1 before. Cannot fail. */
+/* Topology; valid from a successful hvl_init until this process's hvl_shutdown, also after the
+ * engine stopped on a failure or a peer's shutdown (as in Horovod: an error handler can still
+ * name its rank); -1 otherwise. Cannot fail. */
 int hvl_rank(void);
 int hvl_size(void);
 int hvl_local_rank(void);

@@ -104,6 +104,24 @@ def test_killed_worker_job_finishes_with_the_rest_from_the_last_commit(tmp_path)
     print("\n[elastic] killed at step %d, resumed at %d; re-form %.1f s" % (kill_step, last, took))
 
 
+def test_stopped_worker_peers_leave_saying_why_and_the_job_goes_on(tmp_path):
+    """A rank stops (SIGSTOP) mid-step: its peer times out, says why and leaves with the
+    peer-lost code (not a traceback of its own, which would charge its host), and the job
+    re-forms from the last commit and finishes."""
+    script, _ = discovery(tmp_path, "localhost:2")
+    job = run_job(2, ["python", TORCH, "--steps", "12", "--commit-every", "4", "--stop", "1:6"],
+                  timeout=240, env={"HVLITE_PEER_TIMEOUT_SECONDS": "3"},
+                  hvlrun_args=["--min-np", "2", "--max-np", "2", "--host-discovery-script", script])
+    out, err = job.stdout, job.stderr
+    assert job.returncode == 0, err[-4000:]
+    check_finals(out, size=2, steps=12)
+    assert "hvlrun: rank 0 (pid" in err and "exited with code 76" in err, err   # PEER_LOST_CODE
+    assert re.search(r"hvlite\.elastic: rank 0: HvliteTimeoutError: .*rank 1 \(pid \d+\) on this host is "
+                     r"stopped.*; this world ends, hvlrun re-forms the job from commit #1", err), err
+    assert "Traceback" not in err, err
+    assert int({int(b["w"]): b for b in lines(out, "BEGIN")}[2]["s"]) == 4, out   # the last commit
+
+
 def check_timelines(path, took):
     """hvlrun's own trace has both worlds and the re-form; each world's rank 0 wrote the engine's
     timeline to a file of its own."""

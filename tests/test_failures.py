@@ -96,6 +96,7 @@ def test_stopped_rank_during_shm_allreduce_times_out():
     assert "rank 0 timeout" in out and "shm allreduce" in out, out
     assert re.search(r"rank 1 \(pid \d+\) on this host did not arrive for 2 s", out), out
     assert "rank 0 keeps the buffers of 1 failed request(s)" in out, out   # given up mid-way
+    assert "rank 0 after the error: rank() = 0 of size() = 2" in out, out   # as in Horovod
     assert "UNEXPECTED" not in out
     assert_nothing_left(out, "tests/scenarios/stopped_peer.py")
 
@@ -115,6 +116,7 @@ def test_shutdown_ends_a_wait_on_a_stopped_rank(where, env):
     assert re.search(r"rank 0 shut down after [\d.]+ s: .*shut down", out), out
     returned = re.search(r"rank 0 shutdown\(\) returned after ([\d.]+) s", out)
     assert returned and float(returned.group(1)) < 10 * MULTIPLIER, out
+    assert "rank 0 after the error: rank() raises: hvlite has not been initialized" in out, out
     assert "UNEXPECTED" not in out
     assert_nothing_left(out, "tests/scenarios/stopped_peer.py")
 

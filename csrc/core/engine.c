@@ -286,6 +286,7 @@ int hvl_init(void)
                        "it cannot be initialized again in this process");
         goto out;
     }
+    hvl__forget_topology();         /* before the fields it guards are reset */
     reset_engine(&hvl__engine);
     startup_done = 0;
     if (pthread_create(&bg_thread, NULL, bg_main, &hvl__engine) != 0) {
@@ -318,6 +319,7 @@ int hvl_shutdown(void)
         pthread_join(bg_thread, NULL);
         thread_started = 0;
     }
+    hvl__forget_topology();
     pthread_mutex_unlock(&life_lock);
     return HVL_OK;
 }

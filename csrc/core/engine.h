@@ -150,6 +150,7 @@ int hvl__peers_explain(hvl_engine *e, int rc);
  * stopped (with the reason) when its cycle ends. Any thread may ask. */
 void hvl__mark_running(void);
 void hvl__mark_stopped(const char *why);
+void hvl__forget_topology(void);   /* hvl_init (before its start) and hvl_shutdown */
 /* HVL_ERR_NOT_INITIALIZED (never started) or HVL_ERR_SHUT_DOWN (with why it stopped), with
  * the message set. */
 int hvl__not_running(void);

@@ -11,12 +11,18 @@ hvl_engine hvl__engine;
 static int initialized;         /* atomic: the engine is running (set and cleared by bg) */
 static int stopped;             /* atomic: it ran and has stopped; stop_message says why */
 static char stop_message[1024]; /* written by bg before `stopped` is released */
+static int placed;              /* atomic: the topology is known: from a successful start until
+                                   this process's shutdown (kept after a failure, as Horovod
+                                   does, so error handlers can still ask for the rank) */
 
 void hvl__mark_running(void)
 {
     __atomic_store_n(&stopped, 0, __ATOMIC_RELEASE);
     __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&placed, 1, __ATOMIC_RELEASE);
 }
+
+void hvl__forget_topology(void) { __atomic_store_n(&placed, 0, __ATOMIC_RELEASE); }
 
 void hvl__mark_stopped(const char *why)
 {
@@ -35,7 +41,7 @@ int hvl__not_running(void)
                      "on every rank before any collective");
 }
 
-#define TOPOLOGY(fn, field) int fn(void) { return hvl_is_initialized() ? hvl__engine.field : -1; }
+#define TOPOLOGY(fn, field) int fn(void) { return __atomic_load_n(&placed, __ATOMIC_ACQUIRE) ? hvl__engine.field : -1; }
 TOPOLOGY(hvl_rank, rank)
 TOPOLOGY(hvl_size, size)
 TOPOLOGY(hvl_local_rank, local_rank)

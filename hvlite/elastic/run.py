@@ -43,13 +43,14 @@ def _hvlite_peer_error(error: BaseException) -> bool:
     return isinstance(error, HvliteError) and not isinstance(error, _PROGRAM_ERRORS)
 
 
-def _say(message: str) -> None:
+def _say(me: int, message: str) -> None:
+    """``me``: this rank, read while the engine ran (rank() raises once it stopped)."""
     sys.stdout.flush()
-    sys.stderr.write("hvlite.elastic: rank %d: %s\n" % (rank(), message))
+    sys.stderr.write("hvlite.elastic: rank %d: %s\n" % (me, message))
     sys.stderr.flush()
 
 
-def _leave_world(state: State, interrupt: HostsUpdatedInterrupt) -> None:
+def _leave_world(me: int, state: State, interrupt: HostsUpdatedInterrupt) -> None:
     """Every rank ends after an agreed host update; the state is committed first."""
     world = current()
     if not interrupt.committed:
@@ -57,8 +58,8 @@ def _leave_world(state: State, interrupt: HostsUpdatedInterrupt) -> None:
             state.commit()
         except HostsUpdatedInterrupt:
             pass                      # stored; the driver's request is the one already seen
-    if rank() == 0:
-        _say("world %d ends at commit #%d: the hosts changed, hvlrun re-forms the job"
+    if me == 0:
+        _say(me, "world %d ends at commit #%d: the hosts changed, hvlrun re-forms the job"
              % (world.number, state.commit_seq))
     raise SystemExit(HOSTS_UPDATED_CODE)
 
@@ -74,12 +75,13 @@ def make_run(is_peer_error: Optional[Callable[[BaseException], bool]] = None
         @functools.wraps(func)
         def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
             world = current()
+            me = rank()
             seq = state._begin_world(world)
-            if world.managed and rank() == 0:
+            if world.managed and me == 0:
                 try:
                     world.ready(seq)
                 except CommitStoreError as e:
-                    _say("warning: could not report the world ready: %s" % e)
+                    _say(me, "warning: could not report the world ready: %s" % e)
             try:
                 result = func(state, *args, **kwargs)
                 if world.managed:
@@ -90,11 +92,11 @@ def make_run(is_peer_error: Optional[Callable[[BaseException], bool]] = None
             except HostsUpdatedInterrupt as interrupt:
                 if not world.managed:
                     raise
-                _leave_world(state, interrupt)
+                _leave_world(me, state, interrupt)
             except Exception as error:     # noqa: BLE001 - sorted below, re-raised otherwise
                 if not (world.managed and peer_error(error)):
                     raise
-                _say("%s: %s; this world ends, hvlrun re-forms the job from commit #%d"
+                _say(me, "%s: %s; this world ends, hvlrun re-forms the job from commit #%d"
                      % (type(error).__name__, error, state.commit_seq))
                 os._exit(PEER_LOST_CODE)   # the world's MPI is broken: no orderly shutdown
             return None

@@ -96,20 +96,30 @@ def _cuda_device(optimizer):
 def _initialize_state(optimizer, model):
     """Horovod's first-use step: an optimizer without state gets zero gradients (sparse for
     SparseAdam and for a sparse embedding of ``model``) and one step of the wrapped optimizer,
-    so its state exists (and ``p.grad`` is a tensor afterwards, as under Horovod)."""
+    so its state exists (and ``p.grad`` is a tensor afterwards, as under Horovod). The step is
+    the plain optimizer's, never a distributed one's (only this rank may be taking it: one
+    that resumed from a checkpoint has state), and the parameters are put back after it: on
+    zero gradients, weight decay would still move them (Horovod keeps that move, so a resumed
+    rank's parameters drifted from the root's they had just received)."""
+    from .adasum_optimizer import _AdasumOptimizer   # their step() runs collectives
+    from .optimizer import _DistributedOptimizer
     sparse = {id(p) for m in (model.modules() if model is not None else ())
               if isinstance(m, torch.nn.Embedding) and m.sparse for p in m.parameters()}
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.requires_grad:
-                p.grad = torch.zeros_like(p)
-                if isinstance(optimizer, torch.optim.SparseAdam) or id(p) in sparse:
-                    p.grad = p.grad.to_sparse()
-    from .optimizer import _DistributedOptimizer     # its step() would allreduce
-    if isinstance(optimizer, _DistributedOptimizer):
-        super(_DistributedOptimizer, optimizer).step()
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    with torch.no_grad():
+        kept = [p.detach().to("cpu", copy=True) for p in params]   # host: no GPU memory asked
+    for p in params:
+        p.grad = torch.zeros_like(p)
+        if isinstance(optimizer, torch.optim.SparseAdam) or id(p) in sparse:
+            p.grad = p.grad.to_sparse()
+    wrapper = next((c for c in (_DistributedOptimizer, _AdasumOptimizer) if isinstance(optimizer, c)), None)
+    if wrapper is not None:
+        super(wrapper, optimizer).step()
     else:
         optimizer.step()
+    with torch.no_grad():
+        for p, old in zip(params, kept):
+            p.copy_(old)
 
 
 def broadcast_optimizer_state(optimizer, root_rank=0, model=None, process_set=None):

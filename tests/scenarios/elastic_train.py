@@ -12,6 +12,8 @@ counts=<applied count per step> refdiff=<max |param - one-process reference|>``.
 Options (argv): --steps N --commit-every C --sleep S --hosts-file F
   --kill RANK:STEP:HOSTS   rank RANK writes HOSTS to F, then SIGKILLs itself, at step STEP
                            (after backward, before the optimizer step), in world 1 only
+  --stop RANK:STEP         rank RANK SIGSTOPs itself at step STEP (the same place), in world 1
+                           only: its peers time out (HVLITE_PEER_TIMEOUT_SECONDS) and leave
   --change STEP:HOSTS      rank 0 writes HOSTS to F at step STEP, in world 1 only
   --fail-on-host H         a rank on host H (by hostname) exits 1 before training (a bad host)
   --sampler                also commit an ElasticSampler and check every sample of the epoch
@@ -36,6 +38,7 @@ parser.add_argument("--commit-every", type=int, default=5)
 parser.add_argument("--sleep", type=float, default=0.05)
 parser.add_argument("--hosts-file")
 parser.add_argument("--kill")
+parser.add_argument("--stop")
 parser.add_argument("--change")
 parser.add_argument("--sampler", action="store_true")
 parser.add_argument("--fail-on-host")
@@ -105,6 +108,9 @@ def train_step(step):
             write_hosts(hosts)
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)
+    if opts.stop and WORLD == 1 and [hvd.rank(), step] == [int(v) for v in opts.stop.split(":")]:
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGSTOP)
     optimizer.step()
     state.counts[step] += 1
 

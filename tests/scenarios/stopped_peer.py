@@ -10,7 +10,8 @@ it wakes rank 1 (SIGCONT, so hvlrun's SIGTERM can end it) and exits 3.
 With a second argument "shutdown" (WHERE "mpi" or "shm"), rank 0 also calls shutdown() from
 another thread half a second after rank 1 stopped: the wait on rank 1 looks at the shutdown flag
 and gives up once it is a second old, whatever the peer timeout, so rank 0's allreduce fails
-with HvliteShutdownError and its shutdown() returns within seconds."""
+with HvliteShutdownError and its shutdown() returns within seconds. After the error rank 0 says
+what rank() gives: its rank after the timeout, ValueError after its own shutdown()."""
 import os
 import signal
 import sys
@@ -50,7 +51,8 @@ if rank == 0 and sys.argv[2:] == ["shutdown"]:
         # one write: the main thread prints at about the same time
         sys.stdout.write("rank 0 shutdown() returned after %.1f s\n" % (time.monotonic() - began))
         sys.stdout.flush()
-    threading.Thread(target=shut_down, daemon=True).start()
+    closer = threading.Thread(target=shut_down, daemon=True)
+    closer.start()
 start = time.monotonic()
 try:
     for _ in range(1000):
@@ -63,7 +65,13 @@ except (hvd.HvliteTimeoutError, hvd.HvliteShutdownError) as e:
     kept = len(handles._stranded)
     sys.stdout.write("rank %d %s after %.1f s: %s\n" % (rank, kind, time.monotonic() - start, e))
     sys.stdout.write("rank %d keeps the buffers of %d failed request(s)\n" % (rank, kept))
+    if kind == "shut down":
+        closer.join(30)                        # shutdown() returns, and forgets the rank
+    try:    # as in Horovod, an error handler may still ask for its place, until shutdown()
+        place = "rank() = %d of size() = %d" % (hvd.rank(), hvd.size())
+    except ValueError as no_place:
+        place = "rank() raises: %s" % no_place
+    sys.stdout.write("rank %d after the error: %s\n" % (rank, place))
     sys.stdout.flush()
-    time.sleep(1.0 if kind == "shut down" else 0)    # shutdown() prints when it returned
     os.kill(pids[1], signal.SIGCONT)
     sys.exit(3)

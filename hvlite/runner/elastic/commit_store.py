@@ -193,6 +193,7 @@ class CommitStore:
     def _serve(self, sock: socket.socket, addr: str) -> None:
         conn = _Conn(sock, self._key)
         try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)   # answers go out at once
             sock.settimeout(_HELLO_SECONDS)
             sock.sendall(conn.session.hello())
             conn.session.accept_hello(conn.line())
