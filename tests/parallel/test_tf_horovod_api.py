@@ -1,8 +1,8 @@
 """Horovod's TensorFlow API beyond the basic collectives, on every rank against NumPy
 references: ops in a TF1 graph run by a Session (names, values, objects,
 broadcast_global_variables), grouped_allgather / grouped_reducescatter,
-process_set_included_op, PartialDistributedGradientTape, and the error classes Horovod's
-tests catch. SPMD: run by hvlrun at 2 and 3 ranks (tests/test_spmd.py)."""
+process_set_included_op, PartialDistributedGradientTape, the error classes Horovod's
+tests catch, and ``hvlite.keras`` (horovod.keras's name). SPMD: run by hvlrun at 2 and 3 ranks (tests/test_spmd.py)."""
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -284,3 +284,17 @@ def test_session_variable_broadcast_is_not_chained_to_a_training_step():
             np.testing.assert_array_equal(session.run(v), np.full(2, float(SIZE - 1)))
             session.run(step, feed_dict={x: np.ones(2, np.float32)})
             np.testing.assert_allclose(session.run(v), np.zeros(2))
+
+
+def test_horovod_keras_import_name():
+    """``import horovod.keras as hvd`` becomes ``import hvlite.keras as hvd``: the same API as
+    hvlite.tensorflow.keras (as Horovod's two Keras modules are), build facts included."""
+    import hvlite.keras as hvd_k
+    import hvlite.keras.callbacks as callbacks
+    import hvlite.tensorflow.keras as hvd_tfk
+    assert callbacks is hvd_tfk.callbacks and hvd_k.elastic is hvd_tfk.elastic
+    for name in hvd_tfk.__all__:
+        assert getattr(hvd_k, name) is getattr(hvd_tfk, name), name
+    for name in ("gloo_enabled", "gloo_built", "cuda_built", "rocm_built", "ddl_built", "ccl_built"):
+        assert getattr(hvd_k, name)() in (True, False), name
+    assert hvd_k.size() == SIZE

@@ -161,6 +161,22 @@ def test_model_fit_equivalence_and_callbacks():
         np.testing.assert_allclose(log["loss"], np.mean([l[epoch] for l in local_losses]), rtol=1e-6)
 
 
+def test_broadcast_callback_reaches_variables_built_by_the_first_step():
+    """A Sequential without an Input has no weights when fit() begins (Keras builds it, and the
+    optimizer, in the first train step): the callback broadcasts again after that step, so every
+    rank ends with the same weights and optimizer slots."""
+    x, y = data(3, LOCAL_BATCH * SIZE * STEPS, 6)
+    keras.utils.set_random_seed(300 + RANK)               # different weights on every rank
+    model = keras.Sequential([keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse",
+                  jit_compile=False)
+    assert not model.built
+    model.fit(x[RANK::SIZE], y[RANK::SIZE], batch_size=LOCAL_BATCH, epochs=2, shuffle=False,
+              verbose=0, callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0)])
+    assert_same_on_every_rank(model.get_weights(), "weights built in the first step")
+    assert_same_on_every_rank([v.numpy() for v in model.optimizer.variables], "optimizer slots")
+
+
 @pytest.mark.parametrize("average,clipnorm", [(False, None), (True, None), (True, 0.05)])
 def test_backward_passes_per_step_reduces_once_per_n_steps(average, clipnorm):
     """Horovod's backward_passes_per_step=2: local gradients accumulate over two steps, then are

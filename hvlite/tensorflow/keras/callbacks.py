@@ -2,8 +2,11 @@
 
 Contract: every rank must use the same callbacks in the same order (the collective ones talk
 to the other ranks). ``BroadcastGlobalVariablesCallback`` assigns root_rank's model and
-optimizer variables to every rank when training begins (Keras 3 builds the optimizer before
-``on_train_begin``). ``MetricAverageCallback`` replaces every value in the epoch-end logs by
+optimizer variables to every rank when training begins, and again after the first batch
+if that batch created variables (with TensorFlow and no ``tf.distribute`` strategy, Keras 3
+builds a model without an ``Input``, and the optimizer, inside the first train step: those
+ranks took one step from their own starting weights, which root_rank's then replace, as
+Horovod's callback, which broadcasts only then, does for every model). ``MetricAverageCallback`` replaces every value in the epoch-end logs by
 its average over the ranks, in one allreduce; put it before callbacks that read the logs.
 ``LearningRateScheduleCallback`` sets ``initial_lr * multiplier(epoch)`` between start_epoch
 and end_epoch, per epoch (staircase) or per batch with fractional epochs;
@@ -15,7 +18,7 @@ as a Python float fixed when the train step is traced.
 import numpy as np
 import keras
 
-from ...basics import size
+from ...basics import rank, size
 from .. import functions as _functions
 from .. import ops as _ops
 
@@ -32,7 +35,8 @@ def _model_variables(model):
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
-    """Broadcast the model's and optimizer's variables from root_rank when training begins."""
+    """Broadcast the model's and optimizer's variables from root_rank when training begins,
+    and the lot once more after the first batch if it created variables."""
 
     def __init__(self, root_rank, device="", local_variables=None):
         """Args:
@@ -44,15 +48,27 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.root_rank = root_rank
         self.local_variables = list(local_variables or [])
         self.broadcast_done = False
+        self._sent = None          # ids of the variables broadcast at train begin
+
+    def _broadcast(self, name):
+        local = {id(v) for v in self.local_variables}
+        variables = [v for v in _model_variables(self.model) if id(v) not in local]
+        _functions.broadcast_variables(variables, self.root_rank, name=name)
+        return {id(v) for v in variables}
 
     def on_train_begin(self, logs=None):
-        """Broadcast once (collective: every rank)."""
-        if self.broadcast_done:
+        """Broadcast what exists (collective: every rank)."""
+        if not self.broadcast_done and self._sent is None:
+            self._sent = self._broadcast("BroadcastGlobalVariablesCallback")
+
+    def on_train_batch_end(self, batch, logs=None):
+        """After the first batch: broadcast again if it built variables (the same on every
+        rank: they run the same model code)."""
+        if self.broadcast_done or self._sent is None:
             return
         local = {id(v) for v in self.local_variables}
-        _functions.broadcast_variables([v for v in _model_variables(self.model)
-                                        if id(v) not in local], self.root_rank,
-                                       name="BroadcastGlobalVariablesCallback")
+        if any(id(v) not in self._sent and id(v) not in local for v in _model_variables(self.model)):
+            self._broadcast("BroadcastGlobalVariablesCallback.built")
         self.broadcast_done = True
 
 
@@ -144,7 +160,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
             warmup_epochs: epochs of warmup.
             momentum_correction: accepted; no effect.
             steps_per_epoch: batches per epoch; default: what model.fit reports.
-            verbose: print the learning rate when the warmup ends.
+            verbose: rank 0 prints the learning rate when the warmup ends.
         """
         def multiplier(epoch):
             n = size()
@@ -159,6 +175,6 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         if epoch == self.warmup_epochs - 1:     # the ramp ends at initial_lr exactly
             self.model.optimizer.learning_rate = self.initial_lr
         super().on_epoch_end(epoch, logs)
-        if epoch == self.warmup_epochs - 1 and self.verbose > 0:
+        if epoch == self.warmup_epochs - 1 and self.verbose > 0 and rank() == 0:
             print("\nEpoch %d: finished gradual learning rate warmup to %g."
                   % (epoch + 1, self.initial_lr))
