@@ -1,0 +1,159 @@
+"""``hvlite.run(func, ...)``: Horovod's ``horovod.run``, a Python function run as an hvlite job.
+
+Contract:
+  * ``run(func, args=(), kwargs=None, num_proc=1, ...)`` starts ``hvlrun`` with ``num_proc``
+    ranks (Horovod's keyword names; its deprecated ``np``/``min_np``/``max_np`` too), each rank
+    calls ``hvlite.init()`` and then ``func(*args, **kwargs)``, and ``run`` returns the list of
+    their return values, index = rank (of the last world, in an elastic job). The function's
+    own ``hvd.init()`` finds the engine running.
+  * ``func``, ``args``, ``kwargs`` and the results travel pickled (with ``cloudpickle`` where it
+    is installed, as Horovod does, else ``pickle``: a function defined at the top level of a
+    module, the main script included). The ranks prepare their ``__main__`` as
+    ``multiprocessing``'s spawn start method does: the caller's script is run again under the
+    name ``__mp_main__``, so its top-level ``if __name__ == "__main__":`` block does not run
+    there, and ``sys.argv``, ``sys.path`` and the working directory are the caller's.
+  * The pickles and results go through a folder made in the working directory (removed at the
+    end); on several hosts that directory must be the same on every host (a shared file system),
+    as the script's own path must be for hvlrun.
+  * Raises ``RuntimeError`` when the job fails (hvlrun's exit code, and each failed rank's
+    exception as it printed it), ``ValueError`` for a function that cannot be pickled or bad
+    arguments. Gloo is not part of hvlite: ``use_gloo=True`` is refused; ``disable_cache`` is
+    accepted and has no effect.
+  * ``python -m hvlite.func_job FOLDER`` is the rank's side; not for direct use.
+"""
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import traceback
+
+__all__ = ["run"]
+
+_PAYLOAD = "call.pkl"
+
+
+def _pickler():
+    try:
+        import cloudpickle   # noqa: F401 - Horovod's choice: lambdas and closures too
+        return cloudpickle
+    except ImportError:
+        return pickle
+
+
+def _hvlrun_flags(num_proc, min_num_proc, max_num_proc, slots, reset_limit, cooldown_range,
+                  hosts, hostfile, host_discovery_script, start_timeout, ssh_port,
+                  ssh_identity_file, output_filename, verbose, mpi_args, network_interfaces):
+    flags = ["-np", str(num_proc)]
+    pairs = [("-H", hosts), ("--hostfile", hostfile), ("--min-np", min_num_proc),
+             ("--max-np", max_num_proc), ("--slots-per-host", slots), ("--reset-limit", reset_limit),
+             ("--host-discovery-script", host_discovery_script), ("--start-timeout", start_timeout),
+             ("-p", ssh_port), ("-i", ssh_identity_file), ("--output-filename", output_filename),
+             ("--mpi-args", mpi_args), ("--network-interface", network_interfaces)]
+    for flag, value in pairs:
+        if value is not None:
+            flags += [flag, ",".join(value) if isinstance(value, (list, tuple)) else str(value)]
+    if cooldown_range is not None:
+        flags += ["--blacklist-cooldown-range"] + [str(v) for v in cooldown_range]
+    if verbose:
+        flags.append("--verbose")
+    return flags
+
+
+def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=None,
+        slots=None, reset_limit=None, cooldown_range=None, hosts=None, hostfile=None,
+        host_discovery_script=None, start_timeout=None, ssh_port=None, ssh_identity_file=None,
+        disable_cache=None, output_filename=None, verbose=None, use_gloo=None, use_mpi=None,
+        mpi_args=None, network_interface=None, network_interfaces=None, executable=None,
+        np=None, min_np=None, max_np=None):
+    """Run ``func(*args, **kwargs)`` on every rank of a new hvlite job; return the results by
+    rank. The arguments are Horovod's (see the module docstring for what differs).
+
+    Raises:
+        RuntimeError: the job failed; ValueError: bad arguments or an unpicklable function.
+    """
+    if use_gloo:
+        raise ValueError("hvlite.run: hvlite runs on MPI only (no Gloo); leave use_gloo unset")
+    num_proc = np if np is not None else num_proc
+    min_num_proc = min_np if min_np is not None else min_num_proc
+    max_num_proc = max_np if max_np is not None else max_num_proc
+    import multiprocessing.spawn
+    try:
+        call = _pickler().dumps((func, tuple(args), dict(kwargs or {})))
+    except Exception as e:   # noqa: BLE001 - pickling raises many kinds
+        raise ValueError("hvlite.run: cannot pickle the function and its arguments (define it at "
+                         "the top level of a module or the script, or install cloudpickle): %s: %s"
+                         % (type(e).__name__, e)) from None
+    main = multiprocessing.spawn.get_preparation_data("hvlite-rank")
+    main.pop("authkey", None)        # the ranks are not multiprocessing's children
+    folder = tempfile.mkdtemp(prefix=".hvlite-run-", dir=os.getcwd())
+    try:
+        with open(os.path.join(folder, _PAYLOAD), "wb") as f:
+            pickle.dump((main, call), f)
+        command = [sys.executable, "-m", "hvlite.runner"]
+        command += _hvlrun_flags(num_proc, min_num_proc, max_num_proc, slots, reset_limit,
+                                 cooldown_range, hosts, hostfile, host_discovery_script,
+                                 start_timeout, ssh_port, ssh_identity_file, output_filename,
+                                 verbose, mpi_args, network_interfaces or network_interface)
+        command += [executable or sys.executable, "-m", "hvlite.func_job", folder]
+        code = subprocess.run(command, stdin=subprocess.DEVNULL).returncode
+        return _results(folder, code)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _results(folder, code):
+    """The ranks' results in rank order; RuntimeError naming what failed."""
+    names = [n for n in os.listdir(folder) if n.startswith("rank.")]
+    by_rank = {int(n.split(".")[1]): n for n in names}
+    failures = []
+    results = []
+    for r in range(len(by_rank)):
+        if r not in by_rank:
+            failures.append("rank %d left no result" % r)
+            continue
+        with open(os.path.join(folder, by_rank[r]), "rb") as f:
+            ok, value = pickle.load(f)
+        if ok:
+            results.append(value)
+        else:
+            failures.append("rank %d raised:\n%s" % (r, value))
+    if code != 0 or failures or not by_rank:
+        raise RuntimeError("hvlite.run: the job failed (hvlrun exited with code %d)%s"
+                           % (code, "".join("; " + f for f in failures)))
+    return results
+
+
+def _rank_main(folder):
+    """A rank: prepare __main__ as the caller's, init, call, store (ok, result or traceback)."""
+    import multiprocessing.spawn
+    with open(os.path.join(folder, _PAYLOAD), "rb") as f:
+        main, call = pickle.load(f)
+    multiprocessing.spawn.prepare(main)
+    import hvlite
+    hvlite.init()
+    rank = hvlite.rank()
+    try:
+        func, args, kwargs = pickle.loads(call)
+        outcome = (True, func(*args, **kwargs))
+        code = 0
+    except BaseException:    # noqa: BLE001 - any failure goes back to the caller, then exits 1
+        outcome = (False, traceback.format_exc())
+        traceback.print_exc()
+        code = 1
+    path = os.path.join(folder, "rank.%d" % rank)
+    with open(path + ".part", "wb") as f:
+        try:
+            pickle.dump(outcome, f)
+        except Exception as e:   # noqa: BLE001 - an unpicklable result
+            f.seek(0)
+            f.truncate()
+            pickle.dump((False, "its result cannot be pickled: %s: %s" % (type(e).__name__, e)), f)
+            code = 1
+    os.replace(path + ".part", path)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(_rank_main(sys.argv[1]))
