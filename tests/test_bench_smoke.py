@@ -131,7 +131,7 @@ def test_elastic_reform_bench_smoke():
                          env=job_env(), capture_output=True, text=True, timeout=180 * MULTIPLIER)
     assert job.returncode == 0, job.stdout + job.stderr
     row = [line for line in job.stdout.splitlines() if line.startswith("numpy ")]
-    assert len(row) == 1 and len(row[0].split()) == 7, job.stdout
+    assert len(row) == 1 and len(row[0].split()) == 8, job.stdout
     assert all(float(v) > 0 for v in row[0].split()[2:]), job.stdout
 
 
