@@ -3,9 +3,11 @@
 Contract:
   * ``run(func, args=(), kwargs=None, num_proc=1, ...)`` starts ``hvlrun`` with ``num_proc``
     ranks (Horovod's keyword names; its deprecated ``np``/``min_np``/``max_np`` too), each rank
-    calls ``hvlite.init()`` and then ``func(*args, **kwargs)``, and ``run`` returns the list of
-    their return values, index = rank (of the last world, in an elastic job). The function's
-    own ``hvd.init()`` finds the engine running.
+    calls ``func(*args, **kwargs)`` (which calls ``hvd.init()`` itself, with its own settings,
+    as under Horovod), and ``run`` returns the list of their return values, index = rank (of
+    the last world, in an elastic job: a world that ends for a re-form returns nothing). A
+    ``sys.exit(0)`` in ``func`` returns None; other exits (the elastic ones included) end the
+    rank with that code, as in a script.
   * ``func``, ``args``, ``kwargs`` and the results travel pickled (with ``cloudpickle`` where it
     is installed, as Horovod does, else ``pickle``: a function defined at the top level of a
     module, the main script included). The ranks prepare their ``__main__`` as
@@ -14,7 +16,10 @@ Contract:
     there, and ``sys.argv``, ``sys.path`` and the working directory are the caller's.
   * The pickles and results go through a folder made in the working directory (removed at the
     end); on several hosts that directory must be the same on every host (a shared file system),
-    as the script's own path must be for hvlrun.
+    as the script's own path must be for hvlrun. Where the working directory cannot be written,
+    the folder goes to the system's temporary directory (enough for one host).
+  * A call from inside a rank (a script whose top level calls ``run`` without a main guard
+    runs again there) raises ``RuntimeError`` instead of starting a job per rank.
   * Raises ``RuntimeError`` when the job fails (hvlrun's exit code, and each failed rank's
     exception as it printed it), ``ValueError`` for a function that cannot be pickled or bad
     arguments. Gloo is not part of hvlite: ``use_gloo=True`` is refused; ``disable_cache`` is
@@ -32,6 +37,7 @@ import traceback
 __all__ = ["run"]
 
 _PAYLOAD = "call.pkl"
+_ENV_INSIDE = "HVLITE_RUN_RANK"      # set in the ranks: a nested run() is a missing main guard
 
 
 def _pickler():
@@ -73,6 +79,10 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
     Raises:
         RuntimeError: the job failed; ValueError: bad arguments or an unpicklable function.
     """
+    if os.environ.get(_ENV_INSIDE):
+        raise RuntimeError("hvlite.run was called inside a rank of hvlite.run: the ranks run the "
+                           "calling script again (as multiprocessing's spawn does), so put the call "
+                           "under `if __name__ == '__main__':`")
     if use_gloo:
         raise ValueError("hvlite.run: hvlite runs on MPI only (no Gloo); leave use_gloo unset")
     num_proc = np if np is not None else num_proc
@@ -87,7 +97,12 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
                          % (type(e).__name__, e)) from None
     main = multiprocessing.spawn.get_preparation_data("hvlite-rank")
     main.pop("authkey", None)        # the ranks are not multiprocessing's children
-    folder = tempfile.mkdtemp(prefix=".hvlite-run-", dir=os.getcwd())
+    if not os.path.isfile(main.get("init_main_from_path", "")):
+        main.pop("init_main_from_path", None)    # `python - < script`: nothing to run again
+    try:
+        folder = tempfile.mkdtemp(prefix=".hvlite-run-", dir=os.getcwd())
+    except OSError:
+        folder = tempfile.mkdtemp(prefix="hvlite-run-")
     try:
         with open(os.path.join(folder, _PAYLOAD), "wb") as f:
             pickle.dump((main, call), f)
@@ -104,9 +119,13 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
 
 
 def _results(folder, code):
-    """The ranks' results in rank order; RuntimeError naming what failed."""
-    names = [n for n in os.listdir(folder) if n.startswith("rank.")]
-    by_rank = {int(n.split(".")[1]): n for n in names}
+    """The last world's results in rank order; RuntimeError naming what failed."""
+    worlds = {}
+    for name in os.listdir(folder):
+        if name.startswith("rank.") and not name.endswith(".part"):
+            _, world, rank = name.split(".")
+            worlds.setdefault(int(world), {})[int(rank)] = name
+    by_rank = worlds[max(worlds)] if worlds else {}
     failures = []
     results = []
     for r in range(len(by_rank)):
@@ -125,24 +144,14 @@ def _results(folder, code):
     return results
 
 
-def _rank_main(folder):
-    """A rank: prepare __main__ as the caller's, init, call, store (ok, result or traceback)."""
-    import multiprocessing.spawn
-    with open(os.path.join(folder, _PAYLOAD), "rb") as f:
-        main, call = pickle.load(f)
-    multiprocessing.spawn.prepare(main)
-    import hvlite
-    hvlite.init()
-    rank = hvlite.rank()
-    try:
-        func, args, kwargs = pickle.loads(call)
-        outcome = (True, func(*args, **kwargs))
-        code = 0
-    except BaseException:    # noqa: BLE001 - any failure goes back to the caller, then exits 1
-        outcome = (False, traceback.format_exc())
-        traceback.print_exc()
-        code = 1
-    path = os.path.join(folder, "rank.%d" % rank)
+def _store(folder, outcome):
+    """Write this rank's (ok, value) where run() looks, named by world and rank (from the
+    launcher's environment: the function may have shut the engine down); 1 if it failed."""
+    from .protocol.elastic_env import ENV_WORLD
+    from .runner.world.rank_exec import rank_from_env
+    path = os.path.join(folder, "rank.%d.%d" % (int(os.environ.get(ENV_WORLD) or 0),
+                                               rank_from_env(os.environ)))
+    code = 0 if outcome[0] else 1
     with open(path + ".part", "wb") as f:
         try:
             pickle.dump(outcome, f)
@@ -153,6 +162,26 @@ def _rank_main(folder):
             code = 1
     os.replace(path + ".part", path)
     return code
+
+
+def _rank_main(folder):
+    """A rank: prepare __main__ as the caller's, call, store (ok, result or traceback)."""
+    import multiprocessing.spawn
+    os.environ[_ENV_INSIDE] = "1"
+    with open(os.path.join(folder, _PAYLOAD), "rb") as f:
+        main, call = pickle.load(f)
+    multiprocessing.spawn.prepare(main)
+    try:
+        func, args, kwargs = pickle.loads(call)
+        outcome = (True, func(*args, **kwargs))
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise                 # the script's own exit (elastic re-forms too): no result
+        outcome = (True, None)
+    except BaseException:    # noqa: BLE001 - any failure goes back to the caller, then exits 1
+        traceback.print_exc()
+        outcome = (False, traceback.format_exc())
+    return _store(folder, outcome)
 
 
 if __name__ == "__main__":

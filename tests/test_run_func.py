@@ -1,7 +1,9 @@
 """hvlite.run (Horovod's horovod.run): a function of the caller's own script runs on every rank
 of a new job, and the results come back by rank; the script's `if __name__ == "__main__"` block
-does not run again on the ranks; a rank's exception reaches the caller as a RuntimeError naming
-the rank; an unpicklable function is a ValueError before anything starts; the working folder is
+does not run again on the ranks; the function's own init() settings hold; sys.exit(0) returns
+None; a rank's exception reaches the caller as a RuntimeError naming the rank; an unpicklable
+argument is a ValueError before anything starts; a script without a main guard fails saying so
+(no job per rank); in an elastic job, the results are the last world's; the working folder is
 removed. Each driver is a real script run by a real Python, with a hard timeout."""
 import os
 import subprocess
@@ -19,16 +21,37 @@ SCRIPT = textwrap.dedent('''
 
     def work(x, scale=1):
         import hvlite as hvd
-        hvd.init()
+        hvd.init(process_sets=[hvd.ProcessSet([0, 1])])   # its own settings: nothing before it
         total = hvd.allreduce(np.array([hvd.rank() + 1.0]), op=hvd.Sum, name="total")
         return {"rank": hvd.rank(), "size": hvd.size(), "value": x * scale,
                 "total": float(total[0]), "argv": ARGV, "cwd": os.getcwd()}
 
     def fail_on_1():
         import hvlite as hvd
+        hvd.init()
         if hvd.rank() == 1:
             raise KeyError("no such thing on rank 1")
+        if hvd.rank() == 2:
+            sys.exit(0)
         return "fine"
+
+    def elastic_train(hosts_file):
+        import time
+        import hvlite as hvd, hvlite.elastic as el
+        hvd.init()
+        state = el.ObjectState(step=0)
+
+        @el.run
+        def loop(state):
+            while state.step < 6:
+                if state.step == 3 and hvd.size() == 2 and hvd.rank() == 0:
+                    with open(hosts_file, "w") as f:
+                        f.write("localhost:1\\n")
+                    time.sleep(1.5)                  # the next commit sees the change
+                state.step += 1
+                state.commit()
+            return hvd.size()
+        return hvd.rank(), loop(state)
 
     if __name__ == "__main__":
         print("MAIN BLOCK", flush=True)      # once: the ranks do not run it
@@ -38,14 +61,24 @@ SCRIPT = textwrap.dedent('''
                 print("RESULT", sorted(result.items()), flush=True)
         elif what == "fail":
             try:
-                hvlite.run(fail_on_1, num_proc=2)
+                hvlite.run(fail_on_1, num_proc=3)
             except RuntimeError as e:
                 print("FAILED", e, flush=True)
-        elif what == "lambda":
+        elif what == "unpicklable":
+            import threading
             try:
-                hvlite.run(lambda: 1, num_proc=2)
+                hvlite.run(work, args=(threading.Lock(),), num_proc=2)
             except ValueError as e:
                 print("REFUSED", e, flush=True)
+        elif what == "elastic":
+            with open("hosts", "w") as f:
+                f.write("localhost:2\\n")
+            with open("discover.sh", "w") as f:
+                f.write("#!/bin/sh\\ncat %s\\n" % os.path.abspath("hosts"))
+            os.chmod("discover.sh", 0o755)
+            print("RESULT", hvlite.run(elastic_train, args=(os.path.abspath("hosts"),), num_proc=2,
+                                       min_num_proc=1, max_num_proc=2,
+                                       host_discovery_script=os.path.abspath("discover.sh")), flush=True)
         print("LEFT", sorted(n for n in os.listdir(".") if n.startswith(".hvlite-run-")), flush=True)
 ''')
 
@@ -76,15 +109,34 @@ def test_a_rank_exception_reaches_the_caller(tmp_path):
     out, err = drive(tmp_path, "fail")
     assert "FAILED hvlite.run: the job failed (hvlrun exited with code" in out, out + err
     assert "rank 1 raised:" in out and "KeyError: 'no such thing on rank 1'" in out, out
+    assert "rank 0 raised" not in out and "rank 2" not in out, out   # "fine", and sys.exit(0)
     assert "LEFT []" in out, out
 
 
-def test_unpicklable_function_is_refused_before_starting(tmp_path):
-    out, err = drive(tmp_path, "lambda")
-    try:
-        import cloudpickle  # noqa: F401
-        assert "REFUSED" not in out, out       # cloudpickle sends lambdas
-    except ImportError:
-        assert "REFUSED hvlite.run: cannot pickle the function" in out, out + err
+def test_unpicklable_argument_is_refused_before_starting(tmp_path):
+    out, err = drive(tmp_path, "unpicklable")
+    assert "REFUSED hvlite.run: cannot pickle the function and its arguments" in out, out + err
     assert "LEFT []" in out and "hvlrun" not in err, out + err
-    assert os.listdir(tmp_path) == ["driver.py"]
+    assert sorted(os.listdir(tmp_path)) == ["driver.py"]
+
+
+def test_a_script_without_main_guard_fails_saying_so(tmp_path):
+    """Its ranks run it again, reach run() at its top level, and are refused (no job from a
+    rank); the caller's run() then fails with the ranks' message."""
+    script = tmp_path / "unguarded.py"
+    script.write_text("import hvlite\n\ndef f():\n    return 1\n\n"
+                      "print('RESULT', hvlite.run(f, num_proc=2), flush=True)\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       cwd=str(tmp_path), env=job_env(), timeout=120 * MULTIPLIER,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode != 0 and "RESULT" not in r.stdout, r.stdout + r.stderr
+    assert r.stderr.count("RuntimeError: hvlite.run: the job failed") == 1, r.stderr  # one job
+    assert "put the call under `if __name__ == '__main__':`" in r.stderr, r.stderr
+
+
+def test_elastic_results_are_the_last_worlds(tmp_path):
+    """World 1 (2 ranks) ends for a re-form when the hosts shrink; world 2 (1 rank) finishes:
+    one result, world 2's, and the re-form is not a failure."""
+    out, err = drive(tmp_path, "elastic")
+    assert "RESULT [(0, 1)]" in out, out + err
+    assert "exited with code 1" not in err, err

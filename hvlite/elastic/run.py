@@ -44,7 +44,7 @@ def _hvlite_peer_error(error: BaseException) -> bool:
 
 
 def _say(me: int, message: str) -> None:
-    """``me``: this rank, read while the engine ran (rank() raises once it stopped)."""
+    """``me``: this rank, read when the world began (the message must not need the engine)."""
     sys.stdout.flush()
     sys.stderr.write("hvlite.elastic: rank %d: %s\n" % (me, message))
     sys.stderr.flush()

@@ -98,27 +98,31 @@ def _initialize_state(optimizer, model):
     SparseAdam and for a sparse embedding of ``model``) and one step of the wrapped optimizer,
     so its state exists (and ``p.grad`` is a tensor afterwards, as under Horovod). The step is
     the plain optimizer's, never a distributed one's (only this rank may be taking it: one
-    that resumed from a checkpoint has state), and the parameters are put back after it: on
-    zero gradients, weight decay would still move them (Horovod keeps that move, so a resumed
-    rank's parameters drifted from the root's they had just received)."""
+    that resumed from a checkpoint has state); L-BFGS gets a closure of zero loss (its step
+    then stops at once: the gradient is zero). On zero gradients only weight decay moves a
+    parameter, so the parameters of groups with weight decay are put back after the step
+    (Horovod keeps that move, so a resumed rank's parameters drifted from the root's they had
+    just received); the copies are in host memory, asked for no GPU memory."""
     from .adasum_optimizer import _AdasumOptimizer   # their step() runs collectives
     from .optimizer import _DistributedOptimizer
     sparse = {id(p) for m in (model.modules() if model is not None else ())
               if isinstance(m, torch.nn.Embedding) and m.sparse for p in m.parameters()}
-    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    decayed = [p for group in optimizer.param_groups if group.get("weight_decay")
+               for p in group["params"] if p.requires_grad]
     with torch.no_grad():
-        kept = [p.detach().to("cpu", copy=True) for p in params]   # host: no GPU memory asked
-    for p in params:
-        p.grad = torch.zeros_like(p)
-        if isinstance(optimizer, torch.optim.SparseAdam) or id(p) in sparse:
-            p.grad = p.grad.to_sparse()
+        kept = [p.detach().to("cpu", copy=True) for p in decayed]
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam) or id(p) in sparse:
+                    p.grad = p.grad.to_sparse()
+    closure = (lambda: torch.zeros(())) if isinstance(optimizer, torch.optim.LBFGS) else None
     wrapper = next((c for c in (_DistributedOptimizer, _AdasumOptimizer) if isinstance(optimizer, c)), None)
-    if wrapper is not None:
-        super(wrapper, optimizer).step()
-    else:
-        optimizer.step()
+    step = super(wrapper, optimizer).step if wrapper is not None else optimizer.step
+    step(closure) if closure is not None else step()
     with torch.no_grad():
-        for p, old in zip(params, kept):
+        for p, old in zip(decayed, kept):
             p.copy_(old)
 
 

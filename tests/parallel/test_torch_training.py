@@ -4,7 +4,7 @@ step; fp16 compression; sparse embedding gradients; mixed precision with torch's
 in torch's plain loop and Horovod's synchronize-then-clip one), broadcast_parameters and
 broadcast_optimizer_state (state created or not: created by a zero-gradient step, as in
 Horovod, which leaves the parameters as they were; a root resumed from a checkpoint, under
-each optimizer wrapper), SyncBatchNorm forward/backward/running stats,
+each optimizer wrapper; L-BFGS), SyncBatchNorm forward/backward/running stats,
 join with uneven batches, and clear errors for a model that differs across ranks. On the CPU,
 or on CUDA models and tensors with HVLITE_TEST_DEVICE=cuda (torch_device.py).
 SPMD: run by hvlrun."""
@@ -217,6 +217,29 @@ def test_resumed_root_state_reaches_fresh_ranks_and_parameters_stay(wrapper):
             everyone = hvd.allgather(s[key].reshape(1, -1).double(), name="resumed.%d.%s" % (i, key))
             assert all(torch.equal(everyone[0], row) for row in everyone), (i, key)
     assert opt.state_dict()["state"][0]["step"].item() == 2      # the root's, not a fresh 1
+
+
+def test_lbfgs_state_reaches_a_fresh_rank():
+    """L-BFGS's step needs a closure: the zero-gradient step gets one (Horovod refuses L-BFGS)."""
+    model, x, y = model_and_data(seed=300 + RANK)
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5)
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(shard(x[0])), shard(y[0]))
+        loss.backward()
+        return loss
+    if RANK == 0:
+        opt.step(closure)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    state = opt.state_dict()["state"][0]
+    n_iter = hvd.allgather_object(state["n_iter"], name="lbfgs.n_iter")
+    assert n_iter == [n_iter[0]] * SIZE and n_iter[0] > 1, n_iter
+    for key in ("d", "prev_flat_grad"):
+        everyone = hvd.allgather(state[key].reshape(1, -1).double(), name="lbfgs." + key)
+        assert all(torch.equal(everyone[0], row) for row in everyone), key
+    opt.step(closure)                                        # the state it took is usable
 
 
 def test_sync_batch_norm_matches_combined_batch():
