@@ -2,11 +2,12 @@
 
 Contract: every rank must use the same callbacks in the same order (the collective ones talk
 to the other ranks). ``BroadcastGlobalVariablesCallback`` assigns root_rank's model and
-optimizer variables to every rank when training begins, and again after the first batch
-if that batch created variables (with TensorFlow and no ``tf.distribute`` strategy, Keras 3
-builds a model without an ``Input``, and the optimizer, inside the first train step: those
-ranks took one step from their own starting weights, which root_rank's then replace, as
-Horovod's callback, which broadcasts only then, does for every model). ``MetricAverageCallback`` replaces every value in the epoch-end logs by
+optimizer variables to every rank when training begins (where every rank has the same ones),
+and all of them after the first batch if that batch created variables (with TensorFlow and no
+``tf.distribute`` strategy, Keras 3 builds a model without an ``Input``, and the optimizer,
+inside the first train step: those ranks took one step from their own starting weights,
+which root_rank's then replace, as Horovod's callback, which broadcasts only then, does for
+every model). ``MetricAverageCallback`` replaces every value in the epoch-end logs by
 its average over the ranks, in one allreduce; put it before callbacks that read the logs.
 ``LearningRateScheduleCallback`` sets ``initial_lr * multiplier(epoch)`` between start_epoch
 and end_epoch, per epoch (staircase) or per batch with fractional epochs;
@@ -18,6 +19,7 @@ as a Python float fixed when the train step is traced.
 import numpy as np
 import keras
 
+from ... import objects as _objects
 from ...basics import rank, size
 from .. import functions as _functions
 from .. import ops as _ops
@@ -50,25 +52,40 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.broadcast_done = False
         self._sent = None          # ids of the variables broadcast at train begin
 
-    def _broadcast(self, name):
+    def _variables(self):
         local = {id(v) for v in self.local_variables}
-        variables = [v for v in _model_variables(self.model) if id(v) not in local]
-        _functions.broadcast_variables(variables, self.root_rank, name=name)
-        return {id(v) for v in variables}
+        return [v for v in _model_variables(self.model) if id(v) not in local]
 
     def on_train_begin(self, logs=None):
-        """Broadcast what exists (collective: every rank)."""
-        if not self.broadcast_done and self._sent is None:
-            self._sent = self._broadcast("BroadcastGlobalVariablesCallback")
+        """Build the optimizer of a built model, then broadcast what exists if every rank has
+        the same variables (collective: every rank); otherwise nothing is sent before the first
+        batch has built them everywhere."""
+        if self.broadcast_done or self._sent is not None:
+            return
+        optimizer = getattr(self.model, "optimizer", None)
+        if self.model.built and optimizer is not None and not optimizer.built:
+            # as Keras's own symbolic build does; else the first train step builds it while
+            # tracing, tracing the step twice, where a rank that loaded a checkpoint (built)
+            # traces once: their collectives' names would differ
+            optimizer.build(self.model.trainable_variables)
+        variables = self._variables()
+        mine = [(tuple(v.shape), str(v.dtype)) for v in variables]
+        ranks = _objects.allgather_object(mine, name="BroadcastGlobalVariablesCallback.check")
+        self._sent = set()
+        if all(theirs == mine for theirs in ranks):
+            _functions.broadcast_variables(variables, self.root_rank,
+                                           name="BroadcastGlobalVariablesCallback")
+            self._sent = {id(v) for v in variables}
 
     def on_train_batch_end(self, batch, logs=None):
-        """After the first batch: broadcast again if it built variables (the same on every
-        rank: they run the same model code)."""
+        """After the first batch: broadcast everything if that batch built variables, or if
+        they differed at train begin (every rank runs the same model code: now they agree)."""
         if self.broadcast_done or self._sent is None:
             return
-        local = {id(v) for v in self.local_variables}
-        if any(id(v) not in self._sent and id(v) not in local for v in _model_variables(self.model)):
-            self._broadcast("BroadcastGlobalVariablesCallback.built")
+        variables = self._variables()
+        if any(id(v) not in self._sent for v in variables):
+            _functions.broadcast_variables(variables, self.root_rank,
+                                           name="BroadcastGlobalVariablesCallback.built")
         self.broadcast_done = True
 
 
