@@ -8,9 +8,11 @@ Contract:
     the last world, in an elastic job: a world that ends for a re-form returns nothing). A
     ``sys.exit(0)`` in ``func`` returns None; other exits (the elastic ones included) end the
     rank with that code, as in a script.
-  * ``func``, ``args``, ``kwargs`` and the results travel pickled (with ``cloudpickle`` where it
-    is installed, as Horovod does, else ``pickle``: a function defined at the top level of a
-    module, the main script included). The ranks prepare their ``__main__`` as
+  * ``func``, ``args``, ``kwargs`` and the results travel pickled: by reference where the ranks
+    can import the function (a module's, or the script's, which they run again), so it keeps
+    its source (TensorFlow's autograph reads it); otherwise by value with ``cloudpickle`` where
+    it is installed (lambdas, closures, a script read from stdin, a function defined in the
+    main block), as Horovod always does. The ranks prepare their ``__main__`` as
     ``multiprocessing``'s spawn start method does: the caller's script is run again under the
     name ``__mp_main__``, so its top-level ``if __name__ == "__main__":`` block does not run
     there, and ``sys.argv``, ``sys.path`` and the working directory are the caller's.
@@ -40,12 +42,34 @@ _PAYLOAD = "call.pkl"
 _ENV_INSIDE = "HVLITE_RUN_RANK"      # set in the ranks: a nested run() is a missing main guard
 
 
-def _pickler():
+def _dumps(call):
+    """(by reference, by value): ``pickle``'s bytes where it can (the ranks then use the
+    function itself, source and all: TensorFlow's autograph reads it), and ``cloudpickle``'s
+    where it is installed (lambdas, closures, a function of a script the ranks cannot run
+    again, or defined in its main block), as Horovod always does. Either may be None."""
     try:
-        import cloudpickle   # noqa: F401 - Horovod's choice: lambdas and closures too
-        return cloudpickle
+        by_reference = pickle.dumps(call)
+    except Exception:   # noqa: BLE001 - pickling raises many kinds
+        by_reference = None
+    try:
+        import cloudpickle
     except ImportError:
-        return pickle
+        if by_reference is None:
+            raise
+        return by_reference, None
+    return by_reference, cloudpickle.dumps(call)
+
+
+def _loads(by_reference, by_value):
+    """The call, by reference first; by value where the ranks cannot find it."""
+    try:
+        if by_reference is None:
+            raise LookupError("not picklable by reference")
+        return pickle.loads(by_reference)
+    except Exception:   # noqa: BLE001 - e.g. AttributeError: not in the script the ranks ran
+        if by_value is None:
+            raise
+        return pickle.loads(by_value)
 
 
 def _hvlrun_flags(num_proc, min_num_proc, max_num_proc, slots, reset_limit, cooldown_range,
@@ -89,16 +113,16 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
     min_num_proc = min_np if min_np is not None else min_num_proc
     max_num_proc = max_np if max_np is not None else max_num_proc
     import multiprocessing.spawn
-    try:
-        call = _pickler().dumps((func, tuple(args), dict(kwargs or {})))
-    except Exception as e:   # noqa: BLE001 - pickling raises many kinds
-        raise ValueError("hvlite.run: cannot pickle the function and its arguments (define it at "
-                         "the top level of a module or the script, or install cloudpickle): %s: %s"
-                         % (type(e).__name__, e)) from None
     main = multiprocessing.spawn.get_preparation_data("hvlite-rank")
     main.pop("authkey", None)        # the ranks are not multiprocessing's children
     if not os.path.isfile(main.get("init_main_from_path", "")):
         main.pop("init_main_from_path", None)    # `python - < script`: nothing to run again
+    try:
+        call = _dumps((func, tuple(args), dict(kwargs or {})))
+    except Exception as e:   # noqa: BLE001 - pickling raises many kinds
+        raise ValueError("hvlite.run: cannot pickle the function and its arguments (define it at "
+                         "the top level of a module or the script, or install cloudpickle): %s: %s"
+                         % (type(e).__name__, e)) from None
     try:
         folder = tempfile.mkdtemp(prefix=".hvlite-run-", dir=os.getcwd())
     except OSError:
@@ -172,7 +196,7 @@ def _rank_main(folder):
         main, call = pickle.load(f)
     multiprocessing.spawn.prepare(main)
     try:
-        func, args, kwargs = pickle.loads(call)
+        func, args, kwargs = _loads(*call)
         outcome = (True, func(*args, **kwargs))
     except SystemExit as e:
         if e.code not in (None, 0):

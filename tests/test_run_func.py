@@ -23,8 +23,10 @@ SCRIPT = textwrap.dedent('''
         import hvlite as hvd
         hvd.init(process_sets=[hvd.ProcessSet([0, 1])])   # its own settings: nothing before it
         total = hvd.allreduce(np.array([hvd.rank() + 1.0]), op=hvd.Sum, name="total")
+        import inspect
         return {"rank": hvd.rank(), "size": hvd.size(), "value": x * scale,
-                "total": float(total[0]), "argv": ARGV, "cwd": os.getcwd()}
+                "total": float(total[0]), "argv": ARGV, "cwd": os.getcwd(),
+                "source": inspect.getsource(work).startswith("def work")}   # autograph reads it
 
     def fail_on_1():
         import hvlite as hvd
@@ -70,6 +72,13 @@ SCRIPT = textwrap.dedent('''
                 hvlite.run(work, args=(threading.Lock(),), num_proc=2)
             except ValueError as e:
                 print("REFUSED", e, flush=True)
+        elif what == "main_block":
+            def in_main_block(x):                # not there when the ranks run the script again
+                return x + 1
+            try:
+                print("RESULT", hvlite.run(in_main_block, args=(1,), num_proc=2), flush=True)
+            except RuntimeError as e:
+                print("FAILED", e, flush=True)
         elif what == "elastic":
             with open("hosts", "w") as f:
                 f.write("localhost:2\\n")
@@ -101,6 +110,7 @@ def test_results_come_back_by_rank(tmp_path):
         assert got["rank"] == rank and got["size"] == 3 and got["value"] == 6, got
         assert got["total"] == 6.0, got                  # 1 + 2 + 3, a real allreduce
         assert got["argv"][1:] == ["ok"] and got["cwd"] == str(tmp_path), got
+        assert got["source"], got                        # the function itself, not a copy
     assert out.count("MAIN BLOCK") == 1, out
     assert "LEFT []" in out, out
 
@@ -118,6 +128,17 @@ def test_unpicklable_argument_is_refused_before_starting(tmp_path):
     assert "REFUSED hvlite.run: cannot pickle the function and its arguments" in out, out + err
     assert "LEFT []" in out and "hvlrun" not in err, out + err
     assert sorted(os.listdir(tmp_path)) == ["driver.py"]
+
+
+def test_a_function_of_the_main_block_goes_by_value(tmp_path):
+    """The ranks run the script again without its main block: a function defined there reaches
+    them by value (cloudpickle, where installed, as in Horovod), or fails naming it."""
+    out, err = drive(tmp_path, "main_block")
+    try:
+        import cloudpickle  # noqa: F401
+        assert "RESULT [2, 2]" in out, out + err
+    except ImportError:
+        assert "FAILED hvlite.run: the job failed" in out and "in_main_block" in out, out + err
 
 
 def test_a_script_without_main_guard_fails_saying_so(tmp_path):
