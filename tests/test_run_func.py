@@ -6,11 +6,14 @@ argument is a ValueError before anything starts; a script without a main guard f
 (no job per rank); in an elastic job, the results are the last world's; the working folder is
 removed. Each driver is a real script run by a real Python, with a hard timeout."""
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 
-from jobs import MULTIPLIER, job_env
+import pytest
+
+from jobs import MULTIPLIER, STOP_GRACE, job_env
 
 SCRIPT = textwrap.dedent('''
     import os, sys
@@ -92,12 +95,31 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
+def run_driver(args, cwd):
+    """Run a driver script in a process group of its own, with a hard timeout: past it, the
+    group (the driver and the hvlrun it started, which ends its ranks) gets SIGTERM, then
+    SIGKILL after STOP_GRACE seconds, and the test fails."""
+    with subprocess.Popen([sys.executable] + args, cwd=cwd, env=job_env(), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          stdin=subprocess.DEVNULL, start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=120 * MULTIPLIER)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                out, err = proc.communicate(timeout=STOP_GRACE)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                out, err = proc.communicate()
+            pytest.fail("driver timed out (a hang): %s\n--- stdout\n%s\n--- stderr\n%s"
+                        % (args, out[-4000:], err[-4000:]))
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
 def drive(tmp_path, what):
     script = tmp_path / "driver.py"
     script.write_text(SCRIPT)
-    r = subprocess.run([sys.executable, str(script), what], capture_output=True, text=True,
-                       cwd=str(tmp_path), env=job_env(), timeout=120 * MULTIPLIER,
-                       stdin=subprocess.DEVNULL)
+    r = run_driver([str(script), what], str(tmp_path))
     return r.stdout, r.stderr
 
 
@@ -147,9 +169,7 @@ def test_a_script_without_main_guard_fails_saying_so(tmp_path):
     script = tmp_path / "unguarded.py"
     script.write_text("import hvlite\n\ndef f():\n    return 1\n\n"
                       "print('RESULT', hvlite.run(f, num_proc=2), flush=True)\n")
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                       cwd=str(tmp_path), env=job_env(), timeout=120 * MULTIPLIER,
-                       stdin=subprocess.DEVNULL)
+    r = run_driver([str(script)], str(tmp_path))
     assert r.returncode != 0 and "RESULT" not in r.stdout, r.stdout + r.stderr
     assert r.stderr.count("RuntimeError: hvlite.run: the job failed") == 1, r.stderr  # one job
     assert "put the call under `if __name__ == '__main__':`" in r.stderr, r.stderr
