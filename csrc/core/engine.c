@@ -47,7 +47,8 @@ static int make_comms(hvl_engine *e)
     int provided = 0, flag = 0;
     MPI_Initialized(&flag);
     if (!flag) {
-        HVL_CHECK(hvl__mpi_check(MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread"));
+        int wanted = e->params.mpi_threads_disable ? MPI_THREAD_SERIALIZED : MPI_THREAD_MULTIPLE;
+        HVL_CHECK(hvl__mpi_check(MPI_Init_thread(NULL, NULL, wanted, &provided), "MPI_Init_thread"));
         e->mpi_initialized_here = 1;
     } else {
         MPI_Query_thread(&provided);
@@ -87,7 +88,7 @@ static int split_fake_hosts(hvl_engine *e)
 static int startup(hvl_engine *e)
 {
     HVL_CHECK(make_comms(e));
-    hvl__log_set(e->params.log_level, e->rank);
+    hvl__log_set(e->params.log_level, e->rank, !e->params.log_hide_time);
     hvl__params_warn();
     HVL_CHECK(hvl__params_agree(&e->params, e->comm, hvl__peer_bound(e)));
     HVL_CHECK(split_fake_hosts(e));
@@ -269,7 +270,7 @@ static void reset_engine(hvl_engine *e)
     pthread_cond_init(&e->wake_cond, &a);
     pthread_condattr_destroy(&a);
     hvl__params_load(&e->params);
-    hvl__log_set(e->params.log_level, -1);
+    hvl__log_set(e->params.log_level, -1, !e->params.log_hide_time);
 }
 
 int hvl_init(void)

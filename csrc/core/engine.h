@@ -26,9 +26,12 @@ typedef struct {
     int cache_capacity;         /* response cache entries; 0 disables the cache */
     double stall_check_s;       /* warn about tensors some ranks have not submitted; 0 = off */
     double stall_shutdown_s;    /* stop the engine on every rank over such a tensor; 0 = off */
+    int stall_check_disable;    /* 1: both stall times read as 0 (Horovod's switch for them) */
     double peer_timeout_s;      /* a wait on peers that takes longer fails the engine */
     double deadlock_s;          /* fail tensors every waiting rank waits on in vain after this; 0 = off */
     int log_level;
+    int log_hide_time;          /* 0: log lines start with the wall-clock time */
+    int mpi_threads_disable;    /* 1: ask MPI for MPI_THREAD_SERIALIZED, not MULTIPLE */
     int autotune;               /* 1: autotune tunes fusion threshold, cycle time, cache use */
     int autotune_warmup;        /* samples measured and discarded before the search */
     int autotune_steps;         /* engine cycles that did work per sample */

@@ -36,6 +36,8 @@ static const param_def table[] = {
      "warn about tensors not submitted by every rank after this long (0 = off)"},
     {"STALL_SHUTDOWN_TIME_SECONDS", P_DOUBLE, LOCAL, F(stall_shutdown_s), "0",
      "stop the engine on every rank when a tensor stalls this long (0 = off)"},
+    {"STALL_CHECK_DISABLE", P_INT, LOCAL, F(stall_check_disable), "0",
+     "1: no stall warning and no stall shutdown, whatever the two stall times say"},
     {"DEADLOCK_SECONDS", P_DOUBLE, LOCAL, F(deadlock_s), "5",
      "rank 0: when every rank that a set of tensors needs has waited in hvlite this long and none of "
      "them can ever complete, fail them on every rank with a deadlock error (0 = off)"},
@@ -44,6 +46,11 @@ static const param_def table[] = {
      "(a collective) for this long: a stopped, dead or unreachable rank (0 = never); rank 0's "
      "value holds on every rank, so every rank gives up alike"},
     {"LOG_LEVEL", P_LEVEL, LOCAL, F(log_level), "warning", "trace, debug, info, warning or error"},
+    {"LOG_HIDE_TIME", P_INT, LOCAL, F(log_hide_time), "1",
+     "0: engine log lines start with the date and time (to the microsecond)"},
+    {"MPI_THREADS_DISABLE", P_INT, LOCAL, F(mpi_threads_disable), "0",
+     "1: when hvlite initialises MPI, ask for MPI_THREAD_SERIALIZED (all the engine needs) instead "
+     "of MPI_THREAD_MULTIPLE; hvlite.mpi_threads_supported() is then False"},
     {"AUTOTUNE", P_INT, RANK0, F(autotune), "0",
      "1: search fusion threshold, cycle time and response-cache use on measured bytes/s"},
     {"AUTOTUNE_LOG", P_PATH, LOCAL, F(autotune_log), "", "rank 0 writes every autotune sample to this CSV file"},
@@ -142,6 +149,7 @@ static void load(hvl_params *p, int warn)
         snprintf(key, sizeof(key), "unknown setting %.*s", (int)(eq - *env < 150 ? eq - *env : 150), *env);
         hvl__log_once(key, HVL_LOG_WARNING, "unknown setting %.*s ignored", (int)(eq - *env), *env);
     }
+    if (p->stall_check_disable) p->stall_check_s = p->stall_shutdown_s = 0;
 }
 
 void hvl__params_load(hvl_params *p) { load(p, 0); }

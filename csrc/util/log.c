@@ -16,18 +16,38 @@
 
 static int log_level = HVL_LOG_WARNING;
 static int log_rank = -1;
+static int log_time;                   /* 1: lines start with the wall-clock time */
 static __thread char *last_error;      /* grows to fit; freed when the thread exits (error_key) */
 static __thread int last_status;       /* the status hvl__fail last returned on this thread */
 static __thread size_t last_error_cap;
 
 static const char *level_names[] = {"TRACE", "DEBUG", "INFO", "WARNING", "ERROR"};
 
-void hvl__log_set(int level, int rank) { log_level = level; log_rank = rank; }
+void hvl__log_set(int level, int rank, int show_time)
+{
+    log_level = level;
+    log_rank = rank;
+    log_time = show_time;
+}
+
+/* "2026-11-27 21:15:03.123456 " (local time) into `out` (at least 32 bytes); "" when off. */
+static void wall_clock(char *out, size_t cap)
+{
+    out[0] = 0;
+    if (!log_time) return;
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    if (!localtime_r(&ts.tv_sec, &tm)) return;
+    size_t n = strftime(out, cap, "%Y-%m-%d %H:%M:%S", &tm);
+    snprintf(out + n, cap - n, ".%06ld ", ts.tv_nsec / 1000);
+}
 
 static void log_line(int level, const char *fmt, va_list ap)
 {
-    char line[1200];
-    int n = snprintf(line, 160, "[hvlite rank %d tid %ld] %s: ", log_rank,
+    char line[1200], when[40];
+    wall_clock(when, sizeof(when));
+    int n = snprintf(line, 200, "[%shvlite rank %d tid %ld] %s: ", when, log_rank,
                      (long)syscall(SYS_gettid), level_names[level]);
     vsnprintf(line + n, sizeof(line) - (size_t)n - 2, fmt, ap);
     strcat(line, "\n");

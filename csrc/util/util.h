@@ -23,7 +23,7 @@
 
 /* ---- errors and logging (log.c) ---- */
 enum { HVL_LOG_TRACE = 0, HVL_LOG_DEBUG, HVL_LOG_INFO, HVL_LOG_WARNING, HVL_LOG_ERROR };
-void hvl__log_set(int level, int rank);
+void hvl__log_set(int level, int rank, int show_time);
 /* A line on stderr, "[hvlite rank R tid T] LEVEL: ...", if level is at or above the log level.
  * Cannot fail. */
 void hvl__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -264,5 +264,8 @@ def test_nothing_in_the_launcher_deserialises_network_data():
     pattern = re.compile(r"\b(pickle|cPickle|marshal|shelve|dill|cloudpickle|yaml)\b|\beval\(|\bexec\(")
     files = [p for part in ("runner", "protocol") for p in (package / part).rglob("*.py")]
     assert len(files) > 20, files
-    offenders = [str(p) for p in files if pattern.search(p.read_text())]
+    # --config-file: a local file named on the command line, read with yaml.safe_load (plain
+    # data only); never anything that came over the network.
+    allowed = re.compile(r"^\s*import yaml$|yaml\.(safe_load|YAMLError)\b", re.M)
+    offenders = [str(p) for p in files if pattern.search(allowed.sub("", p.read_text()))]
     assert offenders == [], offenders

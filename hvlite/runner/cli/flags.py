@@ -21,6 +21,7 @@ from typing import List, Sequence
 from ..control.names import ENV_HEARTBEAT
 from ..hosts import hostlist as hostlib
 from ..world.settings import interface_names
+from .horovod_flags import add_horovod_flags
 from .knobs import KNOBS
 
 __all__ = ["DEFAULT_HEARTBEAT_TIMEOUT", "build_parser", "is_elastic", "check_usage",
@@ -42,11 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="number of ranks (default: all slots of -H/--hostfile)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("-H", "--hosts", help="hosts as host:slots,... (default: localhost)")
-    where.add_argument("--hostfile", help="file of 'host slots=N', 'host:N' or 'host' lines")
+    where.add_argument("--hostfile", "-hostfile", help="file of 'host slots=N', 'host:N' or 'host' lines")
     knobs = parser.add_argument_group("engine settings (HVLITE_* variables)")
     for option, variable, kind, help_text in KNOBS:
         if kind is None:
-            knobs.add_argument(option, action="store_true", help="%s [%s]" % (help_text, variable))
+            knobs.add_argument(option, action="store_true", default=None,
+                               help="%s [%s]" % (help_text, variable))
         else:
             knobs.add_argument(option, type=kind, help="%s [%s]" % (help_text, variable))
     remote = parser.add_argument_group("other hosts")
@@ -69,17 +71,31 @@ def build_parser() -> argparse.ArgumentParser:
                         help="command syntax to use (default: ask mpiexec --version)")
     parser.add_argument("--output-filename", metavar="DIR",
                         help="also write each rank's output to DIR/rank.<N>/{stdout,stderr}")
+    parser.add_argument("--prefix-output-with-timestamp", "-prefix-timestamp",
+                        action="store_true",
+                        help="start each forwarded output line with the local time")
     parser.add_argument("--start-timeout", type=float, metavar="SECONDS",
                         help="seconds for every rank to start; 0 waits forever "
                              "(default: $HVLRUN_START_TIMEOUT or 30)")
     parser.add_argument("--verbose", action="store_true", help="print the command before running")
     parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
-    parser.add_argument("--check-build", action="store_true",
+    parser.add_argument("--check-build", "-cb", action="store_true",
                         help="report what the engine was built with, then exit")
     parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE ...",
                         help="run `<hvlrun's python> -m MODULE ...` on every rank")
+    parser.add_argument("-v", "--version", action="version", version="hvlrun (hvlite) " + _version())
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
+    add_horovod_flags(parser)
     return parser
+
+
+def _version() -> str:
+    """hvlite's installed version ("unknown" when run from a tree pip never installed)."""
+    try:
+        from importlib.metadata import version
+        return version("hvlite")
+    except Exception:      # PackageNotFoundError, or a broken installation: never fail --help
+        return "unknown"
 
 
 def _add_elastic_flags(parser: argparse.ArgumentParser) -> None:
@@ -89,9 +105,9 @@ def _add_elastic_flags(parser: argparse.ArgumentParser) -> None:
     elastic.add_argument("--host-discovery-script", metavar="SCRIPT",
                          help="command printing the usable hosts, one 'host:slots' per line; "
                               "run now and every second")
-    elastic.add_argument("--min-np", type=int, metavar="N",
+    elastic.add_argument("--min-np", "--min-num-proc", type=int, metavar="N",
                          help="fewest ranks the job runs with (default: -np, else 1)")
-    elastic.add_argument("--max-np", type=int, metavar="N",
+    elastic.add_argument("--max-np", "--max-num-proc", type=int, metavar="N",
                          help="most ranks the job grows to (default: every usable slot)")
     elastic.add_argument("--slots-per-host", type=int, metavar="N",
                          help="slots of a discovered host given without a count (default 1)")

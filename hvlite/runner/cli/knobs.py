@@ -1,8 +1,10 @@
 """The one table of hvlrun's knob flags and the ``HVLITE_*`` variables they set.
 
 Contract: :data:`KNOBS` rows are ``(option, variable, argparse type, help)``; a type of None makes
-an on/off switch that sets the variable to "1". ``dest(option)`` is the argparse attribute of an
-option; ``knob_env(args)`` returns the variables for the knob flags given in parsed ``args``.
+an on/off switch that sets the variable to "1" (its attribute is None unless given; False,
+from horovodrun's ``--no-*`` form or ``--config-file``, sets "0"). ``dest(option)`` is the
+argparse attribute of an option; ``knob_env(args)`` returns the variables for the knob flags
+given in parsed ``args``.
 The argparse types raise ``argparse.ArgumentTypeError`` on bad values. Imports no engine code.
 """
 import argparse
@@ -58,7 +60,13 @@ KNOBS = (
      "warn about tensors some ranks did not submit after this many seconds"),
     ("--stall-shutdown-seconds", "HVLITE_STALL_SHUTDOWN_TIME_SECONDS", _count,
      "shut down after a stall of this many seconds (0: never)"),
+    ("--no-stall-check", "HVLITE_STALL_CHECK_DISABLE", None,
+     "no stall warning and no stall shutdown"),
     ("--log-level", "HVLITE_LOG_LEVEL", str, "engine log level, e.g. warning, info, debug"),
+    ("--log-without-timestamp", "HVLITE_LOG_HIDE_TIME", None,
+     "engine log lines without the date and time (the default; --log-with-timestamp adds them)"),
+    ("--mpi-threads-disable", "HVLITE_MPI_THREADS_DISABLE", None,
+     "initialise MPI with MPI_THREAD_SERIALIZED, not MPI_THREAD_MULTIPLE"),
     ("--autotune", "HVLITE_AUTOTUNE", None,
      "tune fusion threshold, cycle time and response-cache use on measured throughput"),
     ("--autotune-log-file", "HVLITE_AUTOTUNE_LOG", str, "rank 0 writes every autotune sample here (CSV)"),
@@ -89,8 +97,8 @@ def knob_env(args: argparse.Namespace) -> Dict[str, str]:
     env = {}
     for option, variable, kind, _ in KNOBS:
         value = getattr(args, dest(option))
-        if kind is None and value:
-            env[variable] = "1"
+        if kind is None and value is not None:
+            env[variable] = "1" if value else "0"
         elif kind is not None and value is not None:
             env[variable] = str(value)
     return env

@@ -11,6 +11,7 @@ Contract:
     after a start timeout); ``--host-discovery-script``, ``--min-np`` or ``--max-np`` make it
     an elastic job, a series of worlds (``elastic/driver.py``), each run the same way.
   * Knob flags become ``HVLITE_*`` variables for every rank through the one table :data:`KNOBS`.
+    horovodrun's flags and ``--config-file`` are folded in first (``horovod_flags.py``).
     ``OMP_NUM_THREADS`` is set to cores / ranks on this host unless already set.
   * Other hosts (any host of ``-H``/``--hostfile`` that gets a rank and is not this machine)
     are reached through a remote shell: ``--ssh-command`` if given, else ``srun`` inside a Slurm
@@ -35,6 +36,7 @@ from ..world.start import command as launch_command
 from .build_info import ask_engine, check_build_report, find_mpiexec, load_build_info
 from .flags import (DEFAULT_HEARTBEAT_TIMEOUT, build_parser, check_usage, first_discovered,
                     is_elastic)
+from .horovod_flags import apply_horovod_flags
 from .knobs import KNOBS, knob_env
 
 __all__ = ["KNOBS", "START_TIMEOUT_CODE", "HOST_LOST_CODE", "DEFAULT_HEARTBEAT_TIMEOUT",
@@ -78,6 +80,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
+    try:
+        apply_horovod_flags(args, say)
+    except ValueError as e:
+        parser.print_usage(sys.stderr)
+        say("error: %s" % e)
+        return 2
     info = _build_info()
     mpiexec, how = find_mpiexec(info)
     if args.check_build:

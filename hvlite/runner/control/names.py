@@ -16,7 +16,7 @@ the line protocol (``hvlite/protocol/wire.py``: ``ENV_SECRET``).
 """
 
 __all__ = ["RANK_EXEC_MODULE", "REMOTE_SHELL_MODULE", "HOST_GUARD_MODULE", "ENV_CONTROL_ADDR",
-           "ENV_HEARTBEAT", "ENV_OUTPUT_DIR", "ENV_HOST", "ENV_RSH"]
+           "ENV_HEARTBEAT", "ENV_OUTPUT_DIR", "ENV_PREFIX_TIME", "ENV_HOST", "ENV_RSH"]
 
 RANK_EXEC_MODULE = "hvlite.runner.world.rank_exec"
 REMOTE_SHELL_MODULE = "hvlite.runner.hosts.remote_shell"
@@ -25,5 +25,6 @@ HOST_GUARD_MODULE = "hvlite.runner.hosts.host_guard"
 ENV_CONTROL_ADDR = "HVLRUN_CONTROL_ADDR"
 ENV_HEARTBEAT = "HVLRUN_HEARTBEAT_TIMEOUT"
 ENV_OUTPUT_DIR = "HVLRUN_OUTPUT_DIR"
+ENV_PREFIX_TIME = "HVLRUN_PREFIX_TIMESTAMP"
 ENV_HOST = "HVLRUN_HOST"
 ENV_RSH = "HVLRUN_RSH"

@@ -6,6 +6,8 @@ Contract:
   * The command runs as a child; each line it writes is forwarded as ``[rank]<stdout>: line``
     to this process's stdout (``<stderr>`` likewise), flushed per line. Bytes that are not UTF-8
     are replaced; a last line without newline gets one; lines over 64 KiB are split.
+  * With ``HVLRUN_PREFIX_TIMESTAMP=1`` each forwarded line starts with the local time, as
+    horovodrun's ``--prefix-output-with-timestamp`` writes it (``Fri Nov 27 21:15:03 2026[1]<stdout>: line``).
   * With ``HVLRUN_OUTPUT_DIR=DIR`` the raw output is also written to ``DIR/rank.<N>/stdout`` and
     ``DIR/rank.<N>/stderr``.
   * The child inherits the environment and the descriptors the launcher passed (e.g. hydra's
@@ -43,7 +45,8 @@ from typing import BinaryIO, Callable, List, Mapping, Optional, Sequence, Set
 
 from ...protocol.wire import ENV_SECRET
 from ..control.client import ControlClient, ControlError
-from ..control.names import ENV_CONTROL_ADDR, ENV_HEARTBEAT, ENV_HOST, ENV_OUTPUT_DIR
+from ..control.names import (ENV_CONTROL_ADDR, ENV_HEARTBEAT, ENV_HOST, ENV_OUTPUT_DIR,
+                             ENV_PREFIX_TIME)
 from ..procs.proctree import descendants
 from ..procs.job_files import mapped_shm, remove_unused
 
@@ -122,8 +125,10 @@ def _death_signal_setter(signum: int, parent: int) -> Callable[[], None]:
     return set_death_signal
 
 
-def _pump(source: BinaryIO, prefix: bytes, sink: BinaryIO, copy: Optional[BinaryIO]) -> None:
-    """Forward lines from ``source`` to ``sink`` with ``prefix``; raw copy to ``copy``."""
+def _pump(source: BinaryIO, prefix: bytes, sink: BinaryIO, copy: Optional[BinaryIO],
+          timed: bool = False) -> None:
+    """Forward lines from ``source`` to ``sink`` with ``prefix`` (after the local time if
+    ``timed``); raw copy to ``copy``."""
     for line in iter(lambda: source.readline(_MAX_LINE), b""):
         if copy is not None:
             try:
@@ -136,8 +141,9 @@ def _pump(source: BinaryIO, prefix: bytes, sink: BinaryIO, copy: Optional[Binary
         text = line.decode("utf-8", "replace").encode("utf-8")
         if not text.endswith(b"\n"):
             text += b"\n"
+        when = time.strftime("%a %b %d %H:%M:%S %Y").encode() if timed else b""
         try:
-            sink.write(prefix + text)
+            sink.write(when + prefix + text)
             sink.flush()
         except (OSError, ValueError):
             pass  # our own output is gone; keep draining so the child does not block
@@ -263,8 +269,9 @@ def _fail_before_start(channel: Optional[ControlClient], rank: int, code: int,
 def _start_pumps(proc: subprocess.Popen, rank: int,
                  copies: Sequence[Optional[BinaryIO]]) -> List[threading.Thread]:
     """Start the threads that forward the child's stdout and stderr."""
+    timed = os.environ.get(ENV_PREFIX_TIME) == "1"
     pumps = [threading.Thread(target=_pump, daemon=True,
-                              args=(src, b"[%d]<%s>: " % (rank, name), sink, copy))
+                              args=(src, b"[%d]<%s>: " % (rank, name), sink, copy, timed))
              for src, name, sink, copy in ((proc.stdout, b"stdout", sys.stdout.buffer, copies[0]),
                                            (proc.stderr, b"stderr", sys.stderr.buffer, copies[1]))]
     for pump in pumps:

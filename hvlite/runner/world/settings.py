@@ -13,7 +13,7 @@ import sys
 from typing import Dict, List, Mapping, Sequence, Tuple
 
 from ..hosts import hostlist as hostlib
-from ..control.names import ENV_OUTPUT_DIR
+from ..control.names import ENV_OUTPUT_DIR, ENV_PREFIX_TIME
 from .mpi_command import interface_options, launcher_env, remote_options
 from ..hosts.remote_shell import srun_template, ssh_template
 
@@ -26,13 +26,16 @@ OPENMPI_PASSTHROUGH = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "
 
 def rank_env(args: argparse.Namespace, hosts: Sequence[hostlib.Host],
              knobs: Mapping[str, str]) -> Dict[str, str]:
-    """Return the variables hvlrun sets for every rank (knobs, threads, output directory)."""
+    """Return the variables hvlrun sets for every rank (knobs, threads, output directory, time
+    prefix)."""
     variables = dict(knobs)
     if "OMP_NUM_THREADS" not in os.environ:
         local = hostlib.local_rank_count(hosts, args.np)
         variables["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // local))
     if args.output_filename:
         variables[ENV_OUTPUT_DIR] = os.path.abspath(args.output_filename)
+    if args.prefix_output_with_timestamp:
+        variables[ENV_PREFIX_TIME] = "1"
     return variables
 
 

@@ -1,0 +1,204 @@
+"""horovodrun's command line in hvlrun, so a migrated job script keeps its launch line: Horovod's
+names for hvlrun's own flags, its ``--no-*`` switches, ``--config-file``, and its flags that
+hvlite has nothing behind.
+
+Contract:
+  * :func:`add_horovod_flags` adds them to hvlrun's parser, out of ``--help``'s list (the
+    README's "Launch" section lists them). Second names that sit where hvlrun's own flags are
+    made (``-cb``, ``-hostfile``, ``--min-num-proc``, ``--max-num-proc``,
+    ``-prefix-timestamp``) are ``flags.py``'s.
+  * :func:`apply_horovod_flags` runs after parsing and before anything reads the flags:
+      - ``--config-file FILE``: Horovod's YAML file (sections ``params``, ``autotune``,
+        ``timeline``, ``stall_check``, ``library_options``, ``logging``, ``controller``) sets
+        every setting the command line left unset (the command line wins);
+      - ``--gloo``, ``--jsrun`` and ``controller: gloo`` are refused: hvlite runs on MPI;
+      - ``--disable-cache`` sets the response cache's capacity to 0, ``--binding-args`` goes
+        to mpiexec after ``--mpi-args``;
+      - each flag or key of :data:`NO_EFFECT` that was given is named in one line (``say``),
+        with why it changes nothing here; the job runs.
+    It raises ``ValueError`` naming the file, section, key or flag that is wrong: an unreadable
+    file or one that is not YAML, an unknown section or key (a typo must not pass silently), a
+    value that hvlrun's own flag would refuse.
+  * The switches' ``--no-*`` forms set the knob's variable to "0" (``knobs.knob_env``), so they
+    also turn off a setting exported as ``HVLITE_*``/``HOROVOD_*``.
+Imports no engine code; PyYAML only for ``--config-file`` (an error says to install it).
+"""
+import argparse
+from typing import Callable, Dict, Optional, Tuple
+
+from .knobs import KNOBS, dest
+
+__all__ = ["NO_EFFECT", "add_horovod_flags", "apply_horovod_flags"]
+
+# Horovod's name -> hvlrun's knob flag of the same meaning and type.
+_SECOND_NAMES = {
+    "--stall-check-warning-time-seconds": "--stall-check-seconds",
+    "--stall-check-shutdown-time-seconds": "--stall-shutdown-seconds",
+}
+
+# Horovod's on/off flags over hvlrun's switches: flag -> (hvlrun's switch, the value it sets).
+_SWITCHES = {
+    "--no-autotune": ("--autotune", False),
+    "--no-hierarchical-allreduce": ("--hierarchical-allreduce", False),
+    "--no-timeline-mark-cycles": ("--timeline-mark-cycles", False),
+    "--stall-check": ("--no-stall-check", False),
+    "--no-mpi-threads-disable": ("--mpi-threads-disable", False),
+    "--log-with-timestamp": ("--log-without-timestamp", False),
+    "--log-hide-timestamp": ("--log-without-timestamp", True),      # Horovod's older names
+    "--no-log-hide-timestamp": ("--log-without-timestamp", False),
+}
+
+# Horovod flags with nothing behind them in hvlite: flag -> (argparse kind, why). A kind of None
+# is an on/off switch whose ``--no-`` form is accepted too.
+NO_EFFECT = {
+    "--hierarchical-allgather": (None, "hvlite has no hierarchical allgather (on one host, "
+                                       "allgather already runs in shared memory)"),
+    "--torus-allreduce": (None, "hvlite has no torus allreduce (--hierarchical-allreduce is its "
+                                "two-level one)"),
+    "--num-nccl-streams": (int, "hvlite's NCCL plane runs on one stream per GPU"),
+    "--thread-affinity": (int, "hvlite does not pin its engine thread (the MPI's binding, "
+                               "--binding-args, pins whole ranks)"),
+    "--gloo-timeout-seconds": (int, "hvlite has no Gloo (its bound on waits for other ranks is "
+                                    "HVLITE_PEER_TIMEOUT_SECONDS)"),
+    "--tcp": (None, "MPI picks its own transport here: choose it with the MPI's settings (for "
+                    "MPICH, FI_PROVIDER=tcp) or --mpi-args"),
+}
+
+_REFUSED = {
+    "use_gloo": "--gloo: hvlite has no Gloo controller; it runs on MPI, which hvlrun starts "
+                "(drop --gloo)",
+    "use_jsrun": "--jsrun: hvlrun does not start jobs with LSF's jsrun; inside an LSF allocation "
+                 "run hvlrun with -H/--hostfile, or the site's mpirun",
+}
+
+# --config-file: section -> key -> the flag it sets (for enabled/with_timestamp: the value is
+# turned around where the flag says the opposite).
+_CONFIG = {
+    "params": {"fusion_threshold_mb": "--fusion-threshold-mb", "cycle_time_ms": "--cycle-time-ms",
+               "cache_capacity": "--cache-capacity",
+               "hierarchical_allreduce": "--hierarchical-allreduce",
+               "hierarchical_allgather": "--hierarchical-allgather",
+               "torus_allreduce": "--torus-allreduce"},
+    "autotune": {"enabled": "--autotune", "log_file": "--autotune-log-file",
+                 "warmup_samples": "--autotune-warmup-samples",
+                 "steps_per_sample": "--autotune-steps-per-sample",
+                 "bayes_opt_max_samples": "--autotune-bayes-opt-max-samples",
+                 "gaussian_process_noise": "--autotune-gaussian-process-noise"},
+    "timeline": {"filename": "--timeline-filename", "mark_cycles": "--timeline-mark-cycles"},
+    "stall_check": {"enabled": "--no-stall-check",
+                    "warning_time_seconds": "--stall-check-seconds",
+                    "shutdown_time_seconds": "--stall-shutdown-seconds"},
+    "library_options": {"mpi_threads_disable": "--mpi-threads-disable",
+                        "num_nccl_streams": "--num-nccl-streams",
+                        "thread_affinity": "--thread-affinity",
+                        "gloo_timeout_seconds": "--gloo-timeout-seconds"},
+    "logging": {"level": "--log-level", "with_timestamp": "--log-without-timestamp"},
+}
+_TURNED_AROUND = {("stall_check", "enabled"), ("logging", "with_timestamp")}
+
+_KINDS = {option: kind for option, _, kind, _ in KNOBS}
+_KINDS.update((option, kind) for option, (kind, _) in NO_EFFECT.items())
+
+
+def add_horovod_flags(parser: argparse.ArgumentParser) -> None:
+    """Add horovodrun's flags that hvlrun has no own name for (see the module contract)."""
+    hidden = argparse.SUPPRESS
+    for name, knob in _SECOND_NAMES.items():
+        parser.add_argument(name, dest=dest(knob), type=_KINDS[knob], help=hidden)
+    for name, (switch, value) in _SWITCHES.items():
+        parser.add_argument(name, dest=dest(switch), action="store_const", const=value,
+                            default=None, help=hidden)
+    for flag, (kind, _) in NO_EFFECT.items():
+        if kind is None:
+            parser.add_argument(flag, action="store_true", default=None, help=hidden)
+            parser.add_argument("--no-" + flag[2:], dest=dest(flag), action="store_false",
+                                default=None, help=hidden)
+        else:
+            parser.add_argument(flag, type=kind, help=hidden)
+    parser.add_argument("--config-file", metavar="FILE", help=hidden)
+    parser.add_argument("--disable-cache", action="store_true", help=hidden)
+    parser.add_argument("--binding-args", metavar="ARGS", help=hidden)
+    parser.add_argument("--mpi", dest="use_mpi", action="store_true", help=hidden)
+    parser.add_argument("--gloo", dest="use_gloo", action="store_true", help=hidden)
+    parser.add_argument("--jsrun", dest="use_jsrun", action="store_true", help=hidden)
+
+
+def apply_horovod_flags(args: argparse.Namespace, say: Callable[[str], None]) -> None:
+    """Fold horovodrun's flags and ``--config-file`` into ``args`` (see the module contract).
+
+    Raises:
+        ValueError: naming what is wrong.
+    """
+    if args.config_file:
+        _apply_config(args, _read_config(args.config_file))
+    for attribute, why in _REFUSED.items():
+        if getattr(args, attribute):
+            raise ValueError(why)
+    if args.disable_cache:
+        args.cache_capacity = "0"
+    if args.binding_args:
+        args.mpi_args = (args.mpi_args + " " + args.binding_args).strip()
+    for flag, (_, why) in NO_EFFECT.items():
+        if getattr(args, dest(flag)) not in (None, False):      # "off" is what hvlite does
+            say("note: %s has no effect in hvlite: %s" % (flag, why))
+
+
+def _read_config(path: str) -> dict:
+    """The parsed file: a mapping (ValueError otherwise)."""
+    try:
+        import yaml
+    except ImportError:
+        raise ValueError("--config-file needs PyYAML: pip install pyyaml") from None
+    try:
+        with open(path) as f:
+            config = yaml.safe_load(f)
+    except OSError as e:
+        raise ValueError("--config-file %s: %s" % (path, e.strerror or e)) from None
+    except yaml.YAMLError as e:
+        raise ValueError("--config-file %s is not YAML: %s" % (path, e)) from None
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise ValueError("--config-file %s: expected sections (params, autotune, ...), got a %s"
+                         % (path, type(config).__name__))
+    return config
+
+
+def _apply_config(args: argparse.Namespace, config: dict) -> None:
+    """Set what the command line left unset from a parsed config file."""
+    for section, entries in config.items():
+        if section == "controller":
+            if str(entries).lower() == "gloo":
+                args.use_gloo = True
+            elif str(entries).lower() != "mpi":
+                raise ValueError("--config-file: controller %r: hvlite runs on MPI" % (entries,))
+            continue
+        keys = _CONFIG.get(section)
+        if keys is None:
+            raise ValueError("--config-file: unknown section %r (known: controller, %s)"
+                             % (section, ", ".join(_CONFIG)))
+        if entries is None:
+            continue
+        if not isinstance(entries, dict):
+            raise ValueError("--config-file: section %s must hold key: value lines" % section)
+        for key, value in entries.items():
+            flag = keys.get(key)
+            if flag is None:
+                raise ValueError("--config-file: unknown key %s.%s (known: %s)"
+                                 % (section, key, ", ".join(keys)))
+            if getattr(args, dest(flag)) is None and value is not None:
+                setattr(args, dest(flag), _config_value(section, key, flag, value))
+
+
+def _config_value(section: str, key: str, flag: str, value) -> object:
+    """``value`` as parsing ``flag`` on the command line would give it (ValueError if bad)."""
+    kind = _KINDS.get(flag)
+    if kind is None:
+        if not isinstance(value, bool):
+            raise ValueError("--config-file: %s.%s must be true or false, not %r"
+                             % (section, key, value))
+        return (not value) if (section, key) in _TURNED_AROUND else value
+    try:
+        return kind(str(value))
+    except (argparse.ArgumentTypeError, ValueError) as e:
+        raise ValueError("--config-file: %s.%s: %s" % (section, key, e)) from None
