@@ -160,6 +160,7 @@ int hvl_local_size(void);
 int hvl_cross_rank(void);
 int hvl_cross_size(void);
 int hvl_mpi_threads_supported(void);   /* 1 if MPI granted MPI_THREAD_MULTIPLE */
+int hvl_is_homogeneous(void);          /* 1 if every host runs the same number of ranks */
 
 /* Build facts (constant). Cannot fail. */
 int hvl_mpi_built(void);

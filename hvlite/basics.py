@@ -17,7 +17,8 @@ from ._lib import ffi, lib
 from .errors import HvliteError, _check
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-           "cross_rank", "cross_size", "mpi_threads_supported", "mpi_built", "mpi_enabled",
+           "cross_rank", "cross_size", "is_homogeneous",
+           "mpi_threads_supported", "mpi_built", "mpi_enabled",
            "nccl_built", "gloo_built", "gloo_enabled", "cuda_built", "rocm_built", "ddl_built",
            "ccl_built", "shm_built", "engine_counters", "engine_tuning"]
 
@@ -163,6 +164,11 @@ def cross_rank():
 def cross_size():
     """Number of hosts (ranks with this local rank)."""
     return _topology(lib.hvl_cross_size, "cross_size")
+
+
+def is_homogeneous():
+    """True if every host runs the same number of ranks."""
+    return bool(_topology(lib.hvl_is_homogeneous, "is_homogeneous"))
 
 
 def mpi_threads_supported():

@@ -95,6 +95,7 @@ struct hvl_engine {
     MPI_Comm local_comm, cross_comm;
     int rank, size, local_rank, local_size, cross_rank, cross_size;
     int thread_multiple;
+    int homogeneous;            /* 1: every host runs the same number of ranks (peers.c) */
     int mpi_initialized_here;
     int failed_everywhere;      /* init failed on rank 0's verdict, so on every rank alike */
     hvl_params params;          /* agreed settings come from rank 0 (hvl__params_agree) */

@@ -1,4 +1,5 @@
-/* peers.c: who the other ranks are (their pids and hosts, learned once at startup), and what this
+/* peers.c: who the other ranks are (their pids, hosts and hosts' rank counts, learned once at
+ * startup; from the counts, whether the job is homogeneous), and what this
  * host can see of a rank that stopped answering: when a wait on peers times out, the error names
  * the ranks on this host that are stopped (SIGSTOP, a debugger) or dead, read from /proc. Ranks
  * on other hosts cannot be seen from here; the launcher ends the job when one of them dies.
@@ -9,7 +10,7 @@
 #include <unistd.h>
 #include "engine.h"
 
-typedef struct { int64_t pid, host; } peer_t;
+typedef struct { int64_t pid, host, local_size; } peer_t;
 static peer_t *peers;          /* per global rank; NULL before startup */
 
 static int64_t host_id(void)
@@ -21,11 +22,15 @@ static int64_t host_id(void)
 
 int hvl__peers_learn(hvl_engine *e)
 {
-    peer_t mine = {getpid(), host_id()};
+    peer_t mine = {getpid(), host_id(), e->local_size};
     free(peers);
     if (!(peers = calloc((size_t)e->size, sizeof(peer_t)))) return hvl__oom("the peer table");
-    return hvl__allgather_i64(e->comm, &mine.pid, 2, &peers[0].pid, hvl__peer_bound(e),
-                              "MPI_Iallgather (peer pids and hosts)");
+    HVL_CHECK(hvl__allgather_i64(e->comm, &mine.pid, 3, &peers[0].pid, hvl__peer_bound(e),
+                                 "MPI_Iallgather (peer pids, hosts and host sizes)"));
+    e->homogeneous = 1;
+    for (int r = 0; r < e->size; r++)
+        if (peers[r].local_size != e->local_size) e->homogeneous = 0;
+    return HVL_OK;
 }
 
 void hvl__peers_forget(void)

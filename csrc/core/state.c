@@ -49,6 +49,7 @@ TOPOLOGY(hvl_local_size, local_size)
 TOPOLOGY(hvl_cross_rank, cross_rank)
 TOPOLOGY(hvl_cross_size, cross_size)
 TOPOLOGY(hvl_mpi_threads_supported, thread_multiple)
+TOPOLOGY(hvl_is_homogeneous, homogeneous)
 #undef TOPOLOGY
 
 static char vendor[MPI_MAX_LIBRARY_VERSION_STRING];

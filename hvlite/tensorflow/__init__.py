@@ -12,7 +12,8 @@ Horovod's docs are silent are in each module's docstring (names inside tf.functi
 """
 from ..basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
                       gloo_enabled, init, is_initialized, local_rank, local_size, mpi_built,
-                      mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built, shutdown,
+                      mpi_enabled, mpi_threads_supported,
+                      is_homogeneous, nccl_built, rank, rocm_built, shutdown,
                       size)
 from ..errors import (HorovodInternalError, HvliteError, HvliteInvalidArgument,
                       HvliteShutdownError, HvliteTimeoutError, MismatchError,
@@ -31,7 +32,8 @@ from .ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce,
                   size_op)
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-           "cross_rank", "cross_size", "mpi_threads_supported", "mpi_built", "mpi_enabled",
+           "cross_rank", "cross_size", "is_homogeneous",
+           "mpi_threads_supported", "mpi_built", "mpi_enabled",
            "nccl_built", "gloo_built", "gloo_enabled", "cuda_built", "rocm_built", "ddl_built",
            "ccl_built", "HorovodInternalError", "HvliteError", "HvliteInvalidArgument",
            "HvliteShutdownError", "HvliteTimeoutError", "MismatchError", "HvliteDeadlockError", "ProcessSet", "add_process_set", "remove_process_set",

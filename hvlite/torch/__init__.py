@@ -9,7 +9,8 @@ extension is compiled.
 """
 from ..basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
                       gloo_enabled, init, is_initialized, local_rank, local_size,
-                      mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                      mpi_built, mpi_enabled, mpi_threads_supported,
+                      is_homogeneous, nccl_built, rank,
                       rocm_built, shutdown, size)
 from ..errors import (HorovodInternalError, HvliteError, HvliteInvalidArgument,
                       HvliteShutdownError, HvliteTimeoutError, MismatchError,
@@ -34,7 +35,8 @@ from ..elastic import HostsUpdatedInterrupt
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "cross_rank", "cross_size", "mpi_threads_supported", "mpi_built", "mpi_enabled",
+    "cross_rank", "cross_size", "is_homogeneous",
+    "mpi_threads_supported", "mpi_built", "mpi_enabled",
     "nccl_built", "gloo_built", "gloo_enabled", "cuda_built", "rocm_built", "ddl_built",
     "ccl_built", "HorovodInternalError", "HvliteError", "HvliteInvalidArgument",
     "HvliteShutdownError", "HvliteTimeoutError", "MismatchError", "HvliteDeadlockError",

@@ -152,5 +152,5 @@ def test_barrier_and_objects():
 def test_topology():
     assert hvd.size() == SIZE and 0 <= RANK < SIZE
     assert hvd.local_size() * hvd.cross_size() == SIZE   # one host here: local = all
-    assert hvd.local_rank() == RANK and hvd.cross_rank() == 0
+    assert hvd.local_rank() == RANK and hvd.cross_rank() == 0 and hvd.is_homogeneous()
     assert hvd.mpi_built() and hvd.is_initialized()

@@ -260,3 +260,14 @@ def test_no_segment_file_while_running():
     names = [n for n in os.listdir("/dev/shm") if n.startswith("hvlite-%d-%d-" % (os.getuid(), leader))]
     assert names == [], names
     assert (hvd.allreduce(np.ones(10), op=hvd.Sum, name="alive") == SIZE).all()
+
+
+def test_topology_of_two_fake_hosts():
+    """HVLITE_TEST_FAKE_HOSTS=2 puts rank r on host r * 2 // size: local and cross ranks follow,
+    and the job is homogeneous only when both hosts run as many ranks (not at 3 ranks: 2 and 1)."""
+    use("hier")
+    host_of = [r * 2 // SIZE for r in range(SIZE)]
+    members = [r for r in range(SIZE) if host_of[r] == host_of[RANK]]
+    assert (hvd.local_size(), hvd.local_rank()) == (len(members), members.index(RANK))
+    assert hvd.cross_rank() == host_of[RANK]
+    assert hvd.is_homogeneous() == (SIZE % 2 == 0)

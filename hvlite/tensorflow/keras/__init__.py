@@ -14,7 +14,8 @@ import keras
 
 from ...basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
                        gloo_enabled, init, is_initialized, local_rank, local_size, mpi_built,
-                       mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built,
+                       mpi_enabled, mpi_threads_supported,
+                       is_homogeneous, nccl_built, rank, rocm_built,
                        shutdown, size)
 from ...errors import HorovodInternalError, HvliteDeadlockError, HvliteError, MismatchError
 from ...process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
@@ -31,7 +32,8 @@ from .optimizer import (DistributedOptimizer, PartialDistributedOptimizer, is_di
                         wrap_in_place)
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-           "cross_rank", "cross_size", "mpi_threads_supported", "mpi_built", "mpi_enabled",
+           "cross_rank", "cross_size", "is_homogeneous",
+           "mpi_threads_supported", "mpi_built", "mpi_enabled",
            "nccl_built", "gloo_built", "gloo_enabled", "cuda_built", "rocm_built", "ddl_built",
            "ccl_built", "HorovodInternalError", "HvliteError", "MismatchError", "HvliteDeadlockError", "ProcessSet", "add_process_set", "remove_process_set",
            "global_process_set", "Compression", "Sum", "Average", "Min", "Max", "Product", "Adasum",
