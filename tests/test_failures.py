@@ -121,16 +121,21 @@ def test_shutdown_ends_a_wait_on_a_stopped_rank(where, env):
     assert_nothing_left(out, "tests/scenarios/stopped_peer.py")
 
 
-@pytest.mark.parametrize("point", ["pset_split", "pset_shm_map", "pset_shm_ready", "init_shm_map"])
+@pytest.mark.parametrize("point", ["pset_split", "pset_shm_map", "pset_shm_ready", "init_shm_map",
+                                   "pset_split-serialized"])
 def test_stopped_rank_inside_add_process_set_ends_every_rank(point, tmp_path):
     """A rank stopped at a collective step of add_process_set (its communicator split, the shm
     segment's setup), or of init: every other rank ends in bounded time with an error naming
     it, and nothing is left (processes, MPI's files, the set's segment). Rank 2's own peer
-    timeout is 600 s (the scenario sets it): it ends as soon as rank 0 because rank 0's holds."""
+    timeout is 600 s (the scenario sets it): it ends as soon as rank 0 because rank 0's holds.
+    Under MPI_THREAD_SERIALIZED a survivor's second init() is refused: its split is still in MPI."""
     script = "tests/scenarios/stopped_in_add_process_set.py"
+    point, _, serialized = point.partition("-")
+    env = {"HVLITE_PEER_TIMEOUT_SECONDS": "2", "HVLITE_TEST_STOP_AT": "1:" + point}
+    if serialized:
+        env["HVLITE_MPI_THREADS_DISABLE"] = "1"
     start = time.monotonic()
-    job = run_job(3, ["python", script, str(tmp_path)], timeout=60,
-                  env={"HVLITE_PEER_TIMEOUT_SECONDS": "2", "HVLITE_TEST_STOP_AT": "1:" + point})
+    job = run_job(3, ["python", script, str(tmp_path)], timeout=60, env=env)
     elapsed = time.monotonic() - start
     out = job.stdout + job.stderr
     assert job.returncode == 3, out
@@ -140,6 +145,10 @@ def test_stopped_rank_inside_add_process_set_ends_every_rank(point, tmp_path):
         line = re.search(r"rank %d timeout after [\d.]+ s: ([^\n]*)" % r, out)
         assert line, out
         assert re.search(r"rank 1 \(pid \d+\) on this host (is stopped|did not arrive)", line.group(1)), out
+        if serialized:
+            assert re.search(r"rank %d init again: a communicator split of the engine that stopped "
+                             r"is still inside MPI, and MPI granted less than MPI_THREAD_MULTIPLE" % r,
+                             out), out
     assert "UNEXPECTED" not in out
     pids = re.findall(r"pid of rank \d: (\d+)", out)
     assert len(pids) == 3, out

@@ -31,6 +31,7 @@ static int startup_done;        /* life_lock */
 static int startup_status;      /* life_lock */
 static char startup_message[1024];
 static int mpi_finalized_here;  /* atomic */
+static int granted_multiple;    /* MPI granted MPI_THREAD_MULTIPLE: set by the bg thread, read after its join */
 
 /* The ranks with this rank's local rank, one per host. */
 static int make_cross_comm(hvl_engine *e)
@@ -54,6 +55,7 @@ static int make_comms(hvl_engine *e)
         MPI_Query_thread(&provided);
     }
     e->thread_multiple = provided == MPI_THREAD_MULTIPLE;
+    granted_multiple = e->thread_multiple;
     MPI_Request req;
     HVL_CHECK(hvl__mpi_check(MPI_Comm_idup(MPI_COMM_WORLD, &e->comm, &req), "MPI_Comm_idup"));
     HVL_CHECK(hvl__mpi_progress_wait(&req, hvl__peer_bound(e), "MPI_Comm_idup (hvlite's communicator)"));
@@ -281,6 +283,12 @@ int hvl_init(void)
     if (thread_started) {           /* stopped by a peer or a failure; collect the old thread */
         pthread_join(bg_thread, NULL);
         thread_started = 0;
+    }
+    if (hvl__comm_split_stranded() && !granted_multiple) {
+        rc = hvl__fail(HVL_ERR_SHUT_DOWN, "a communicator split of the engine that stopped is still inside MPI, "
+                       "and MPI granted less than MPI_THREAD_MULTIPLE (HVLITE_MPI_THREADS_DISABLE): a new engine "
+                       "thread may not enter MPI beside it; restart the process");
+        goto out;
     }
     if (__atomic_load_n(&mpi_finalized_here, __ATOMIC_ACQUIRE)) {
         rc = hvl__fail(HVL_ERR_SHUT_DOWN, "MPI was finalized by hvlite (by shutdown(), or by an init that failed on every rank); "

@@ -6,8 +6,10 @@
  * give-up the helper is abandoned inside MPI: it owns the call's state from then on and frees
  * it if MPI ever returns; the engine stops (the error is fatal) and makes no more collective
  * calls on the parent. MPI may be entered from the helper because the bg thread makes no MPI
- * call while it waits (MPI_THREAD_SERIALIZED suffices) and hvlite asks for
- * MPI_THREAD_MULTIPLE. bg thread (the helper: only its call). */
+ * call while it waits (MPI_THREAD_SERIALIZED suffices). An abandoned helper may still be inside
+ * MPI when a later init() starts a new engine thread: that is only legal under
+ * MPI_THREAD_MULTIPLE, so hvl__comm_split_stranded() counts such helpers for init to check.
+ * bg thread (the helper: only its call). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +37,10 @@ static void call_free(split_call *c)
     free(c);
 }
 
+static int stranded;            /* abandoned helpers still inside MPI (atomic) */
+
+int hvl__comm_split_stranded(void) { return __atomic_load_n(&stranded, __ATOMIC_ACQUIRE); }
+
 static void *helper(void *arg)
 {
     split_call *c = arg;
@@ -48,7 +54,10 @@ static void *helper(void *arg)
     int abandoned = c->abandoned;
     pthread_cond_signal(&c->done_cond);
     pthread_mutex_unlock(&c->lock);
-    if (abandoned) call_free(c);   /* `out` is left alone: nobody may use the parent any more */
+    if (abandoned) {               /* `out` is left alone: nobody may use the parent any more */
+        call_free(c);
+        __atomic_sub_fetch(&stranded, 1, __ATOMIC_ACQ_REL);
+    }
     return NULL;
 }
 
@@ -102,7 +111,10 @@ static int wait_done(split_call *c, const hvl_bound *bound, const char *what)
         else
             rc = hvl__bound_flags(bound, waited, what);
     }
-    if (!c->done) c->abandoned = 1;
+    if (!c->done) {
+        c->abandoned = 1;
+        __atomic_add_fetch(&stranded, 1, __ATOMIC_ACQ_REL);
+    }
     return c->done ? HVL_OK : rc;
 }
 

@@ -121,6 +121,7 @@ int hvl__mpi_progress_wait(MPI_Request *req, hvl_bound bound, const char *what);
  * no more collectives on parent. HVL_ERR_SYSTEM if no thread can be started. */
 int hvl__comm_split(MPI_Comm parent, int color, int key, int by_host, MPI_Comm *out, hvl_bound bound,
                     const char *what);
+int hvl__comm_split_stranded(void);   /* abandoned splits still inside MPI; any thread */
 /* Small exchanges: every rank's `count` values, rank after rank, into all; alltoall of one
  * value each. Progress waits on `bound`. */
 int hvl__allgather_i64(MPI_Comm comm, const int64_t *mine, int count, int64_t *all, hvl_bound bound,

@@ -11,6 +11,10 @@ Every survivor gets HvliteTimeoutError within seconds, naming rank 1, and exits 
 wakes rank 1 (SIGCONT, so hvlrun's SIGTERM can end it): a rank woken earlier would no longer
 look stopped to a survivor still timing out.
 
+With HVLITE_MPI_THREADS_DISABLE=1 (MPI_THREAD_SERIALIZED) at pset_split, each survivor then
+calls init() again: it must be refused at once, because its timed-out split is still inside MPI
+(a new engine thread may not enter MPI beside it below MPI_THREAD_MULTIPLE).
+
 Usage: stopped_in_add_process_set.py DIR (an empty directory: each rank writes its pid there
 before init, each survivor marks its timeout)."""
 import os
@@ -39,6 +43,12 @@ try:
     print("rank", rank, "UNEXPECTED: completed", flush=True)
 except hvd.HvliteTimeoutError as e:
     print("rank %d timeout after %.1f s: %s" % (rank, time.monotonic() - start, e), flush=True)
+    if os.environ.get("HVLITE_MPI_THREADS_DISABLE") == "1":
+        try:
+            hvd.init()
+            print("rank", rank, "UNEXPECTED: init again", flush=True)
+        except hvd.HvliteError as again:
+            print("rank %d init again: %s" % (rank, again), flush=True)
     job_files.report(rank)
     open(os.path.join(marks, "timed_out.%d" % rank), "w").close()
     deadline = time.monotonic() + 20

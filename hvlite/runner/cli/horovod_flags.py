@@ -12,8 +12,10 @@ Contract:
         ``timeline``, ``stall_check``, ``library_options``, ``logging``, ``controller``) sets
         every setting the command line left unset (the command line wins);
       - ``--gloo``, ``--jsrun`` and ``controller: gloo`` are refused: hvlite runs on MPI;
-      - ``--disable-cache`` sets the response cache's capacity to 0, ``--binding-args`` goes
-        to mpiexec after ``--mpi-args``;
+      - ``--binding-args`` goes to mpiexec after ``--mpi-args``; ``--disable-cache`` (Horovod:
+        do not reuse horovodrun's checks of the hosts from the last hour) changes nothing,
+        hvlrun checks the hosts at every start; ``--tcp`` keeps NCCL off InfiniBand
+        (``NCCL_IB_DISABLE=1``, ``world/settings.py``) and says that MPI's transport is MPI's;
       - each flag or key of :data:`NO_EFFECT` that was given is named in one line (``say``),
         with why it changes nothing here; the job runs.
     It raises ``ValueError`` naming the file, section, key or flag that is wrong: an unreadable
@@ -60,9 +62,9 @@ NO_EFFECT = {
                                "--binding-args, pins whole ranks)"),
     "--gloo-timeout-seconds": (int, "hvlite has no Gloo (its bound on waits for other ranks is "
                                     "HVLITE_PEER_TIMEOUT_SECONDS)"),
-    "--tcp": (None, "MPI picks its own transport here: choose it with the MPI's settings (for "
-                    "MPICH, FI_PROVIDER=tcp) or --mpi-args"),
 }
+_TCP_NOTE = ("note: --tcp keeps NCCL off InfiniBand (NCCL_IB_DISABLE=1); MPI picks its own transport: "
+             "choose it with the MPI's settings (for MPICH, FI_PROVIDER=tcp) or --mpi-args")
 
 _REFUSED = {
     "use_gloo": "--gloo: hvlite has no Gloo controller; it runs on MPI, which hvlrun starts "
@@ -92,7 +94,8 @@ _CONFIG = {
                         "num_nccl_streams": "--num-nccl-streams",
                         "thread_affinity": "--thread-affinity",
                         "gloo_timeout_seconds": "--gloo-timeout-seconds"},
-    "logging": {"level": "--log-level", "with_timestamp": "--log-without-timestamp"},
+    "logging": {"level": "--log-level", "with_timestamp": "--log-without-timestamp",
+                "hide_timestamp": "--log-without-timestamp"},
 }
 _TURNED_AROUND = {("stall_check", "enabled"), ("logging", "with_timestamp")}
 
@@ -118,6 +121,7 @@ def add_horovod_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config-file", metavar="FILE", help=hidden)
     parser.add_argument("--disable-cache", action="store_true", help=hidden)
     parser.add_argument("--binding-args", metavar="ARGS", help=hidden)
+    parser.add_argument("--tcp", action="store_true", help=hidden)
     parser.add_argument("--mpi", dest="use_mpi", action="store_true", help=hidden)
     parser.add_argument("--gloo", dest="use_gloo", action="store_true", help=hidden)
     parser.add_argument("--jsrun", dest="use_jsrun", action="store_true", help=hidden)
@@ -134,13 +138,14 @@ def apply_horovod_flags(args: argparse.Namespace, say: Callable[[str], None]) ->
     for attribute, why in _REFUSED.items():
         if getattr(args, attribute):
             raise ValueError(why)
-    if args.disable_cache:
-        args.cache_capacity = "0"
     if args.binding_args:
         args.mpi_args = (args.mpi_args + " " + args.binding_args).strip()
     for flag, (_, why) in NO_EFFECT.items():
-        if getattr(args, dest(flag)) not in (None, False):      # "off" is what hvlite does
+        value = getattr(args, dest(flag))
+        if value is not None and value is not False:            # "off" is what hvlite does
             say("note: %s has no effect in hvlite: %s" % (flag, why))
+    if args.tcp:
+        say(_TCP_NOTE)
 
 
 def _read_config(path: str) -> dict:
@@ -168,10 +173,11 @@ def _apply_config(args: argparse.Namespace, config: dict) -> None:
     """Set what the command line left unset from a parsed config file."""
     for section, entries in config.items():
         if section == "controller":
-            if str(entries).lower() == "gloo":
-                args.use_gloo = True
-            elif str(entries).lower() != "mpi":
-                raise ValueError("--config-file: controller %r: hvlite runs on MPI" % (entries,))
+            if entries is None or args.use_mpi or args.use_gloo:    # the command line wins
+                continue
+            if str(entries).lower() != "mpi":
+                raise ValueError("--config-file: controller %s: hvlite has no such controller; it "
+                                 "runs on MPI (write controller: mpi, or leave it out)" % (entries,))
             continue
         keys = _CONFIG.get(section)
         if keys is None:
@@ -191,13 +197,19 @@ def _apply_config(args: argparse.Namespace, config: dict) -> None:
 
 
 def _config_value(section: str, key: str, flag: str, value) -> object:
-    """``value`` as parsing ``flag`` on the command line would give it (ValueError if bad)."""
+    """``value`` as parsing ``flag`` on the command line would give it (ValueError if bad).
+    As Horovod reads its file: 0 and 1 are also off and on, a whole float is also an integer."""
     kind = _KINDS.get(flag)
     if kind is None:
-        if not isinstance(value, bool):
+        if value not in (True, False):          # 0 and 1 compare equal to them
             raise ValueError("--config-file: %s.%s must be true or false, not %r"
                              % (section, key, value))
-        return (not value) if (section, key) in _TURNED_AROUND else value
+        return (not value) if (section, key) in _TURNED_AROUND else bool(value)
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError("--config-file: %s.%s: %r is not a %s" % (section, key, value,
+                                                                   "name" if kind is str else "number"))
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     try:
         return kind(str(value))
     except (argparse.ArgumentTypeError, ValueError) as e:

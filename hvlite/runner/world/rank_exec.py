@@ -7,7 +7,8 @@ Contract:
     to this process's stdout (``<stderr>`` likewise), flushed per line. Bytes that are not UTF-8
     are replaced; a last line without newline gets one; lines over 64 KiB are split.
   * With ``HVLRUN_PREFIX_TIMESTAMP=1`` each forwarded line starts with the local time, as
-    horovodrun's ``--prefix-output-with-timestamp`` writes it (``Fri Nov 27 21:15:03 2026[1]<stdout>: line``).
+    horovodrun's ``--prefix-output-with-timestamp`` writes it (``time.asctime()``:
+    ``Fri Nov  6 21:15:03 2026[1]<stdout>: line``).
   * With ``HVLRUN_OUTPUT_DIR=DIR`` the raw output is also written to ``DIR/rank.<N>/stdout`` and
     ``DIR/rank.<N>/stderr``.
   * The child inherits the environment and the descriptors the launcher passed (e.g. hydra's
@@ -141,7 +142,7 @@ def _pump(source: BinaryIO, prefix: bytes, sink: BinaryIO, copy: Optional[Binary
         text = line.decode("utf-8", "replace").encode("utf-8")
         if not text.endswith(b"\n"):
             text += b"\n"
-        when = time.strftime("%a %b %d %H:%M:%S %Y").encode() if timed else b""
+        when = time.asctime().encode() if timed else b""
         try:
             sink.write(when + prefix + text)
             sink.flush()

@@ -27,7 +27,7 @@ OPENMPI_PASSTHROUGH = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "
 def rank_env(args: argparse.Namespace, hosts: Sequence[hostlib.Host],
              knobs: Mapping[str, str]) -> Dict[str, str]:
     """Return the variables hvlrun sets for every rank (knobs, threads, output directory, time
-    prefix)."""
+    prefix, ``--tcp``)."""
     variables = dict(knobs)
     if "OMP_NUM_THREADS" not in os.environ:
         local = hostlib.local_rank_count(hosts, args.np)
@@ -36,6 +36,8 @@ def rank_env(args: argparse.Namespace, hosts: Sequence[hostlib.Host],
         variables[ENV_OUTPUT_DIR] = os.path.abspath(args.output_filename)
     if args.prefix_output_with_timestamp:
         variables[ENV_PREFIX_TIME] = "1"
+    if args.tcp:                        # horovodrun's --tcp: no InfiniBand for NCCL either
+        variables["NCCL_IB_DISABLE"] = "1"
     return variables
 
 
