@@ -52,11 +52,12 @@ def run_job(np_, args, timeout, env=None, hvlrun_args=()):
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def run_spmd(np_, path, timeout, env=None):
+def run_spmd(np_, path, timeout, env=None, select=None):
     """Run the SPMD test file (or folder) ``path`` on every rank of an ``hvlrun -np np_`` job
     (the SPMD plugin, tests/spmd_plugin.py, is on with HVLITE_SPMD=1) and fail the calling test
-    with both outputs' tails unless every rank passed."""
-    job = run_job(np_, ["python", "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", path],
+    with both outputs' tails unless every rank passed. ``select``: a pytest ``-k`` expression."""
+    keep = ["-k", select] if select else []
+    job = run_job(np_, ["python", "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *keep, path],
                   timeout=timeout, env=dict({"HVLITE_SPMD": "1"}, **(env or {})))
     assert job.returncode == 0, "hvlrun -np %d pytest %s failed (rc %d)\n--- stdout\n%s\n" \
         "--- stderr\n%s" % (np_, path, job.returncode, job.stdout[-6000:], job.stderr[-3000:])
