@@ -1,8 +1,12 @@
 """horovodrun's flags in real 2-rank jobs (hard timeouts): what they change in the engine (stall
-check from a config file and switched off, MPI's thread level, timestamps on log lines) and in
+check from a config file and switched off, MPI's thread level, timestamps on log lines, the
+engine thread's cores) and in
 hvlrun's output (a timestamp before each forwarded line). tests/cli/test_cli_horovod_flags.py
 checks the flags' mapping without a job."""
+import os
 import re
+
+import pytest
 
 from jobs import run_job
 
@@ -30,3 +34,17 @@ def test_config_file_stall_check_timestamps_and_mpi_thread_level(tmp_path):
     out = job.stdout + job.stderr
     assert job.returncode == 0, out
     assert "stall: tensor" not in out and out.count("stall scenario done") == 2, out
+
+
+def test_thread_affinity_pins_each_engine_thread_to_its_core():
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs 2 cores to pin 2 ranks apart")
+    listed = "%d,%d" % (cores[1], cores[0])             # local rank 0 on the second core
+    job = run_job(2, ["python", "tests/scenarios/thread_affinity.py"], timeout=60,
+                  hvlrun_args=["--thread-affinity", listed])
+    out = job.stdout + job.stderr
+    assert job.returncode == 0, out
+    for local_rank, core in enumerate((cores[1], cores[0])):
+        assert "local rank %d: engine thread on cores [%d], main thread on cores %s" \
+            % (local_rank, core, cores) in out, out

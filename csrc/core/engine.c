@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include "cycle.h"
 #include "kernels.h"
@@ -87,6 +89,47 @@ static int split_fake_hosts(hvl_engine *e)
     return make_cross_comm(e);
 }
 
+/* HVLITE_THREAD_AFFINITY "c0,c1,...": local rank i pins this (the bg) thread to core c_i, which
+ * keeps the engine off the cores the framework computes on. A list shorter than the host's ranks,
+ * or a core the kernel refuses, is said once and the thread runs unpinned. */
+static long nth_number(const char *list, int n)    /* -1: the list is shorter; -2: not numbers */
+{
+    for (const char *p = list;; n--) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || (*end && *end != ',')) return -2;
+        if (n == 0) return v;
+        if (!*end) return -1;
+        p = end + 1;
+    }
+}
+
+static void pin_thread(const hvl_engine *e)
+{
+    const char *list = e->params.thread_affinity;
+    if (!list[0]) return;
+    long core = nth_number(list, e->local_rank);
+    if (core < 0) {
+        hvl__log_once("thread affinity list", HVL_LOG_WARNING, "HVLITE_THREAD_AFFINITY=%s %s local rank %d "
+                      "(%d ranks on this host); the engine thread is not pinned", list,
+                      core == -2 ? "is not a list of core numbers for" : "names no core for", e->local_rank,
+                      e->local_size);
+        return;
+    }
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    int err = core < CPU_SETSIZE ? 0 : EINVAL;
+    if (!err) {
+        CPU_SET((int)core, &set);
+        err = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+    }
+    if (err)
+        hvl__log_once("thread affinity core", HVL_LOG_WARNING, "HVLITE_THREAD_AFFINITY: cannot pin the engine "
+                      "thread of local rank %d to core %ld: %s", e->local_rank, core, strerror(err));
+    else
+        hvl__log(HVL_LOG_INFO, "engine thread of local rank %d pinned to core %ld", e->local_rank, core);
+}
+
 static int startup(hvl_engine *e)
 {
     HVL_CHECK(make_comms(e));
@@ -95,6 +138,7 @@ static int startup(hvl_engine *e)
     HVL_CHECK(hvl__params_agree(&e->params, e->comm, hvl__peer_bound(e)));
     HVL_CHECK(split_fake_hosts(e));
     HVL_CHECK(hvl__peers_learn(e));
+    pin_thread(e);
     if (e->rank == 0) hvl__params_log(&e->params);
     if (e->rank == 0)
         hvl__log(HVL_LOG_INFO, "hvlite starting: %d ranks on %d hosts, %s, MPI_THREAD_MULTIPLE %s", e->size,
@@ -236,6 +280,7 @@ static void *bg_main(void *arg)
     /* Short sleeps in hvl__mpi_wait must be short: the default 50 us timer slack would make
      * every 5 us nap a 55 us one, on the latency path of every small collective. */
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+    pthread_setname_np(pthread_self(), "hvlite-engine");   /* in top -H, gdb, /proc/PID/task */
     int rc = hvl__peers_explain(e, startup(e));   /* a timeout names the silent ranks it can see */
     if (rc == HVL_OK) {
         pthread_mutex_lock(&e->queue_lock);

@@ -32,6 +32,7 @@ typedef struct {
     int log_level;
     int log_hide_time;          /* 0: log lines start with the wall-clock time */
     int mpi_threads_disable;    /* 1: ask MPI for MPI_THREAD_SERIALIZED, not MULTIPLE */
+    char thread_affinity[HVL_PATH_MAX];   /* "c0,c1,...": local rank i's bg thread on core c_i */
     int autotune;               /* 1: autotune tunes fusion threshold, cycle time, cache use */
     int autotune_warmup;        /* samples measured and discarded before the search */
     int autotune_steps;         /* engine cycles that did work per sample */

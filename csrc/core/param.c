@@ -48,6 +48,8 @@ static const param_def table[] = {
     {"LOG_LEVEL", P_LEVEL, LOCAL, F(log_level), "warning", "trace, debug, info, warning or error"},
     {"LOG_HIDE_TIME", P_INT, LOCAL, F(log_hide_time), "1",
      "0: engine log lines start with the date and time (to the microsecond)"},
+    {"THREAD_AFFINITY", P_PATH, LOCAL, F(thread_affinity), "",
+     "core numbers, one per rank on the host (c0,c1,...): local rank i pins its engine thread to core c_i"},
     {"MPI_THREADS_DISABLE", P_INT, LOCAL, F(mpi_threads_disable), "0",
      "1: when hvlite initialises MPI, ask for MPI_THREAD_SERIALIZED (all the engine needs) instead "
      "of MPI_THREAD_MULTIPLE; hvlite.mpi_threads_supported() is then False"},

@@ -63,12 +63,14 @@ def test_a_horovodrun_command_line_runs_unchanged(capsys):
         "--cache-capacity", "512", "--disable-cache", "--log-with-timestamp",
         "--mpi-threads-disable",
         "--binding-args", "-bind-to core", "--prefix-output-with-timestamp",
+        "--thread-affinity", "3, 7",
         "python", "train.py")
     assert {k: v for k, v in exports.items() if k.startswith(("HVLITE_", "HVLRUN_P"))} == {
         "HVLITE_STALL_CHECK_TIME_SECONDS": "30", "HVLITE_STALL_SHUTDOWN_TIME_SECONDS": "90",
         "HVLITE_AUTOTUNE": "0", "HVLITE_HIERARCHICAL_ALLREDUCE": "0",
         "HVLITE_TIMELINE_MARK_CYCLES": "0", "HVLITE_CACHE_CAPACITY": "512",
         "HVLITE_LOG_HIDE_TIME": "0", "HVLITE_MPI_THREADS_DISABLE": "1",
+        "HVLITE_THREAD_AFFINITY": "3,7",
         "HVLRUN_PREFIX_TIMESTAMP": "1"}, exports
     assert argv[argv.index("-hosts") + 1] == "node01:4,node02:4"
     binding = argv.index("-bind-to")
@@ -118,12 +120,12 @@ def test_the_command_line_wins_over_the_config_file(capsys, tmp_path):
 
 def test_flags_hvlite_has_nothing_behind_are_named_and_the_job_runs(capsys, tmp_path):
     exports, _, err = dry_run(capsys, "-np", "1", "--hierarchical-allgather", "--torus-allreduce",
-                              "--num-nccl-streams", "0", "--thread-affinity", "0",
-                              "--gloo-timeout-seconds", "30", "--tcp", "x")
+                              "--num-nccl-streams", "0", "--gloo-timeout-seconds", "30",
+                              "--tcp", "x")
     notes = err.splitlines()
     assert [line.split()[2] for line in notes] == [
         "--hierarchical-allgather", "--torus-allreduce", "--num-nccl-streams",
-        "--thread-affinity", "--gloo-timeout-seconds", "--tcp"], notes
+        "--gloo-timeout-seconds", "--tcp"], notes
     assert all(line.startswith("hvlrun: note: ") and "has no effect in hvlite: " in line
                for line in notes[:-1])
     assert "keeps NCCL off InfiniBand" in notes[-1] and exports["NCCL_IB_DISABLE"] == "1"
@@ -150,6 +152,7 @@ def test_flags_hvlite_has_nothing_behind_are_named_and_the_job_runs(capsys, tmp_
     ("params:\n  cycle_time_ms: true\n", "params.cycle_time_ms: True is not a number"),
     ("params:\n  cache_capacity: 2.5\n", "params.cache_capacity: '2.5' is not an integer >= 0"),
     ("timeline:\n  mark_cycles: 2\n", "timeline.mark_cycles must be true or false, not 2"),
+    ("library_options:\n  thread_affinity: 0,x\n", "'x' is not an integer >= 0"),
 ])
 def test_config_file_errors_name_what_is_wrong(capsys, tmp_path, text, message):
     config = tmp_path / "config.yaml"
@@ -165,11 +168,13 @@ def test_config_values_as_horovod_reads_them(capsys, tmp_path):
                       "stall_check:\n  warning_time_seconds: 60.0\n"
                       "timeline:\n  mark_cycles: 1\n"
                       "logging:\n  hide_timestamp: true\n"
+                      "library_options:\n  thread_affinity: 1\n"
                       "controller:\n")
     exports, _, _ = dry_run(capsys, "-np", "1", "--config-file", config, "x")
     assert (exports["HVLITE_CACHE_CAPACITY"], exports["HVLITE_FUSION_THRESHOLD"],
             exports["HVLITE_STALL_CHECK_TIME_SECONDS"], exports["HVLITE_TIMELINE_MARK_CYCLES"],
-            exports["HVLITE_LOG_HIDE_TIME"]) == ("1024", str(1 << 19), "60", "1", "1")
+            exports["HVLITE_LOG_HIDE_TIME"], exports["HVLITE_THREAD_AFFINITY"]) == \
+        ("1024", str(1 << 19), "60", "1", "1", "1")
     config.write_text("controller: gloo\nparams:\n  cycle_time_ms: 4\n")
     exports, _, _ = dry_run(capsys, "-np", "1", "--mpi", "--config-file", config, "x")
     assert exports["HVLITE_CYCLE_TIME"] == "4"

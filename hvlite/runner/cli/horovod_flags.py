@@ -58,8 +58,6 @@ NO_EFFECT = {
     "--torus-allreduce": (None, "hvlite has no torus allreduce (--hierarchical-allreduce is its "
                                 "two-level one)"),
     "--num-nccl-streams": (int, "hvlite's NCCL plane runs on one stream per GPU"),
-    "--thread-affinity": (int, "hvlite does not pin its engine thread (the MPI's binding, "
-                               "--binding-args, pins whole ranks)"),
     "--gloo-timeout-seconds": (int, "hvlite has no Gloo (its bound on waits for other ranks is "
                                     "HVLITE_PEER_TIMEOUT_SECONDS)"),
 }

@@ -39,6 +39,14 @@ def _positive(text: str) -> str:
     return value
 
 
+def _cores(text: str) -> str:
+    """Argparse type: core numbers separated by commas (``"3"``, ``"0,8,16,24"``)."""
+    cores = text.split(",")
+    for core in cores:
+        _count(core.strip())
+    return ",".join(core.strip() for core in cores)
+
+
 def _mebibytes(text: str) -> str:
     """Argparse type: a size in MiB (fractions allowed), returned as whole bytes."""
     return str(int(float(_number(text)) * 1024 * 1024))
@@ -65,6 +73,8 @@ KNOBS = (
     ("--log-level", "HVLITE_LOG_LEVEL", str, "engine log level, e.g. warning, info, debug"),
     ("--log-without-timestamp", "HVLITE_LOG_HIDE_TIME", None,
      "engine log lines without the date and time (the default; --log-with-timestamp adds them)"),
+    ("--thread-affinity", "HVLITE_THREAD_AFFINITY", _cores,
+     "pin each rank's engine thread: one core per rank on a host, c0,c1,... (local rank i: c_i)"),
     ("--mpi-threads-disable", "HVLITE_MPI_THREADS_DISABLE", None,
      "initialise MPI with MPI_THREAD_SERIALIZED, not MPI_THREAD_MULTIPLE"),
     ("--autotune", "HVLITE_AUTOTUNE", None,
