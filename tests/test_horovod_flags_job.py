@@ -48,3 +48,13 @@ def test_thread_affinity_pins_each_engine_thread_to_its_core():
     for local_rank, core in enumerate((cores[1], cores[0])):
         assert "local rank %d: engine thread on cores [%d], main thread on cores %s" \
             % (local_rank, core, cores) in out, out
+    # horovodrun's --thread-affinity takes one number: with 2 ranks on the host, that names fewer
+    # cores than ranks, so no rank is pinned (as in Horovod), and each says why
+    job = run_job(2, ["python", "tests/scenarios/thread_affinity.py"], timeout=60,
+                  hvlrun_args=["--thread-affinity", str(cores[1])])
+    out = job.stdout + job.stderr
+    assert job.returncode == 0, out
+    assert out.count("names fewer cores than this host has ranks; the engine threads are not "
+                     "pinned") == 2, out
+    for local_rank in (0, 1):
+        assert "local rank %d: engine thread on cores %s" % (local_rank, cores) in out, out

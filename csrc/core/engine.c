@@ -90,8 +90,9 @@ static int split_fake_hosts(hvl_engine *e)
 }
 
 /* HVLITE_THREAD_AFFINITY "c0,c1,...": local rank i pins this (the bg) thread to core c_i, which
- * keeps the engine off the cores the framework computes on. A list shorter than the host's ranks,
- * or a core the kernel refuses, is said once and the thread runs unpinned. */
+ * keeps the engine off the cores the framework computes on; threads it starts later (timeline
+ * writer, NCCL's) inherit the core. A list that is not numbers or names fewer cores than the host
+ * has ranks pins no rank (as Horovod), and a core the kernel refuses is said once. */
 static long nth_number(const char *list, int n)    /* -1: the list is shorter; -2: not numbers */
 {
     for (const char *p = list;; n--) {
@@ -108,13 +109,16 @@ static void pin_thread(const hvl_engine *e)
 {
     const char *list = e->params.thread_affinity;
     if (!list[0]) return;
-    long core = nth_number(list, e->local_rank);
-    if (core < 0) {
-        hvl__log_once("thread affinity list", HVL_LOG_WARNING, "HVLITE_THREAD_AFFINITY=%s %s local rank %d "
-                      "(%d ranks on this host); the engine thread is not pinned", list,
-                      core == -2 ? "is not a list of core numbers for" : "names no core for", e->local_rank,
-                      e->local_size);
-        return;
+    long core = -1;
+    for (int i = 0; i < e->local_size; i++) {
+        long c = nth_number(list, i);
+        if (c < 0) {
+            hvl__log_once("thread affinity list", HVL_LOG_WARNING, "HVLITE_THREAD_AFFINITY=%s %s; the engine "
+                          "threads are not pinned", list, c == -2 ? "is not a list of core numbers"
+                          : e->local_size == 1 ? "names no core" : "names fewer cores than this host has ranks");
+            return;
+        }
+        if (i == e->local_rank) core = c;
     }
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -299,8 +303,8 @@ static void *bg_main(void *arg)
         __atomic_store_n(&e->fatal, rc, __ATOMIC_RELEASE);
         hvl__log(HVL_LOG_ERROR, "engine stopped: %s", message);
     }
+    hvl__mark_stopped(message);    /* before the callers hear why (a peer's shutdown stops us too) */
     hvl__queue_fail_all(e, rc, message);
-    hvl__mark_stopped(message);    /* a peer's shutdown stops us too */
     teardown(e, rc == HVL_ERR_SHUT_DOWN && e->stop_agreed);   /* not after a wait gave up on shutdown */
     return NULL;
 }

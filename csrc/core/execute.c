@@ -344,6 +344,9 @@ static int execute_one(hvl_engine *e, hvl_batch *b)
         if (b->inputs_ready > 0) hvl__tl_device_phases(t0, b->inputs_ready);
         hvl__tl_batch(b, t0, rc);
     }
+    /* An error not every member agreed on stops the engine: say so before the callers hear of
+     * it, so that is_initialized() is already False then and an init() after it starts anew. */
+    if (rc != HVL_OK && !b->failed_everywhere) hvl__mark_stopped(hvl_last_error());
     finish_batch(e, b, rc, o);
     free(o);
     hvl__handles_notify();   /* one wake-up per batch, not per tensor */

@@ -11,6 +11,7 @@
 #include "engine.h"
 
 typedef struct { int64_t pid, host, local_size; } peer_t;
+_Static_assert(sizeof(peer_t) == 3 * sizeof(int64_t), "peer_t is sent as 3 int64 values");
 static peer_t *peers;          /* per global rank; NULL before startup */
 
 static int64_t host_id(void)

@@ -24,8 +24,10 @@ void hvl__mark_running(void)
 
 void hvl__forget_topology(void) { __atomic_store_n(&placed, 0, __ATOMIC_RELEASE); }
 
+/* The first reason holds until the next start (bg thread only, so the check cannot race). */
 void hvl__mark_stopped(const char *why)
 {
+    if (__atomic_load_n(&stopped, __ATOMIC_ACQUIRE)) return;
     snprintf(stop_message, sizeof(stop_message), "%s", why);
     __atomic_store_n(&stopped, 1, __ATOMIC_RELEASE);
     __atomic_store_n(&initialized, 0, __ATOMIC_RELEASE);
