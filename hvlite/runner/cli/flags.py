@@ -1,7 +1,8 @@
 """``hvlrun``'s flags: the parser, and the checks argparse cannot make.
 
 Contract:
-  * :func:`build_parser` returns the parser (the knob flags come from ``knobs.py``'s one table).
+  * :func:`build_parser` returns the parser (the knob flags come from ``knobs.py``'s one table;
+    horovodrun's other spellings from ``horovod_flags.py``, which ``launch.main`` applies).
   * :func:`check_usage` checks what needs more than argparse and fills in the defaults that
     depend on other flags or the environment (``--start-timeout``: ``$HVLRUN_START_TIMEOUT`` or
     30; ``--heartbeat-timeout``: ``$HVLRUN_HEARTBEAT_TIMEOUT`` or
