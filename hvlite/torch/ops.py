@@ -68,6 +68,13 @@ def _check_tensor(tensor):
     return tensor
 
 
+def _needs_graph(tensor):
+    """Whether a differentiable op must go through its autograd Function: only where autograd
+    records this call. Elsewhere (metrics, no_grad, tensors without grad) the Function's cost,
+    about 20 us a call, buys nothing."""
+    return tensor.requires_grad and torch.is_grad_enabled()
+
+
 def _ptr(tensor):
     return pointer(tensor.data_ptr()) if tensor.numel() else NULL
 
@@ -247,7 +254,12 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     """
     op = reduce_op(average, op)
     compressed, ctx = compression.compress(_check_tensor(tensor))
-    out = _AllreduceFn.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
+    if _needs_graph(compressed):
+        out = _AllreduceFn.apply(compressed, name, op, prescale_factor, postscale_factor,
+                                 process_set)
+    else:
+        out = allreduce_async(compressed, None, name, op, prescale_factor, postscale_factor,
+                              process_set).wait()
     return compression.decompress(out, ctx)
 
 
@@ -412,7 +424,9 @@ def _gathered_gradients(ctx, grads):
 def allgather(tensor, name=None, process_set=None):
     """Concatenate every rank's ``tensor`` along dim 0 (which may differ per rank); a 0-d
     tensor counts as one row. Differentiable (see the module docstring)."""
-    return _AllgatherFn.apply(_check_tensor(tensor), name, process_set)
+    if _needs_graph(_check_tensor(tensor)):
+        return _AllgatherFn.apply(tensor, name, process_set)
+    return allgather_async(tensor, name, process_set).wait()
 
 
 def grouped_allgather_async(tensors, name=None, process_set=None):
@@ -458,7 +472,9 @@ class _BroadcastFn(torch.autograd.Function):
 
 def broadcast(tensor, root_rank, name=None, process_set=None):
     """Return root_rank's ``tensor`` on every rank; differentiable."""
-    return _BroadcastFn.apply(_check_tensor(tensor), root_rank, name, process_set)
+    if _needs_graph(_check_tensor(tensor)):
+        return _BroadcastFn.apply(tensor, root_rank, name, process_set)
+    return broadcast_async(tensor, root_rank, name, process_set).wait()
 
 
 # ---- alltoall ----

@@ -232,3 +232,23 @@ def test_backward_passes_are_collectives_in_order():
     (hvd.allgather(a).sum() * 3 + hvd.allgather(b).sum() * 5).backward()
     assert torch.equal(a.grad, torch.full_like(a, 3.0))
     assert torch.equal(b.grad, torch.full_like(b, 5.0))
+
+
+@pytest.mark.parametrize("op", ["allreduce", "allgather", "broadcast"])
+def test_results_join_the_graph_only_where_autograd_records(op):
+    """A result is in the graph where autograd records the call (input requires grad, grad
+    mode on) and is a plain tensor elsewhere; the values are the same either way."""
+    call = {"allreduce": lambda t: hvd.allreduce(t, op=hvd.Sum),
+            "allgather": hvd.allgather,
+            "broadcast": lambda t: hvd.broadcast(t, 0)}[op]
+    expected = {"allreduce": torch.full((2,), float(sum(range(1, SIZE + 1)))),
+                "allgather": torch.cat([torch.full((2,), float(r + 1)) for r in range(SIZE)]),
+                "broadcast": torch.full((2,), 1.0)}[op]
+    plain = torch.full((2,), float(RANK + 1))
+    tracked = plain.clone().requires_grad_()
+    with torch.no_grad():
+        untracked = call(tracked)
+    for result, in_graph in ((call(plain), False), (untracked, False), (call(tracked), True)):
+        assert (result.grad_fn is not None) == in_graph
+        assert result.requires_grad == in_graph
+        assert torch.equal(result.detach(), expected)
