@@ -18,11 +18,15 @@ Contract:
   arrays in and out (measured cheaper here than ``tf.py_function``, whose body runs eager ops).
 - ``op_name(kind, name)`` gives the engine name of one call: the user's name, else in eager mode
   ``hvlite.handles.auto_name(kind)`` (the same on every rank that calls in the same order), and
-  in a graph ``<function>.<kind>.<n>`` with a counter kept per outermost traced function, so
-  every execution of a traced function reuses the same names (the engine's response cache then
-  hits) and a retrace on one rank only cannot shift the names of the other functions. A TF1
-  ``tf.Graph`` (run by a Session) has no name: it is ``graph<k>``, numbered in the order hvlite
-  first sees each graph.
+  in a graph ``<path>.<kind>.<n>``. The path names the traced functions from the outermost
+  down to the one being traced (``train/step``), and the counter is kept per trace of that
+  function; control-flow branches and loop bodies count in the function around them. So every
+  execution of a traced function reuses the same names (the engine's response cache then hits),
+  and a retrace on one rank only, of any function, outer or inner, cannot shift the names of
+  the others (Keras traces a step twice on a rank whose model builds its variables in it). Digit
+  suffixes TF adds to generated functions' names (``__backward_step_63``) are dropped: they count
+  traces, which ranks need not share. A TF1 ``tf.Graph`` (run by a Session) has no name: it is
+  ``graph<k>``, numbered in the order hvlite first sees each graph.
 - ``np_dtype(tf_dtype)`` maps a TensorFlow dtype to NumPy and raises ``TypeError`` for a dtype
   the engine does not support, before anything is sent.
 - ``wait_all(handles)`` (``hvlite.handles``') waits for every handle and then raises the first
@@ -31,10 +35,12 @@ Contract:
 import collections
 import contextlib
 import itertools
+import re
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework.func_graph import FuncGraph
+from tensorflow.python.ops.control_flow_v2_func_graphs import ControlFlowFuncGraph
 
 from .. import errors
 from ..buffers import is_aligned
@@ -100,10 +106,18 @@ def to_tensor(array):
     return tf.convert_to_tensor(array)
 
 
-def _outermost_graph(graph):
-    while isinstance(getattr(graph, "outer_graph", None), FuncGraph):
+def _function_scopes(graph):
+    """The traced functions enclosing ``graph``, innermost first: each FuncGraph on the way out
+    that is not a control-flow branch or loop body; ``[graph]`` for a TF1 graph."""
+    scopes = []
+    while isinstance(graph, FuncGraph):
+        if not isinstance(graph, ControlFlowFuncGraph):
+            scopes.append(graph)
         graph = graph.outer_graph
-    return graph
+    return scopes or [graph]
+
+
+_TRACE_NUMBER = re.compile(r"_\d+(?=_|$)")
 
 
 _PLAIN_GRAPHS = itertools.count()
@@ -113,7 +127,7 @@ def _graph_prefix(graph):
     """A function's name; for a TF1 ``tf.Graph`` (run by a Session), which has none, a number
     given in the order hvlite first sees each graph (the same order on every rank)."""
     if isinstance(graph, FuncGraph):
-        return graph.name
+        return _TRACE_NUMBER.sub("", graph.name)
     prefix = getattr(graph, "_hvlite_prefix", None)
     if prefix is None:
         prefix = graph._hvlite_prefix = "graph%d" % next(_PLAIN_GRAPHS)
@@ -139,14 +153,15 @@ def op_name(kind, name=None, process_set=None):
         return name
     if tf.executing_eagerly():
         return auto_name(kind, process_set)
-    graph = _outermost_graph(tf.compat.v1.get_default_graph())
-    counters = getattr(graph, "_hvlite_name_counters", None)
+    scopes = _function_scopes(tf.compat.v1.get_default_graph())
+    counters = getattr(scopes[0], "_hvlite_name_counters", None)
     if counters is None:
-        counters = graph._hvlite_name_counters = collections.Counter()
+        counters = scopes[0]._hvlite_name_counters = collections.Counter()
     key = (kind, getattr(process_set, "process_set_id", None) or 0)
     index = counters[key]
     counters[key] += 1
-    return "%s.%s.%d" % (_graph_prefix(graph), kind, index)
+    path = "/".join(_graph_prefix(g) for g in reversed(scopes))
+    return "%s.%s.%d" % (path, kind, index)
 
 
 def submit_all(submit_one, items):
