@@ -4,8 +4,8 @@ Contract: the names Horovod documents for ``horovod.torch`` (basics, collectives
 and in-place forms, ``DistributedOptimizer``, ``broadcast_parameters``,
 ``broadcast_optimizer_state``, object collectives, ``Compression``, ``SyncBatchNorm``,
 ``join``; ``elastic``: ``run``, ``TorchState``, ``ElasticSampler``, ...) with Horovod's
-signatures and semantics, on CPU tensors. Pure Python over the framework-neutral layer; no torch
-extension is compiled.
+signatures and semantics, on CPU and CUDA tensors (results on the input's device). Pure Python
+over the framework-neutral layer; no torch extension is compiled.
 """
 from ..basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
                       gloo_enabled, init, is_initialized, local_rank, local_size,

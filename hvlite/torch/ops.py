@@ -137,7 +137,11 @@ class _TensorOutput:
         if isinstance(owner, DeviceBuffer):
             return _adopt_device(owner, nbytes, self.device).view(self.dtype).reshape(shape)
         host = torch.frombuffer(memory(owner, nbytes), dtype=self.dtype).reshape(shape)
-        return host if self.device.type == "cpu" else host.to(self.device)
+        if self.device.type == "cpu":
+            return host
+        # on the caller's stream, without waiting for it: a copy from pageable memory returns
+        # once CUDA holds the bytes, so the engine memory may go as soon as this returns
+        return host.to(self.device, non_blocking=True)
 
 
 class _DeviceResult:
@@ -486,7 +490,7 @@ def _split_list(splits, name):
     if splits.is_floating_point() or splits.is_complex() or splits.dtype == torch.bool:
         raise HvliteInvalidArgument("alltoall%s: splits must be integers, got %s"
                                     % (" '%s'" % name if name else "", splits.dtype))
-    return [int(s) for s in splits.reshape(-1)]
+    return splits.reshape(-1).tolist()         # one read of splits on a GPU, not one per row
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=None):

@@ -21,18 +21,27 @@ __all__ = ["SyncBatchNorm"]
 _layer_ids = itertools.count()
 
 
+def _normalized(x, mean, invstd, shape):
+    return (x.double() - mean.view(shape)) * invstd.view(shape)
+
+
 class _SyncBatchNormFn(torch.autograd.Function):
+    """Sums in float64. Nothing here waits for the device: the count is the host's, and only
+    a local batch of at most one value per channel reads the combined count back. The input is
+    saved for backward in its own dtype (the float64 normalized values are remade there)."""
+
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, eps, momentum, name):
         channels = x.shape[1]
         dims = [d for d in range(x.dim()) if d != 1]
+        local_count = x.numel() // max(channels, 1)
         xd = x.double()
         local = torch.cat([xd.sum(dim=dims), (xd * xd).sum(dim=dims),
-                           torch.tensor([x.numel() / max(channels, 1)], dtype=torch.float64,
-                                        device=x.device)])
+                           xd.new_full((1,), float(local_count))])
+        del xd
         total = allreduce_async(local, op=Sum, name=name + ".stats").wait()
         count = total[-1]
-        if count.item() <= 1:
+        if local_count <= 1 and count.item() <= 1:      # else more than 1 value: no read back
             raise ValueError("SyncBatchNorm: expected more than 1 value per channel over all ranks "
                              "when training (got %d)" % int(count.item()))
         mean = total[:channels] / count
@@ -40,22 +49,22 @@ class _SyncBatchNormFn(torch.autograd.Function):
         invstd = torch.rsqrt(var + eps)
         if running_mean is not None:
             with torch.no_grad():
-                unbiased = var * count / max(count.item() - 1, 1)
+                unbiased = var * count / (count - 1).clamp_min(1)
                 running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
                 running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
         shape = [1, channels] + [1] * (x.dim() - 2)
-        xhat = (xd - mean.view(shape)) * invstd.view(shape)
-        out = xhat
+        out = _normalized(x, mean, invstd, shape)
         if weight is not None:
             out = out * weight.double().view(shape) + bias.double().view(shape)
-        ctx.save_for_backward(xhat, invstd, weight)
+        ctx.save_for_backward(x, mean, invstd, weight)
         ctx.count, ctx.name, ctx.dims, ctx.shape = count, name, dims, shape
         return out.to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        xhat, invstd, weight = ctx.saved_tensors
+        x, mean, invstd, weight = ctx.saved_tensors
         dims, shape = ctx.dims, ctx.shape
+        xhat = _normalized(x, mean, invstd, shape)
         g = grad.double()
         grad_weight = (g * xhat).sum(dim=dims).to(weight.dtype) if weight is not None else None
         grad_bias = g.sum(dim=dims).to(weight.dtype) if weight is not None else None

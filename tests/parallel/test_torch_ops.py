@@ -148,6 +148,8 @@ def test_sparse_allreduce_async(sparse_dim):
 
 
 def test_sparse_allreduce_async_on_a_process_set():
+    if SIZE < 2:
+        pytest.skip("a set other than the global one needs 2 ranks")
     ps = hvd.add_process_set(list(range(1, SIZE)))
     if RANK in ps.ranks:
         xs = {r: sparse_input(12, r, (5, 2), 2) for r in ps.ranks}
@@ -200,9 +202,10 @@ def test_bad_input():
     for splits in (torch.full((SIZE,), 1e30), torch.ones(SIZE, dtype=torch.bool)):
         with pytest.raises(hvd.HvliteInvalidArgument, match="'torch.splits': splits must be int"):
             hvd.alltoall(torch.zeros(SIZE), splits, name="torch.splits")
-    shape = (3,) if RANK == 0 else (4,)
-    with pytest.raises(hvd.MismatchError, match="'torch.bad'.*shape"):
-        hvd.allreduce(torch.zeros(shape), name="torch.bad")
+    if SIZE > 1:                                      # ranks that disagree
+        shape = (3,) if RANK == 0 else (4,)
+        with pytest.raises(hvd.MismatchError, match="'torch.bad'.*shape"):
+            hvd.allreduce(torch.zeros(shape), name="torch.bad")
 
 
 def test_in_place_ops_bump_the_autograd_version():

@@ -269,6 +269,28 @@ def test_sync_batch_norm_matches_combined_batch():
     assert torch.allclose(sync(mine), plain(mine), atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype,rows,tolerance", [(torch.float32, 4, 1e-5), (torch.float64, 1, 1e-10)])
+def test_sync_batch_norm_single_precision_and_one_row_per_rank(dtype, rows, tolerance):
+    """float32 layers (the input saved in its own dtype for backward); one row per rank, which
+    is one value per channel locally but SIZE over all ranks: allowed, as the combined batch."""
+    if rows * SIZE < 2:
+        pytest.skip("one value per channel in all: BatchNorm refuses it")
+    torch.manual_seed(5)
+    data = torch.randn(SIZE * rows, 3, dtype=dtype).to(DEVICE)
+    weights = torch.randn_like(data)
+    sync = hvd.SyncBatchNorm(3).to(DEVICE, dtype)
+    plain = torch.nn.BatchNorm1d(3).to(DEVICE, dtype)
+    mine = data[RANK * rows:(RANK + 1) * rows].clone().requires_grad_()
+    combined = data.clone().requires_grad_()
+    out, ref = sync(mine), plain(combined)
+    (out * weights[RANK * rows:(RANK + 1) * rows]).sum().backward()
+    (ref * weights).sum().backward()
+    assert out.dtype == dtype and mine.grad.dtype == dtype
+    assert torch.allclose(out, ref[RANK * rows:(RANK + 1) * rows], atol=tolerance)
+    assert torch.allclose(mine.grad, combined.grad[RANK * rows:(RANK + 1) * rows], atol=tolerance)
+    assert torch.allclose(sync.running_var, plain.running_var, atol=tolerance)
+
+
 def test_join_with_uneven_batches():
     model, x, y = model_and_data()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
@@ -284,6 +306,7 @@ def test_join_with_uneven_batches():
     assert_same_on_every_rank(model)
 
 
+@pytest.mark.skipif(SIZE < 2, reason="needs ranks that differ")
 def test_model_that_differs_across_ranks_fails_everywhere():
     hidden = 8 if RANK == 0 else 9
     model = torch.nn.Sequential(torch.nn.Linear(6, hidden), torch.nn.Linear(hidden, 3)).to(DEVICE)
