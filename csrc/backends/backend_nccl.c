@@ -327,11 +327,10 @@ static int poll_comm(hvl_engine *e, ncclComm_t comm, int mark, const char *what,
     for (;;) {
         int done = 0;
         if (mark >= 0) HVL_CHECK(hvl__cuda_mark_reached(mark, &done));
-        if (done) return HVL_OK;
-        ncclResult_t state = NC_IN_PROGRESS;
+        ncclResult_t state = NC_IN_PROGRESS;    /* looked at after the mark too: an error there */
         HVL_CHECK(check(nc.comm_get_async_error(comm, &state), comm, "ncclCommGetAsyncError"));
         if (state != NC_SUCCESS && state != NC_IN_PROGRESS) return check(state, comm, what);
-        if (mark < 0 && state == NC_SUCCESS) return HVL_OK;
+        if (done || (mark < 0 && state == NC_SUCCESS)) return HVL_OK;
         double waited = hvl__now() - start;
         if (bound.timeout_s > 0 && waited > bound.timeout_s)
             return hvl__fail(HVL_ERR_TIMEOUT, "%s%s%s%s: no progress in %.0f s (HVLITE_PEER_TIMEOUT_SECONDS): "
@@ -400,11 +399,14 @@ static void drop_comm(nccl_set *s)
     abort_call *a = calloc(1, sizeof(*a));
     pthread_t thread;
     s->abort_stuck = 1;                     /* until the abort is seen to return */
-    if (!a) return;                         /* out of memory: the communicator leaks */
+    if (!a) {                               /* out of memory: the communicator leaks */
+        s->comm = NULL;
+        return;
+    }
     *a = (abort_call){s->comm, s->device, 2, 0};
     s->comm = NULL;
     if (pthread_create(&thread, NULL, abort_helper, a) != 0) {
-        free(a);
+        free(a);                            /* no thread to bound it: leaked, not aborted */
         return;
     }
     pthread_detach(thread);
@@ -412,11 +414,13 @@ static void drop_comm(nccl_set *s)
     double start = hvl__now(), nap_s = 1e-4;
     while (!__atomic_load_n(&a->done, __ATOMIC_ACQUIRE) && hvl__now() - start < limit)
         hvl__nap(&nap_s, 1e-3);
-    if (__atomic_load_n(&a->done, __ATOMIC_ACQUIRE))
+    if (__atomic_load_n(&a->done, __ATOMIC_ACQUIRE)) {
         s->abort_stuck = 0;
-    else
+    } else {
         hvl__log(HVL_LOG_WARNING, "ncclCommAbort did not return in %.0f s (a peer on this host is "
                  "stopped?): its communicator is left behind", limit);
+        hvl__cuda_stuck();                  /* its kernels may hold the device for good */
+    }
     abort_release(a);
 }
 

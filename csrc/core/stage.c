@@ -59,6 +59,7 @@ static int64_t result_bytes(const hvl_engine *e, const hvl_batch *b, const hvl_e
 static void abandon(hvl_engine *e)
 {
     e->stage_stuck = 1;
+    hvl__cuda_stuck();
     if (e->stage_buf)
         hvl__log_once("stage abandoned", HVL_LOG_WARNING, "a GPU copy of the staged path did not "
                       "finish; its page-locked buffer (%lld bytes) is left to it, not freed",
@@ -156,7 +157,8 @@ static int copy_in(hvl_engine *e, hvl_batch *b, hvl_stage *st)
         int64_t in_bytes = hvl__desc_bytes(&en->d), out_bytes = separate_output_bytes(b, en);
         int sends = b->op != HVL_BROADCAST || e->rank == b->root_rank;   /* others only receive */
         st->saved[i] = (hvl_stage_saved){en->input, en->output, 1};
-        if (en->ready_event) HVL_CHECK_GOTO(hvl__cuda_wait_event(en->device, en->ready_event), rc, failed);
+        HVL_CHECK_GOTO(en->ready_event ? hvl__cuda_wait_event(en->device, en->ready_event)
+                                       : hvl__cuda_use(en->device), rc, failed);
         st->devices |= 1ull << en->device;      /* its stream is usable: wait for it from here on */
         if (sends && in_bytes > 0)
             HVL_CHECK_GOTO(hvl__cuda_copy_to_host(en->device, at, en->input, in_bytes), rc, failed);

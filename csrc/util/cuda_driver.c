@@ -222,9 +222,20 @@ int hvl__cuda_host_alloc(int dev, void **out, int64_t bytes)
                  "cuMemHostAlloc (page-locked staging memory)");
 }
 
+static int device_stuck;           /* hvl__cuda_stuck: device frees leak from then on */
+
+void hvl__cuda_stuck(void)
+{
+    if (!__atomic_exchange_n(&device_stuck, 1, __ATOMIC_RELAXED))
+        hvl__log(HVL_LOG_WARNING, "the GPU may never finish hvlite's work queued on it: hvlite's "
+                 "GPU memory is left allocated from now on (freeing it would wait for the device)");
+}
+
+static int may_free(void) { return !__atomic_load_n(&device_stuck, __ATOMIC_RELAXED); }
+
 void hvl__cuda_host_free(void *p)
 {
-    if (!p || !hvl__cuda_loaded()) return;
+    if (!p || !hvl__cuda_loaded() || !may_free()) return;
     for (int dev = 0; dev < HVL_CUDA_MAX_DEVICES; dev++)     /* any context of ours will do */
         if (devices[dev].ctx && cu.ctx_set_current(devices[dev].ctx) == CU_SUCCESS) break;
     cu.host_free(p);
@@ -259,7 +270,7 @@ int hvl__cuda_device_alloc(int dev, void **out, int64_t bytes)
 
 void hvl__cuda_device_free(int dev, void *p)
 {
-    if (p && hvl__cuda_use(dev) == HVL_OK) cu.mem_free((CUdeviceptr)(uintptr_t)p);
+    if (p && may_free() && hvl__cuda_use(dev) == HVL_OK) cu.mem_free((CUdeviceptr)(uintptr_t)p);
 }
 
 int hvl__cuda_zero(int dev, void *device, int64_t bytes)

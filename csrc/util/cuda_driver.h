@@ -76,6 +76,11 @@ int hvl__cuda_result_alloc(int dev, void **out, int64_t bytes);
 void hvl__cuda_result_free(int dev, void *p, void *stream);
 /* Zeroes device memory, asynchronously on the engine's stream. */
 int hvl__cuda_zero(int dev, void *device, int64_t bytes);
+/* The GPU may never finish work queued before: an NCCL abort that did not return, or a staged
+ * copy that never finished. From then on, for the life of the process, the two frees above
+ * leak instead of freeing (cuMemFree and cuMemFreeHost wait for the whole device, which would
+ * hang the engine's stop). */
+void hvl__cuda_stuck(void);
 /* Destroys the streams and events and releases the contexts this thread took (the engine's
  * stop). The library stays loaded. Cannot fail. */
 void hvl__cuda_release(void);
