@@ -57,7 +57,7 @@ system-deps:
 	fi
 
 test: setup system-deps
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=20 tests
 
 # The GPU suite (tests/test_gpu.py, README "Tests"): CUDA tensors at 1, 2 and 4 ranks. On a GPU
 # machine without a package registry, build hvlite in place with that machine's Python first

@@ -93,8 +93,9 @@ def test_elastic_state_of_a_cuda_model_syncs_from_rank_0():
         for p in model.parameters():
             p.add_(1.0)
     state.restore()
-    assert all(torch.equal(hvd.broadcast(p.detach(), 0, name="restored"), p.detach())
-               for p in model.parameters())
+    same = [torch.equal(hvd.broadcast(p.detach(), 0, name="restored"), p.detach())
+            for p in model.parameters()]        # every broadcast on every rank, then the check
+    assert all(same)
 
 
 def test_bfloat16_and_float16_on_the_device():
