@@ -7,7 +7,9 @@ Contract: ``run``, ``State``, ``ObjectState``, ``HostsUpdatedInterrupt`` (from
     ``ElasticSampler``) are committed through their state dicts. Tensors travel as raw bytes
     with their dtype and shape (every torch dtype but quantized and sparse ones, which raise
     ``TypeError`` naming the value) and come back on the CPU; ``load_state_dict`` puts them
-    where the model's own tensors live.
+    where the model's own tensors live. A tensor kept as a plain attribute (``best=tensor``,
+    also inside lists, tuples and dicts) comes back on the device of the tensor it replaces,
+    as Horovod's pickled state does.
   * ``ElasticSampler(dataset, shuffle=True, seed=0)``: a ``torch.utils.data.Sampler`` with the
     behaviour of ``hvlite.elastic.ElasticIndexSampler`` (Horovod's: ``set_epoch``,
     ``record_batch``, ``record_indices``, ``get_indices``, ``state_dict``,
@@ -87,6 +89,27 @@ class TorchState(ObjectState):
 
     def _unleaf(self, array: Array) -> Any:
         return array_to_tensor(array)
+
+    def _apply(self, tree: Any) -> None:
+        before = {name: getattr(self, name) for name in self._names}
+        super()._apply(tree)
+        for name, old in before.items():
+            new = getattr(self, name)
+            if new is not old:                   # a plain value (state dicts load in place)
+                setattr(self, name, _on_devices_of(new, old))
+
+
+def _on_devices_of(new: Any, old: Any) -> Any:
+    """``new`` with each tensor moved to the device of the tensor at the same place in ``old``
+    (where ``old`` has one there); the rest as it is."""
+    if isinstance(new, torch.Tensor):
+        return new.to(old.device) if isinstance(old, torch.Tensor) else new
+    if isinstance(new, dict) and isinstance(old, dict):
+        return type(new)((k, _on_devices_of(v, old.get(k))) for k, v in new.items())
+    if isinstance(new, (list, tuple)) and isinstance(old, (list, tuple)) and len(new) == len(old):
+        moved = [_on_devices_of(n, o) for n, o in zip(new, old)]
+        return moved if isinstance(new, list) else type(new)(moved)
+    return new
 
 
 class ElasticSampler(ElasticIndexSampler, torch.utils.data.Sampler):

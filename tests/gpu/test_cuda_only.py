@@ -81,9 +81,15 @@ def test_elastic_state_of_a_cuda_model_syncs_from_rank_0():
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     model(torch.randn(4, 5, device=CUDA)).sum().backward()
     opt.step()
-    state = hvd.elastic.TorchState(model, opt, step=RANK)
+    state = hvd.elastic.TorchState(model, opt, step=RANK,
+                                   best=torch.tensor(float(RANK), device=CUDA),
+                                   history={"loss": [torch.full((2,), float(RANK), device=CUDA)]})
     state.sync()
     assert state.step == 0
+    # plain tensor attributes come back where they were, with rank 0's values
+    assert state.best.device == CUDA and state.best.item() == 0.0
+    assert state.history["loss"][0].device == CUDA
+    assert torch.equal(state.history["loss"][0].cpu(), torch.zeros(2))
     for p in model.parameters():
         assert p.device == CUDA
         rows = hvd.allgather(p.detach().reshape(1, -1), name="elastic.same")

@@ -126,6 +126,23 @@ def test_torch_state_round_trips_model_optimizer_and_every_dtype():
         tensor_to_array(torch.eye(2).to_sparse(), "w")
 
 
+def test_torch_state_plain_tensor_attributes_keep_their_place():
+    """Plain attributes holding tensors, bare and inside dicts, lists and tuples, come back with
+    their values, container types and devices (the device of the tensor each replaces: the
+    CUDA case is in tests/gpu/test_cuda_only.py)."""
+    state = TorchState(best=torch.tensor(0.5), history={"loss": [torch.ones(2), 3]},
+                       pair=(torch.zeros(1, dtype=torch.int64), "x"))
+    data = codec.encode(state._capture())
+    state.best, state.history, state.pair = torch.tensor(9.0), {"loss": [torch.zeros(2), 4]}, (
+        torch.ones(1, dtype=torch.int64), "y")
+    state._apply(codec.decode(data))
+    assert torch.equal(state.best, torch.tensor(0.5)) and state.best.device.type == "cpu"
+    assert isinstance(state.history["loss"], list) and state.history["loss"][1] == 3
+    assert torch.equal(state.history["loss"][0], torch.ones(2))
+    assert isinstance(state.pair, tuple) and state.pair[1] == "x"
+    assert torch.equal(state.pair[0], torch.zeros(1, dtype=torch.int64))
+
+
 def test_sampler_splits_records_and_resumes():
     sampler = ElasticIndexSampler(list(range(10)), shuffle=True, seed=1)
     order = list(sampler)
