@@ -17,7 +17,9 @@ EXTRA_ENV = {"tests/parallel/test_timeline.py": {"HVLITE_SHM_DISABLE": "1"}}
 # Keras training and TF1 optimizers test adapter logic over collectives that the other files
 # already run at 3 ranks; at 3 ranks on a 2-core machine they cost over a minute of the suite's
 # 20 for no path of their own (their process-set cases need only 2 ranks).
-TWO_RANKS_ONLY = {"tests/parallel/test_tf_training.py", "tests/parallel/test_tf_optimizer_v1.py"}
+# The TF order checks are about one rank's threads: 2 ranks show them.
+TWO_RANKS_ONLY = {"tests/parallel/test_tf_training.py", "tests/parallel/test_tf_optimizer_v1.py",
+                  "tests/parallel/test_tf_order.py"}
 
 
 CASES = [(path, np_) for path in FILES for np_ in (2, 3)

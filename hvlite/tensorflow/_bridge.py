@@ -23,10 +23,19 @@ Contract:
   function; control-flow branches and loop bodies count in the function around them. So every
   execution of a traced function reuses the same names (the engine's response cache then hits),
   and a retrace on one rank only, of any function, outer or inner, cannot shift the names of
-  the others (Keras traces a step twice on a rank whose model builds its variables in it). Digit
-  suffixes TF adds to generated functions' names (``__backward_step_63``) are dropped: they count
+  the others (Keras traces a step twice on a rank whose model builds its variables in it). The
+  numbers in TF's generated functions' names (``__backward_step_63``) are dropped: they count
   traces, which ranks need not share. A TF1 ``tf.Graph`` (run by a Session) has no name: it is
   ``graph<k>``, numbered in the order hvlite first sees each graph.
+- Order: each engine call holds a TensorFlow thread until every rank has made it, so every rank
+  must run a graph's collectives in one order. In a ``tf.function`` each collective writes one
+  order variable of hvlite's just before and just after it, and follows the previous collective
+  of its function; TensorFlow orders ops that write one variable in program order, and with
+  them calls of inner functions and branches that hold collectives (which it does not order by
+  themselves when they read variables), so a function's collectives run one at a time, in the
+  order they were made, on every rank, also in gradient functions TensorFlow builds without
+  automatic ordering. Names that repeat within a step (an inner function called twice) are
+  then calls one after the other, which the engine allows. In a TF1 graph, see ``run``.
 - ``np_dtype(tf_dtype)`` maps a TensorFlow dtype to NumPy and raises ``TypeError`` for a dtype
   the engine does not support, before anything is sent.
 - ``wait_all(handles)`` (``hvlite.handles``') waits for every handle and then raises the first
@@ -120,6 +129,13 @@ def _function_scopes(graph):
 _TRACE_NUMBER = re.compile(r"_\d+(?=_|$)")
 
 
+def _function_name(graph):
+    """A traced function's name as every rank has it: TF's generated functions
+    (``__backward_step_63``, ``__inference_...``) lose the trace numbers in their names; a
+    user's function keeps its name (``layer_1``)."""
+    return _TRACE_NUMBER.sub("", graph.name) if graph.name.startswith("__") else graph.name
+
+
 _PLAIN_GRAPHS = itertools.count()
 
 
@@ -127,7 +143,7 @@ def _graph_prefix(graph):
     """A function's name; for a TF1 ``tf.Graph`` (run by a Session), which has none, a number
     given in the order hvlite first sees each graph (the same order on every rank)."""
     if isinstance(graph, FuncGraph):
-        return _TRACE_NUMBER.sub("", graph.name)
+        return _function_name(graph)
     prefix = getattr(graph, "_hvlite_prefix", None)
     if prefix is None:
         prefix = graph._hvlite_prefix = "graph%d" % next(_PLAIN_GRAPHS)
@@ -240,7 +256,9 @@ def run(np_fn, tensors, out_dtypes):
         return [to_tensor(a) for a in arrays]
 
     graph = tf.compat.v1.get_default_graph()
-    chained = not isinstance(graph, FuncGraph) and not _UNCHAINED[0]
+    if isinstance(graph, FuncGraph):
+        return _ordered_in_function(graph, np_fn, tensors, out_dtypes)
+    chained = not _UNCHAINED[0]
     chain = getattr(graph, "_hvlite_chain", None) if chained else None
     ran = [False]
 
@@ -258,4 +276,36 @@ def run(np_fn, tensors, out_dtypes):
     if chained and outs:
         graph._hvlite_chain = (outs[0] if isinstance(outs[0], tf.Operation) else outs[0].op,
                                ran)
+    return outs
+
+
+_ORDER = []     # the order variable (see the module docstring), made on first use
+
+
+def _order_variable():
+    """hvlite's order variable: made outside any function (``tf.init_scope``), on the CPU; None
+    where that is a TF1 graph (a variable there would need a Session to initialize it)."""
+    if not _ORDER:
+        if not tf.compat.v1.executing_eagerly_outside_functions():
+            return None
+        with tf.init_scope(), tf.device("/cpu:0"):
+            _ORDER.append(tf.Variable(0, dtype=tf.int64, trainable=False, name="hvlite_order"))
+    return _ORDER[0]
+
+
+def _ordered_in_function(graph, np_fn, tensors, out_dtypes):
+    """``run`` while tracing a function: one numpy_function op, after the previous collective
+    of ``graph`` and between two writes of the order variable (module docstring, Order)."""
+    order = _order_variable()
+    last = getattr(graph, "_hvlite_last", None)
+    with tf.control_dependencies([last] if last is not None else []):
+        before = order.assign_add(1, read_value=False) if order is not None else last
+    with tf.control_dependencies([before] if before is not None else []):
+        outs = tf.numpy_function(lambda *values: np_fn([np.asarray(v) for v in values]),
+                                 list(tensors), list(out_dtypes), stateful=True)
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    done = [o if isinstance(o, tf.Operation) else o.op for o in outs[:1]] or [before]
+    with tf.control_dependencies([d for d in done if d is not None]):
+        graph._hvlite_last = (order.assign_add(1, read_value=False) if order is not None
+                              else done[0])
     return outs

@@ -23,7 +23,7 @@ def _broadcast_values(variables, root_rank, name, process_set):
     values = [tf.convert_to_tensor(v) for v in variables]
     for v in values:
         np_dtype(v.dtype)
-    base = op_name("broadcast_variables", name)
+    base = op_name("broadcast_variables", name, process_set)
     with unchained():
         return _broadcast_raw(values, ["%s.%d" % (base, i) for i in range(len(values))],
                               root_rank, process_set)

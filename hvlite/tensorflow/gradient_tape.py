@@ -71,7 +71,7 @@ def allreduce_gradients(grads, prefix, compression=Compression.none, sparse_as_d
     pre, post = _scale_factors(op, gradient_predivide_factor)
     if rank_and_size(process_set)[0] < 0:
         return list(grads)      # not a member of the set: local gradients, as Horovod's
-    base = prefix if tf.executing_eagerly() else op_name(prefix)
+    base = prefix if tf.executing_eagerly() else op_name(prefix, process_set=process_set)
     grads = list(grads)
     out = list(grads)
     dense = []
