@@ -108,5 +108,6 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
     model = keras.models.load_model(filepath, custom_objects=objects)
     if getattr(model, "optimizer", None) is not None:
         wrap_in_place(model.optimizer, compression=compression)
-        model.optimizer._hvlite_average_aggregated = bool(average_aggregated_gradients)
+        inner = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+        inner._hvlite_average_aggregated = bool(average_aggregated_gradients)
     return model

@@ -12,12 +12,15 @@ Contract:
 - Every rank must train the same model the same way (same variables, same steps).
 - Mixed precision: a ``LossScaleOptimizer`` skips the steps whose gradients have an infinity or
   a NaN, and every rank must skip the same ones (the allreduce runs in the steps applied).
-  ``DistributedOptimizer(LossScaleOptimizer(opt))`` allreduces before the check. A
-  ``LossScaleOptimizer`` around a distributed optimizer (what ``model.compile`` makes under
+  A ``LossScaleOptimizer`` around a distributed optimizer (what ``model.compile`` makes under
   the ``mixed_float16`` policy, or ``LossScaleOptimizer(DistributedOptimizer(opt))``) is given,
   when it builds its inner optimizer, a check agreed over the ranks: the gradients count as
   finite only where they are on every rank (one int32 allreduce per step), as Keras's own does
-  across the replicas of a ``tf.distribute`` strategy.
+  across the replicas of a ``tf.distribute`` strategy. ``DistributedOptimizer`` given a
+  ``LossScaleOptimizer``, and ``load_model``/``wrap_in_place`` given one, make that same form
+  in place (its inner optimizer distributed, the check agreed), so however each rank got its
+  optimizer (a root that loaded a checkpoint, the others compiling afresh) every rank runs
+  the same collectives.
 - ``model.compile(jit_compile=True)`` (XLA) cannot run the engine call: ``apply`` then raises
   ``ValueError`` asking for ``jit_compile=False`` (Keras picks XLA by itself only on GPUs).
 - ``backward_passes_per_step=N`` > 1 (Horovod's local gradient aggregation) is Keras 3's own
@@ -166,12 +169,24 @@ def _in_front(mixin, cls):
 
 
 def is_distributed(optimizer):
-    """True if ``optimizer`` allreduces its gradients (made by ``DistributedOptimizer``)."""
+    """True if ``optimizer`` allreduces its gradients (made by ``DistributedOptimizer``; for a
+    ``LossScaleOptimizer``, its inner optimizer)."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer = optimizer.inner_optimizer
     return isinstance(optimizer, _DistributedMixin)
 
 
 def wrap_in_place(optimizer, **options):
-    """Make an existing (possibly built) optimizer distributed, keeping its state; returns it."""
+    """Make an existing (possibly built) optimizer distributed, keeping its state; returns it.
+    A ``LossScaleOptimizer`` keeps its place around its inner optimizer, which is made
+    distributed, and gets the agreed check (what ``compile`` makes under ``mixed_float16``),
+    so a rank that loaded it trains with the same collectives as ranks that compiled afresh."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        wrap_in_place(optimizer.inner_optimizer, **options)
+        optimizer.__class__ = _in_front(_FiniteEverywhere, optimizer.__class__)
+        object.__setattr__(optimizer, "_hvlite_process_set",
+                           optimizer.inner_optimizer._hvlite_options["process_set"])
+        return optimizer
     optimizer.__class__ = _in_front(_DistributedMixin, optimizer.__class__)
     optimizer._hvlite_options = dict(_DistributedMixin._hvlite_options, **options)
     return optimizer
@@ -217,7 +232,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     options = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                    gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
                    process_set=process_set)
-    if optimizer.built or is_distributed(optimizer):
+    if (optimizer.built or is_distributed(optimizer)
+            or isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
         return wrap_in_place(optimizer, **options)
     config = optimizer.get_config()
     if name is not None:
