@@ -1,7 +1,9 @@
 """The authenticated control channel in one process: the wire format (HMAC lines, handshake,
 replays), the server and client over real loopback sockets (start/exit records, forged and
-replayed lines dropped and counted, heartbeats, lost clients, stop), and that nothing in the
-launcher deserialises network data beyond splitting ASCII words."""
+replayed lines dropped and counted, heartbeats, lost clients, stop), how an elastic world's
+supervisor judges them (wrappers mpiexec killed after an agreed exit are no loss; a guard
+always is), and that nothing in the launcher deserialises network data beyond splitting ASCII
+words."""
 
 import re
 import socket
@@ -269,3 +271,128 @@ def test_nothing_in_the_launcher_deserialises_network_data():
     allowed = re.compile(r"^\s*import yaml$|yaml\.(safe_load|YAMLError)\b", re.M)
     offenders = [str(p) for p in files if pattern.search(allowed.sub("", p.read_text()))]
     assert offenders == [], offenders
+
+
+# --- an elastic world's agreed end: who the launcher killed is no loss ----------------------
+class FakeLauncher:
+    """Stands for mpiexec, already over (``end_group`` is replaced where it would be signalled)."""
+    args = ["mpiexec"]
+    pid = None
+
+    def poll(self):
+        return 1
+
+
+def elastic_world(server, monkeypatch):
+    """A Supervisor of elastic world 1 over ``server``: rank 0 on host a, rank 1 on host b."""
+    from hvlite.runner.hosts.hostlist import Host
+    from hvlite.runner.world import supervise
+    from hvlite.runner.world.rules import ELASTIC
+    from hvlite.runner.world.spec import WorldSpec
+    monkeypatch.setattr(supervise, "end_group", lambda proc, grace: None)
+    monkeypatch.setattr(supervise, "QUIET_SECONDS", 0.5)
+    spec = WorldSpec(1, [Host("a", 1), Host("b", 1)], {})
+    return supervise.Supervisor(FakeLauncher(), server, spec, ELASTIC, 0, [])
+
+
+def two_ranks(server):
+    """Rank 0 on host a and rank 1 on host b, connected and started."""
+    ranks = [RawClient(server.port), RawClient(server.port)]
+    ranks[0].send("start 0 10 a")
+    ranks[1].send("start 1 11 b")
+    wait_until(lambda: len(server.started_ranks()) == 2)
+    return ranks
+
+
+def close_and_wait(server, client):
+    """Close ``client`` and wait until the server saw it close (a later server round)."""
+    before = sum(p.closed for p in server._peers)
+    client.sock.close()
+    wait_until(lambda: sum(p.closed for p in server._peers) > before)
+
+
+def test_a_rank_killed_after_its_peer_agreed_to_leave_is_no_loss(monkeypatch):
+    """Rank 0 leaves with the peer-lost code (76); mpiexec then kills rank 1's wrapper, whose
+    connection closes without an exit: the world ended on a lost peer, charged to no host
+    (it was charged to b, and two such worlds blacklisted a healthy host)."""
+    from hvlite.runner.world import supervise
+    server = ControlServer(SECRET, "127.0.0.1").start()
+    try:
+        world = elastic_world(server, monkeypatch)
+        ranks = two_ranks(server)
+        ranks[0].send("exit 0 76")
+        wait_until(lambda: server.exits() == [(0, 76)])
+        ranks[0].sock.close()
+        close_and_wait(server, ranks[1])
+        assert server.lost(settle=0) is not None                # a loss, for a plain job
+        ((_, _, agreed_round),) = server.exit_rounds()
+        assert server.lost(settle=0, ended_round=agreed_round) is None
+        assert world.judge(settle=0) is None                    # the cause gets time to show
+        monkeypatch.setattr(supervise, "PEER_LOST_WAIT_SECONDS", 0.0)
+        time.sleep(0.01)
+        end = world.judge(settle=0)
+        assert (end.kind, end.hosts) == ("peer-lost", ()), end
+        assert end.reason == "rank 0 on a lost a peer (HorovodInternalError)"
+        # mpiexec exiting first: judged at once, as a lost peer, not as the launcher's failure
+        over = elastic_world(server, monkeypatch).launcher_ended(9)
+        assert (over.kind, over.hosts) == ("peer-lost", ()), over
+    finally:
+        server.close()
+
+
+def test_a_rank_gone_before_its_peer_agreed_to_leave_is_the_loss(monkeypatch):
+    server = ControlServer(SECRET, "127.0.0.1").start()
+    try:
+        world = elastic_world(server, monkeypatch)
+        ranks = two_ranks(server)
+        close_and_wait(server, ranks[1])
+        ranks[0].send("exit 0 76")
+        wait_until(lambda: server.exits() == [(0, 76)])
+        end = world.judge(settle=0)
+        assert (end.kind, end.hosts, end.who) == ("lost", ("b",), "host b (rank 1)"), end
+        assert "its connection to hvlrun closed" in end.reason
+        ranks[0].sock.close()
+    finally:
+        server.close()
+
+
+def test_a_host_whose_guard_goes_after_the_agreed_exit_is_still_lost(monkeypatch):
+    """A guard is lost only with its host, whenever that happens: host b dies after rank 0
+    left with 76 (or its loss is what rank 0 saw, noticed late). Ranks that reported an exit
+    are not named with the host."""
+    server = ControlServer(SECRET, "127.0.0.1").start()
+    try:
+        world = elastic_world(server, monkeypatch)
+        ranks = two_ranks(server)
+        guard = RawClient(server.port)
+        guard.send("guard b 12")
+        wait_until(lambda: sum(p.kind == "guard" for p in server._peers) == 1)
+        ranks[0].send("exit 0 76")
+        wait_until(lambda: server.exits() == [(0, 76)])
+        close_and_wait(server, ranks[1])
+        close_and_wait(server, guard)
+        end = world.judge(settle=0)
+        assert (end.kind, end.hosts, end.who) == ("lost", ("b",), "host b (rank 1)"), end
+        ranks[0].sock.close()
+    finally:
+        server.close()
+
+
+def test_a_closed_rank_still_settling_does_not_hide_a_host_that_is_gone():
+    """The first closed client waits out the settle time (its host still has a connection
+    open); a later one whose whole host is gone is reported meanwhile."""
+    server = ControlServer(SECRET, "127.0.0.1").start()
+    try:
+        first, guard, second = (RawClient(server.port) for _ in range(3))
+        first.send("start 4 77 hostH")
+        guard.send("guard hostH 76")
+        second.send("start 5 78 hostJ")
+        wait_until(lambda: sum(p.kind is not None for p in server._peers) == 3)
+        close_and_wait(server, first)
+        assert server.lost(settle=30) is None
+        close_and_wait(server, second)
+        who, message, _, host = server.lost(settle=30)
+        assert (who, host) == ("host hostJ (rank 5)", "hostJ"), message
+        guard.sock.close()
+    finally:
+        server.close()

@@ -1,7 +1,9 @@
 """The elastic driver's pieces in one process, without the engine: the discovery script's
-output, the blacklist and its cooldown, placement, the commit store and its client over real
-loopback sockets (a whole commit or none, only from the open world, forged input refused), the
-elastic timeline file, and hvlrun's elastic flags (usage errors, the first world's dry run)."""
+output (a hung script killed with its children), the blacklist and its cooldown, placement, the
+commit store and its client over real loopback sockets (a whole commit or none, only from the
+open world, forged input refused), the elastic timeline file, the driver's worlds with a
+scripted end (a first world that never ran), how a world's end is told from its reports, and
+hvlrun's elastic flags (usage errors, the first world's dry run)."""
 import json
 import os
 import random
@@ -35,6 +37,37 @@ def test_discovery_script_failures_are_named(tmp_path):
         discover("echo boom >&2; exit 3", 1)
     with pytest.raises(DiscoveryError, match="ran longer than 0.5 s"):
         discover("sleep 5", 1, timeout=0.5)
+
+
+def alive(pid):
+    """Is ``pid`` a live process (not a zombie)?"""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("how", ["timeout", "cancel"])
+def test_a_hung_discovery_script_is_killed_with_its_children(tmp_path, how):
+    """A script that started a child and hangs: the timeout (or hvlrun ending: cancel) kills
+    the script's whole process group, so nothing of it is left behind."""
+    pidfile = tmp_path / "child.pid"
+    script = "sleep 300 & echo $! > %s; echo h1; sleep 301" % pidfile
+    started = time.monotonic()
+    if how == "timeout":
+        with pytest.raises(DiscoveryError, match="ran longer than 1 s"):
+            discover(script, 1, timeout=1.0)
+    else:
+        with pytest.raises(DiscoveryError, match="was stopped: hvlrun is ending"):
+            discover(script, 1, cancel=lambda: time.monotonic() - started > 0.5)
+    assert time.monotonic() - started < 5
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(child), "the script's child %d survived" % child
+    assert discover("echo h2:2", 1, cancel=lambda: False) == [Host("h2", 2)]
 
 
 def test_placement_fills_hosts_in_order():
@@ -137,6 +170,37 @@ def test_wrong_key_and_forged_bytes_are_refused(store):
     assert any("digest" in r for r in server.rejected()), server.rejected()
 
 
+def test_a_first_world_whose_host_cannot_be_reached_is_followed_by_the_next(store, capsys):
+    """World 1 never ran (host h9 failed the check): world 2 starts without it, and there is
+    no re-form to time (this raised a TypeError: no world had run)."""
+    import threading
+    from types import SimpleNamespace
+    from hvlite.runner.elastic.driver import _Driver
+    from hvlite.runner.world.spec import Launch, WorldEnd
+    server, _ = store
+    args = SimpleNamespace(min_np=2, max_np=None, blacklist_cooldown_range=None,
+                           elastic_timeout=5.0, np=3, reset_limit=None)
+    ends = iter([WorldEnd("unreachable", "host h9 is not reachable", ("h9",)),
+                 WorldEnd("done", "every rank finished")])
+    worlds = []
+
+    class Scripted(_Driver):
+        def run_one(self, spec):
+            worlds.append(describe(spec.hosts))
+            self.world_start = time.monotonic()
+            return next(ends)._replace(at=time.monotonic())
+    hosts = [Host("h1", 1), Host("h2", 1), Host("h9", 1)]
+    driver = Scripted(Launch(args, "mpich", "mpiexec", ["true"], {}, {}), lambda: list(hosts),
+                      server, "127.0.0.1", [], threading.Event())
+    assert driver.run() == 0
+    assert worlds == ["h1:1,h2:1,h9:1", "h1:1,h2:1"]
+    assert driver.pending_reform is None
+    err = capsys.readouterr().err
+    assert "blacklisted host h9 for the rest of the job: it cannot be reached" in err, err
+    assert "re-forming: world 1 (3 ranks on h1:1,h2:1,h9:1) -> world 2 (2 ranks on h1:1,h2:1)" \
+        in err, err
+
+
 def test_elastic_timeline_is_valid_json_after_every_event(tmp_path):
     path = str(tmp_path / "t.json")
     assert world_path(path, 2) == str(tmp_path / "t.world2.json")
@@ -175,19 +239,23 @@ def test_dry_run_shows_the_first_world_of_the_discovered_hosts(hvlrun, tmp_path)
 
 
 class FakeServer:
-    """What a world's watcher reads from its control server, scripted."""
+    """What a world's watcher reads from its control server, scripted: exits as ``(rank, code)``
+    (all in server round 5) or ``(rank, code, round)``. Which clients ``lost`` leaves out is the
+    real server's business (test_cli_control.py); this one notes what it was asked."""
 
     def __init__(self, exits, lost=None):
-        self._exits, self._lost = exits, lost
+        self._exits = [tuple(e) + (5,) * (3 - len(e)) for e in exits]
+        self._lost, self.ended_rounds = lost, []
 
     def exits(self):
+        return [(r, c) for r, c, _ in self._exits]
+
+    def exit_rounds(self):
         return list(self._exits)
 
-    def lost(self, settle=0.0):
+    def lost(self, settle=0.0, ended_round=None):
+        self.ended_rounds.append(ended_round)
         return self._lost
-
-    def first_failure_round(self):
-        return 5 if any(c for _, c in self._exits) else None
 
     def started_ranks(self):
         return {r: (1, "x") for r in range(3)}
@@ -227,6 +295,26 @@ def test_how_a_world_ended_is_told_from_its_reports():
     assert (done_then_failed.kind, done_then_failed.code) == ("finished-failed", 3)
     lost = classify([(0, 143)], Lost("host b (rank 2)", "host b (rank 2): gone", 4, "b"))
     assert (lost.kind, lost.hosts) == ("lost", ("b",))      # lost first: the SIGTERM follows
+
+
+def test_a_loss_is_ordered_against_the_first_exit_that_is_no_agreed_end():
+    """Rank 0 left with 76 (round 3), host b was lost (round 5), then rank 1 failed (round 9):
+    the loss came first. (It was compared with the 76, so rank 1's host a was charged.) The
+    supervisor passes the round of the 76 on: wrappers killed from then on are no loss."""
+    from hvlite.runner.control.server import Lost
+    from hvlite.runner.world.rules import ELASTIC, PLAIN
+    from hvlite.runner.world.spec import WorldSpec
+    from hvlite.runner.world.supervise import Supervisor
+    gone = Lost("host b (rank 2)", "host b (rank 2): gone", 5, "b")
+    lost = classify([(0, 76, 3), (1, 1, 9)], gone)
+    assert (lost.kind, lost.hosts) == ("lost", ("b",)), lost
+    failed = classify([(0, 76, 3), (1, 1, 4)], gone)
+    assert (failed.kind, failed.hosts) == ("failed", ("a",)), failed
+    spec = WorldSpec(1, [Host("a", 2), Host("b", 1)], {})
+    for rules, ended in ((ELASTIC, 3), (PLAIN, None)):
+        server = FakeServer([(0, 76, 3), (1, 75, 4)])
+        Supervisor(FinishedProc(), server, spec, rules, 0, []).judge()
+        assert server.ended_rounds == [ended], rules
 
 
 def test_a_plain_job_is_judged_by_the_same_loop_with_its_own_rules():

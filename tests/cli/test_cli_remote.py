@@ -1,12 +1,14 @@
 """Reaching other hosts, in one process: the remote-shell flags in dry runs (ssh, srun,
 --ssh-command, --network-interface, Open MPI), the remote shell and guard command lines, the
-host guard's secret reading, the interface lookup, and ending process trees (with orphans)."""
+host guard's secret reading, the interface lookup, ending process trees (with orphans), and
+a guard or rank wrapper ending what it runs when hvlrun is gone with the reader of its stderr."""
 
 import os
 import shlex
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -201,3 +203,63 @@ def test_a_jobs_temporary_files_go_once_nobody_holds_them():
         for _, path in (ours, theirs):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def _alive(pid):
+    """Is ``pid`` a live process (not a zombie)?"""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("who", ["guard", "wrapper"])
+def test_hvlrun_lost_with_its_output_still_ends_the_job_here(tmp_path, who):
+    """hvlrun gone, and with it whoever read the guard's or rank wrapper's stderr: saying why
+    fails (EPIPE), and must not stop it from ending what it runs (it killed the thread or
+    handler before anything was ended, so both lived on)."""
+    from hvlite.protocol.wire import ENV_SECRET, new_secret
+    from hvlite.runner.control.server import ControlServer
+    secret, pidfile = new_secret(), tmp_path / "pid"
+    server = ControlServer(secret, "127.0.0.1").start()
+    addr = "127.0.0.1:%d" % server.port
+    command = ["/bin/sh", "-c", "echo $$ > %s; exec sleep 1000" % pidfile]
+    if who == "guard":
+        argv = [sys.executable, "-m", "hvlite.runner.hosts.host_guard", "--control", addr,
+                "--host", "hx", "--"] + command
+        env = hvlrun_env()
+    else:
+        argv = [sys.executable, "-m", "hvlite.runner.world.rank_exec", "--"] + command
+        env = hvlrun_env({"HVLRUN_CONTROL_ADDR": addr, ENV_SECRET: secret, "PMI_RANK": "0"})
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=write_end)
+    os.close(write_end)
+    child = None
+    try:
+        proc.stdin.write((secret + "\n").encode())     # the guard's secret; ignored otherwise
+        proc.stdin.close()
+        deadline = time.monotonic() + 20
+        while child is None and time.monotonic() < deadline:
+            text = pidfile.read_text() if pidfile.exists() else ""
+            child = int(text) if text.endswith("\n") else None
+            time.sleep(0.05)
+        assert child is not None and proc.poll() is None, "never started"
+        os.close(read_end)
+        read_end = None
+        server.close()
+        proc.wait(timeout=20)
+        deadline = time.monotonic() + 5
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child), "its child %d lives on" % child
+    finally:
+        server.close()
+        if read_end is not None:
+            os.close(read_end)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if child is not None and _alive(child):
+            os.kill(child, 9)

@@ -17,10 +17,15 @@ Contract:
     ``stop <reason>`` once :meth:`stop_all` was called (also to clients that connect later).
   * Liveness (heartbeat timeout T > 0): a wrapper or guard that has not sent its final message
     (``exit``/``done``) is lost when its connection closes or nothing authentic came from it for T
-    seconds; :meth:`lost` names the first such host (with its ranks) or rank. The wording does not
-    depend on which of a host's connections closes first: a closed connection whose host still
-    has open ones is reported only once those close too (the host is gone) or
-    :data:`HOST_SETTLE_SECONDS` have passed (the one client is gone).
+    seconds; :meth:`lost` names the first such host (with its ranks that reported no exit) or
+    rank: a guard before any rank wrapper (a guard is lost only with its host), then in the order
+    their connections closed (silent clients last). The wording does not depend on which of a
+    host's connections closes first: a closed connection whose host still has open ones is
+    reported only once those close too (the host is gone) or :data:`HOST_SETTLE_SECONDS` have
+    passed (the one client is gone); meanwhile the next lost client, if reportable, is named.
+    Given the round in which the world's ranks agreed to end, rank wrappers whose connection
+    closed in that round or later are not lost: the launcher killed them (guards and silent
+    clients always count).
   * One background thread does all socket work; every query method may be called from any
     thread.
 """
@@ -262,10 +267,11 @@ class ControlServer:
         """Return the earliest ``(rank, code)`` with a non-zero code, or None."""
         return next(((r, c) for r, c in self.exits() if c != 0), None)
 
-    def first_failure_round(self) -> Optional[int]:
-        """Return the server round of the earliest non-zero exit report, or None."""
+    def exit_rounds(self) -> List[Tuple[int, int, int]]:
+        """Return the ``(rank, code, round)`` exit reports in arrival order (``round``: the
+        server round it arrived in, comparable with :attr:`Lost.since`)."""
         with self._lock:
-            return next((t for _, c, t in self._exits if c != 0), None)
+            return list(self._exits)
 
     def checked_hosts(self) -> Set[str]:
         """Return the hosts whose check message arrived."""
@@ -277,37 +283,56 @@ class ControlServer:
         with self._lock:
             return self._rejected, sorted(self._rejected_from)
 
-    def lost(self, settle: float = HOST_SETTLE_SECONDS) -> Optional[Lost]:
-        """Return the first lost client as a :class:`Lost`, or None. When every unfinished
-        client on its host is closed or has been silent for half the limit, the host is named
-        with its ranks (the host is gone, not one rank); else the rank and its host. A client
-        whose connection closed less than ``settle`` seconds ago while others on its host are
-        still open is not reported yet: a killed host's connections close one by one, and the
-        wording must not depend on their order (0 reports at once, for a job already over)."""
+    def lost(self, settle: float = HOST_SETTLE_SECONDS,
+             ended_round: Optional[int] = None) -> Optional[Lost]:
+        """Return the first lost client as a :class:`Lost`, or None (see the module contract).
+
+        Args:
+            settle: a client whose connection closed less than ``settle`` seconds ago while
+                others on its host are still open is not reported yet: a killed host's
+                connections close one by one, and the wording must not depend on their order
+                (0 reports at once, for a job already over). The next lost client is looked at
+                instead.
+            ended_round: the server round of an elastic world's first agreed end (an exit
+                75/76), or None: rank wrappers whose connection closed in that round or later
+                are left out (the launcher killed them once that rank exited; within one round
+                the order is unknown, and a killed wrapper is taken as a consequence).
+        """
         now = time.monotonic()
         with self._lock:
             def silent(p: _Peer, limit: float) -> bool:
                 return p.closed or (self._timeout > 0 and now - p.heard > limit)
             live = [p for p in self._peers if p.kind in ("rank", "guard") and not p.finished]
-            gone = [p for p in live if silent(p, self._timeout)]
-            if not gone:
-                return None
-            peer = next((p for p in gone if p.kind == "guard"), gone[0])
-            whole = all(silent(p, self._timeout / 2) for p in live if p.host == peer.host)
-            if peer.closed and not whole and now - peer.closed_time < settle:
-                return None
-            ranks = sorted(r for r, (_, host) in self._started.items() if host == peer.host)
-            if (whole or peer.kind == "guard") and ranks:
-                who = "host %s (rank%s %s)" % (peer.host, "s" if len(ranks) > 1 else "",
-                                              ",".join(map(str, ranks)))
-            else:
-                who = peer.describe()
-            if peer.closed:
-                return Lost(who, "%s: its connection to hvlrun closed before it reported an exit "
-                            "(processes killed or host down)" % who, peer.closed_at, peer.host)
-            return Lost(who, "%s stopped answering: nothing heard for %.1f s (link cut, host "
-                        "down or frozen; limit %g s)" % (who, now - peer.heard, self._timeout),
-                        self._rounds, peer.host)
+            gone = [p for p in live if silent(p, self._timeout) and not (
+                ended_round is not None and p.kind == "rank" and p.closed
+                and p.closed_at >= ended_round)]
+            gone.sort(key=lambda p: (p.kind != "guard", p.closed_at if p.closed else self._rounds))
+            for peer in gone:
+                whole = all(silent(p, self._timeout / 2) for p in live if p.host == peer.host)
+                if peer.closed and not whole and now - peer.closed_time < settle:
+                    continue
+                return self._describe_lost(peer, whole, now)
+            return None
+
+    def _describe_lost(self, peer: _Peer, whole: bool, now: float) -> Lost:
+        """``peer`` as lost (the lock held): its host, with the ranks there that reported no
+        exit, when ``peer`` is a guard or ``whole`` (every unfinished client on the host is
+        closed or was silent for half the limit: the host is gone, not one rank); else the one
+        rank and its host."""
+        done = {r for r, _, _ in self._exits}
+        ranks = sorted(r for r, (_, host) in self._started.items()
+                       if host == peer.host and r not in done)
+        if (whole or peer.kind == "guard") and ranks:
+            who = "host %s (rank%s %s)" % (peer.host, "s" if len(ranks) > 1 else "",
+                                          ",".join(map(str, ranks)))
+        else:
+            who = peer.describe()
+        if peer.closed:
+            return Lost(who, "%s: its connection to hvlrun closed before it reported an exit "
+                        "(processes killed or host down)" % who, peer.closed_at, peer.host)
+        return Lost(who, "%s stopped answering: nothing heard for %.1f s (link cut, host "
+                    "down or frozen; limit %g s)" % (who, now - peer.heard, self._timeout),
+                    self._rounds, peer.host)
 
     def stop_all(self, reason: str) -> None:
         """Ask every client, now and later, to end its part of the job (``stop <reason>``)."""

@@ -14,7 +14,8 @@ Contract:
     ``--reset-limit`` re-forms used up, or :data:`NO_PROGRESS_LIMIT` worlds in a row failed
     before storing a commit (a program that fails by itself, not a lost worker).
   * Hosts come from ``--host-discovery-script`` (run now and then every
-    :data:`DISCOVERY_INTERVAL` seconds while a world runs) or, without a script, from
+    :data:`DISCOVERY_INTERVAL` seconds while a world runs; a run still going when hvlrun gets
+    SIGINT/SIGTERM or the job ends is cancelled: ``discovery.py``) or, without a script, from
     ``-H``/``--hostfile``/localhost. A world gets the usable slots (``host_pool.py``: not
     blacklisted) in discovery order, at most ``--max-np``; the first world at most ``-np``.
   * While a world runs, a change of the usable hosts that would give it more ranks (up to
@@ -28,8 +29,9 @@ Contract:
     failure is charged to its host (``host_pool.py`` blacklists hosts that keep failing, or
     cannot be reached) and the job re-forms from the last commit.
   * Every world, its end and each re-form (reason, old and new world, seconds from the end of the
-    old world to the new world's first step) are logged as ``hvlrun: elastic: ...`` lines on
-    stderr and, with a timeline, drawn in hvlrun's own trace (``trace.py``).
+    last world that ran to the new world's first step; no duration when none ran yet, e.g. world
+    1's hosts failed the check) are logged as ``hvlrun: elastic: ...`` lines on stderr and, with
+    a timeline, drawn in hvlrun's own trace (``trace.py``).
   * The commit lives in a private temporary directory for the job's life, removed at the end.
 """
 
@@ -71,7 +73,7 @@ class _Driver:
     """The state of one elastic job (see the module contract)."""
 
     def __init__(self, launch: Launch, source: Callable[[], List[Host]], store: CommitStore,
-                 store_host: str, caught: List[int]) -> None:
+                 store_host: str, caught: List[int], stop: threading.Event) -> None:
         args = launch.args
         self.launch, self.source, self.store, self.caught = launch, source, store, caught
         self.store_host = store_host
@@ -89,7 +91,7 @@ class _Driver:
         self.trace = ElasticTrace(self.timeline, time.monotonic()) if self.timeline else None
         # for the ready log: (the last world that ran, its end, its ranks, the new world)
         self.pending_reform: Optional[Tuple[int, WorldEnd, int, WorldSpec]] = None
-        self.stop = threading.Event()
+        self.stop = stop                      # set when the job ends (cancels discovery)
 
     # --- hosts ---------------------------------------------------------------------------------
     def discover(self) -> List[Host]:
@@ -98,7 +100,7 @@ class _Driver:
         try:
             hosts = self.source()
         except DiscoveryError as e:
-            if str(e) != self.last_error:
+            if str(e) != self.last_error and not (self.caught or self.stop.is_set()):
                 say("elastic: warning: %s" % e)
             self.last_error = str(e)
             return list(self.known)
@@ -281,8 +283,9 @@ class _Driver:
                     "%s); reason: %s%s" % (old.number, old.np, describe(old.hosts), number,
                                            spec.np, describe(hosts), end.reason,
                                            self._commit_note()))
-                with self.lock:
-                    self.pending_reform = (ran[0].number, ran[1], ran[0].np, spec)
+                if ran is not None:     # else no world ran yet (world 1 was unreachable)
+                    with self.lock:
+                        self.pending_reform = (ran[0].number, ran[1], ran[0].np, spec)
             end = self.run_one(spec)
             self.account(spec, end)
             info = self.store.latest()
@@ -334,20 +337,22 @@ def run_elastic(launch: Launch, static_hosts: Optional[List[Host]]) -> int:
         hvlrun's exit code.
     """
     args = launch.args
-    if args.host_discovery_script:
-        script, slots = args.host_discovery_script, args.slots_per_host or 1
-        source: Callable[[], List[Host]] = lambda: discover(script, slots)
-    else:
-        source = StaticHosts(static_hosts or [])
     directory = tempfile.mkdtemp(prefix="hvlrun-elastic-")
     store = None
+    stop = threading.Event()
     with catching_signals() as caught:
+        if args.host_discovery_script:     # a running script ends with the job, or on a signal
+            script, slots = args.host_discovery_script, args.slots_per_host or 1
+            source: Callable[[], List[Host]] = lambda: discover(
+                script, slots, cancel=lambda: bool(caught) or stop.is_set())
+        else:
+            source = StaticHosts(static_hosts or [])
         try:
             bind, advertise = _store_address(args, static_hosts)
             key = new_secret()
             store = CommitStore(key, directory, bind).start()
             launch = launch._replace(hidden_env=dict(launch.hidden_env, **{ENV_KEY: key}))
-            return _drive(_Driver(launch, source, store, advertise, caught))
+            return _drive(_Driver(launch, source, store, advertise, caught, stop))
         except (OSError, ValueError) as e:
             say("elastic: error: cannot start the commit store: %s" % e)
             return 1

@@ -18,9 +18,11 @@ Contract:
     :data:`KILL_GRACE_SECONDS`) when hvlrun is lost (connection closed, or silent for the
     heartbeat timeout: a cut link), on SIGTERM/SIGINT/SIGHUP, :data:`STOP_DELAY_SECONDS` after
     hvlrun sends ``stop`` (the rank wrappers, told too, stop their ranks first and say why), and
-    after the proxy exits (whatever it left behind). It says why on stderr. Then the files the
-    job's processes held on this host (``procs/job_files.py``: MPI's ``/dev/shm`` files, MPICH's
-    topology files in ``/tmp``) are removed once nobody holds them.
+    after the proxy exits (whatever it left behind). It says why on stderr once the ending has
+    begun; write errors are ignored (its stderr may be gone with hvlrun, exactly when it must
+    end the job). Then the files the job's processes held on this host (``procs/job_files.py``:
+    MPI's ``/dev/shm`` files, MPICH's topology files in ``/tmp``) are removed once nobody holds
+    them.
   * Exit code: the proxy's (128+signum for a signal), 255 if hvlrun cannot be reached.
 """
 
@@ -42,6 +44,16 @@ __all__ = ["KILL_GRACE_SECONDS", "STOP_DELAY_SECONDS", "read_secret", "main"]
 KILL_GRACE_SECONDS = 2.0
 STOP_DELAY_SECONDS = 1.0   # after hvlrun's stop: time for the ranks' wrappers to stop their ranks
 _CHECK_SECONDS = 10.0
+
+
+def _tell(line: str) -> None:
+    """Write ``line`` and a newline on stderr. Cannot fail: a closed stderr (hvlrun, or the
+    remote shell reading it, is gone) is exactly when the guard must still end the job."""
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def read_secret(fd: int = 0) -> str:
@@ -66,18 +78,16 @@ class _Guard:
         self.files: Optional[FileWatcher] = None   # the job's files on this host
 
     def end(self, reason: str, delay: float = 0.0) -> None:
-        """Say why, then end every process below this one after ``delay`` seconds (on a
-        thread: callers return at once)."""
+        """End every process below this one after ``delay`` seconds (on a thread: callers
+        return at once), then say why. Cannot fail."""
         with self._lock:
             if self.reason is not None:
                 return
             self.reason = reason
-        sys.stderr.write("hvlrun: host %s: %s; ending the job's processes here\n"
-                         % (self._host, reason))
-        sys.stderr.flush()
         if self.files is not None:
             self.files.look()                    # while the processes still hold them
         threading.Thread(target=self._kill, args=(delay,), daemon=True).start()
+        _tell("hvlrun: host %s: %s; ending the job's processes here" % (self._host, reason))
 
     def _kill(self, delay: float) -> None:
         if delay > 0 and self.proxy is not None:
@@ -109,8 +119,8 @@ def _check(client: ControlClient, host: str, answered: threading.Event) -> int:
     if answered.wait(_CHECK_SECONDS):
         sys.stdout.write("hvlrun: host %s reached hvlrun at %s\n" % (host, client.addr))
         return 0
-    sys.stderr.write("hvlrun: host %s: no answer from hvlrun at %s within %g s\n"
-                     % (host, client.addr, _CHECK_SECONDS))
+    _tell("hvlrun: host %s: no answer from hvlrun at %s within %g s"
+         % (host, client.addr, _CHECK_SECONDS))
     return 1
 
 
@@ -122,7 +132,7 @@ def _run_proxy(command: List[str], host: str, client: ControlClient, guard: _Gua
         guard.proxy = subprocess.Popen(command, env=dict(os.environ, **{ENV_HOST: host}),
                                        start_new_session=True, close_fds=False)
     except OSError as e:
-        sys.stderr.write("hvlrun: host %s cannot run %r: %s\n" % (host, command[0], e))
+        _tell("hvlrun: host %s cannot run %r: %s" % (host, command[0], e))
         client.send("done 127")
         return 127
     client.send("guard %s %d" % (host, guard.proxy.pid))
@@ -151,7 +161,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             on_stop=lambda why: guard.end("hvlrun ended the job (%s)" % why, STOP_DELAY_SECONDS),
             on_message=lambda body: answered.set() if body == "checked" else None).connect()
     except (ControlError, ValueError) as e:
-        sys.stderr.write("hvlrun: host %s: %s\n" % (args.host, e))
+        _tell("hvlrun: host %s: %s" % (args.host, e))
         return 255
     try:
         if args.check:

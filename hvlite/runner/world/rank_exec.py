@@ -23,12 +23,14 @@ Contract:
     control channel (``control/``), whose secret (``HVLRUN_SECRET``) the child does not
     inherit. A wrapper that cannot reach hvlrun says so and exits 1 before starting the child.
     When hvlrun asks it to stop, or is gone (connection closed, or silent for
-    ``HVLRUN_HEARTBEAT_TIMEOUT`` seconds: a cut link), the wrapper says why on stderr and ends
-    the child: SIGTERM, then SIGKILL after :data:`STOP_GRACE_SECONDS`. The job's ``/dev/shm``
+    ``HVLRUN_HEARTBEAT_TIMEOUT`` seconds: a cut link), the wrapper ends the child (SIGTERM,
+    then SIGKILL after :data:`STOP_GRACE_SECONDS`) and says why on stderr. The job's ``/dev/shm``
     files the child maps at that moment (``procs/job_files.py``) are removed once no process maps them,
     so a job whose hvlrun was killed outright (SIGKILL: it cannot clean up) leaves none behind.
   * The host the wrapper reports is ``HVLRUN_HOST`` (the name in hvlrun's host list, set by the
     host guard) or else ``socket.gethostname()``.
+  * What the wrapper itself writes on stderr cannot fail it (write errors are ignored): its
+    stderr may be gone with hvlrun, exactly when it must still end the child.
   * Test-only hook: ``HVLRUN_TEST_DELAY_START_RANK=R:S`` makes rank R sleep S seconds before
     starting its child (used to test ``--start-timeout``).
 """
@@ -98,6 +100,15 @@ def describe_exit(rank: int, pid: int, host: str, returncode: int) -> Optional[s
     return "%s exited with code %d" % (who, returncode)
 
 
+def _tell(line: str) -> None:
+    """Write ``line`` and a newline on stderr. Cannot fail (see the module contract)."""
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
 def _death_signal_setter(signum: int, parent: int) -> Callable[[], None]:
     """Return a function that asks Linux to send ``signum`` to the caller when its parent dies.
 
@@ -136,7 +147,7 @@ def _pump(source: BinaryIO, prefix: bytes, sink: BinaryIO, copy: Optional[Binary
                 copy.write(line)
                 copy.flush()
             except OSError as e:  # e.g. disk full: say so once, keep forwarding
-                sys.stderr.write("hvlrun: stopped writing %s: %s\n" % (copy.name, e))
+                _tell("hvlrun: stopped writing %s: %s" % (copy.name, e))
                 copy.close()
                 copy = None
         text = line.decode("utf-8", "replace").encode("utf-8")
@@ -203,14 +214,13 @@ class _Stopper:
             self._end()
 
     def stop(self, reason: str) -> None:
-        """Say why on stderr, once, and end the child (now or when it starts)."""
+        """End the child (now or when it starts), then say why on stderr; once. Cannot fail."""
         with self._lock:
             if self.reason is not None:
                 return
             self.reason = reason
-        sys.stderr.write("hvlrun: %s: %s; stopping the rank\n" % (self._who, reason))
-        sys.stderr.flush()
         self._end()
+        _tell("hvlrun: %s: %s; stopping the rank" % (self._who, reason))
 
     def _end(self) -> None:
         with self._lock:
@@ -259,8 +269,7 @@ def _open_channel(rank: int, host: str, stopper: _Stopper) -> Optional[ControlCl
 def _fail_before_start(channel: Optional[ControlClient], rank: int, code: int,
                        message: str) -> int:
     """Report a rank that could not start its command; return ``code``."""
-    sys.stderr.write(message + "\n")
-    sys.stderr.flush()
+    _tell(message)
     if channel is not None:
         channel.send("exit %d %d" % (rank, code))
         channel.close()
@@ -309,8 +318,7 @@ def _tell_exit(rank: int, proc: subprocess.Popen, host: str, received: Sequence[
     if message and stopper.reason:
         message += "; %s" % stopper.reason
     if message:
-        sys.stderr.write(message + "\n")
-        sys.stderr.flush()
+        _tell(message)
 
 
 def run_rank(command: Sequence[str]) -> int:

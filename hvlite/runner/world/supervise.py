@@ -9,9 +9,12 @@ Contract:
     :class:`~.spec.WorldEnd`. Every 0.1 s it judges, in this order:
       - hvlrun got SIGINT/SIGTERM: ``signal``, code 128+signum;
       - a host or rank was lost (``ControlServer.lost``: its connection closed before it
-        reported an exit, or it was silent for the heartbeat timeout) before any rank failed
-        (within one server round, a rank killed by a signal is taken as a consequence):
-        ``lost``, charged to its host;
+        reported an exit, or it was silent for the heartbeat timeout) before the first rank
+        whose code the rules do not agree to failed (within one server round, a rank killed by
+        a signal is taken as a consequence): ``lost``, charged to its host. Once a rank of an
+        elastic world exited with an agreed code other than 0 (75/76), the launcher kills the
+        rest: a rank wrapper whose connection closed from that server round on is not lost
+        (a guard, or a client silent for the heartbeat timeout, still is);
       - a rank exited with a code the rules do not agree to: ``failed``, charged to the rank's
         host, or ``finished-failed`` once another rank had exited 0; code: the rank's;
       - (agreed codes of an elastic world) every rank exited ``HOSTS_UPDATED_CODE``, or
@@ -28,8 +31,9 @@ Contract:
     :data:`QUIET_SECONDS` to finish (after ``stop``, when the launcher's code is not 0: hosts it
     could not reach may still run), what is left of its process group is ended, and the world
     is judged by the reports: a signal; a host or rank lost before any failure (only when the
-    launcher failed); the failure; an agreed end; ``done`` when every rank exited 0; else
-    ``launcher`` with the launcher's code (128+signum for a signal).
+    launcher failed); the failure; an agreed end (at once: nothing more can come, so a world
+    whose ranks agreed on a lost peer is ``peer-lost``, not a launcher failure); ``done`` when
+    every rank exited 0; else ``launcher`` with the launcher's code (128+signum for a signal).
   * The job's files (``procs/job_files.py``) get a last look while its processes still hold
     them, just before they are ended.
 """
@@ -161,8 +165,21 @@ class Supervisor:
         is passed to ``ControlServer.lost``."""
         now = time.monotonic()
         exits = self.server.exits()
-        return (self.cause(exits, self.server.lost(settle), now)
+        return (self.cause(exits, self.lost(settle), now)
                 or self.agreed_end(exits, now) or self.start_end(now))
+
+    def lost(self, settle: float) -> Optional[Lost]:
+        """The server's first lost client, leaving out rank wrappers the launcher killed after
+        a rank exited with an agreed code other than 0 (an elastic world's 75/76)."""
+        return self.server.lost(settle, ended_round=self.exit_round(agreed=True))
+
+    def exit_round(self, agreed: bool) -> Optional[int]:
+        """The server round of the first exit whose code the rules agree to, 0 aside
+        (``agreed``), or do not agree to (a failure); None before there is one."""
+        def wanted(code: int) -> bool:
+            return code != 0 and code in self.rules.agreed if agreed \
+                else code not in self.rules.agreed
+        return next((t for _, c, t in self.server.exit_rounds() if wanted(c)), None)
 
     def launcher_ended(self, rc: int, judged: Optional[WorldEnd] = None) -> WorldEnd:
         """The launcher exited with ``rc``, by itself or after ``judged`` ended the world: judge
@@ -173,8 +190,8 @@ class Supervisor:
         self.server.wait_quiet(timeout=QUIET_SECONDS)
         end_group(self.proc, LOST_GRACE_SECONDS)       # remote shells the launcher left
         now, exits = time.monotonic(), self.server.exits()
-        end = (self.cause(exits, self.server.lost(settle=0) if rc != 0 else None, now, judged)
-               or self.agreed_end(exits, now))
+        end = (self.cause(exits, self.lost(settle=0) if rc != 0 else None, now, judged)
+               or self.agreed_end(exits, now, final=True))
         if end is None and len(exits) >= self.spec.np and all(c == 0 for _, c in exits):
             end = WorldEnd("done", "every rank finished", at=now)
         if end is None:
@@ -194,7 +211,7 @@ class Supervisor:
         failure = next(((r, c) for r, c in exits if c not in self.rules.agreed), None)
         if gone is not None and self.reform_since is None and (
                 failure is None
-                or lost_first(gone.since, self.server.first_failure_round(), failure)):
+                or lost_first(gone.since, self.exit_round(agreed=False), failure)):
             host = _host_of(gone.host, self.spec.hosts) if gone.host else "?"
             return WorldEnd("lost", gone.message, (host,), at=now, who=gone.who)
         if judged is not None or failure is None:
@@ -206,16 +223,19 @@ class Supervisor:
                             code=code, at=now, rank=rank)
         return WorldEnd("failed", reason, (self.rank_host(rank),), code, now, rank=rank)
 
-    def agreed_end(self, exits: List[Tuple[int, int]], now: float) -> Optional[WorldEnd]:
-        """An elastic world's agreed end: the hosts changed, or a peer was lost."""
+    def agreed_end(self, exits: List[Tuple[int, int]], now: float,
+                   final: bool = False) -> Optional[WorldEnd]:
+        """An elastic world's agreed end: the hosts changed, or a peer was lost. ``final``:
+        the launcher is over, no report can come any more, so do not wait for one."""
         codes = [c for _, c in exits if c in self.rules.agreed]
         if HOSTS_UPDATED_CODE in codes:
             self.reform_since = self.reform_since or now
-            if len(exits) >= self.spec.np or now - self.reform_since > REFORM_GRACE_SECONDS:
+            if (final or len(exits) >= self.spec.np
+                    or now - self.reform_since > REFORM_GRACE_SECONDS):
                 return WorldEnd("reform", "the hosts changed", at=self.reform_since)
         elif PEER_LOST_CODE in codes:
             self.peer_lost_since = self.peer_lost_since or now
-            if now - self.peer_lost_since > PEER_LOST_WAIT_SECONDS:
+            if final or now - self.peer_lost_since > PEER_LOST_WAIT_SECONDS:
                 rank = next(r for r, c in exits if c == PEER_LOST_CODE)
                 return WorldEnd("peer-lost", "rank %d on %s lost a peer (HorovodInternalError)"
                                 % (rank, self.rank_host(rank)), at=self.peer_lost_since)
