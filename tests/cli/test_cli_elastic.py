@@ -19,6 +19,7 @@ from hvlite.runner.elastic.trace import ElasticTrace, world_path
 from hvlite.runner.elastic.host_pool import FAILURES_TO_BLACKLIST, HostPool, describe, place
 from hvlite.runner.hosts.hostlist import Host
 from hvlite.protocol.wire import new_secret
+from .live import alive
 
 
 def test_discovery_output_is_parsed_with_default_slots():
@@ -37,15 +38,6 @@ def test_discovery_script_failures_are_named(tmp_path):
         discover("echo boom >&2; exit 3", 1)
     with pytest.raises(DiscoveryError, match="ran longer than 0.5 s"):
         discover("sleep 5", 1, timeout=0.5)
-
-
-def alive(pid):
-    """Is ``pid`` a live process (not a zombie)?"""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("how", ["timeout", "cancel"])

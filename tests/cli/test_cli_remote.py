@@ -19,6 +19,7 @@ from hvlite.runner.hosts.remote_shell import (guard_command, srun_template, ssh_
                                         transport_argv)
 
 from .conftest import hvlrun_env
+from .live import alive
 
 HOSTS = ["-H", "alpha:2,beta:2"]
 
@@ -205,15 +206,6 @@ def test_a_jobs_temporary_files_go_once_nobody_holds_them():
                 os.unlink(path)
 
 
-def _alive(pid):
-    """Is ``pid`` a live process (not a zombie)?"""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("who", ["guard", "wrapper"])
 def test_hvlrun_lost_with_its_output_still_ends_the_job_here(tmp_path, who):
     """hvlrun gone, and with it whoever read the guard's or rank wrapper's stderr: saying why
@@ -251,9 +243,9 @@ def test_hvlrun_lost_with_its_output_still_ends_the_job_here(tmp_path, who):
         server.close()
         proc.wait(timeout=20)
         deadline = time.monotonic() + 5
-        while _alive(child) and time.monotonic() < deadline:
+        while alive(child) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(child), "its child %d lives on" % child
+        assert not alive(child), "its child %d lives on" % child
     finally:
         server.close()
         if read_end is not None:
@@ -261,5 +253,5 @@ def test_hvlrun_lost_with_its_output_still_ends_the_job_here(tmp_path, who):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        if child is not None and _alive(child):
+        if child is not None and alive(child):
             os.kill(child, 9)
