@@ -161,7 +161,8 @@ def test_model_fit_equivalence_and_callbacks():
         np.testing.assert_allclose(log["loss"], np.mean([l[epoch] for l in local_losses]), rtol=1e-6)
 
 
-@pytest.mark.parametrize("case", ["no_input", "root_resumed", "root_resumed_others_unbuilt"])
+@pytest.mark.parametrize("case", ["no_input", "root_resumed", "root_resumed_others_unbuilt",
+                                  "root_resumed_others_unbuilt_accumulating"])
 def test_broadcast_callback_reaches_variables_built_by_the_first_step(case):
     """no_input: a Sequential without an Input has no weights when fit() begins (Keras builds
     it, and the optimizer, in the first train step). root_resumed: only the root's optimizer
@@ -169,26 +170,33 @@ def test_broadcast_callback_reaches_variables_built_by_the_first_step(case):
     differ then (this deadlocked). root_resumed_others_unbuilt: that root, and the other ranks'
     models have no Input, so they trace their first step's inner function twice (it builds
     variables) and the root once (this deadlocked until graph names ignored inner retraces).
-    In each case the callback broadcasts after the first step, so every rank ends with the same
-    weights and optimizer state, the root's step count included."""
+    root_resumed_others_unbuilt_accumulating: that, with backward_passes_per_step=2: the root's
+    step count must reach the others before the first batch, or the root takes an update step
+    (allreduce) where they accumulate (deadlock). In each case the callback broadcasts after the
+    first step, so every rank ends with the same weights and optimizer state, the root's step
+    count included."""
     x, y = data(3, LOCAL_BATCH * SIZE * STEPS, 6)
     keras.utils.set_random_seed(300 + RANK)               # different weights on every rank
     resumed = case.startswith("root_resumed")
     built = case == "root_resumed" or (resumed and RANK == 0)
     first = [keras.Input((6,))] if built else []
     model = keras.Sequential(first + [keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
-    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse",
-                  jit_compile=False)
+    passes = 2 if case.endswith("accumulating") else 1
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.Adam(0.01),
+                                                      backward_passes_per_step=passes),
+                  loss="mse", jit_compile=False)
     assert model.built == built
     if resumed and RANK == 0:
         model.optimizer.build(model.trainable_variables)
-        model.optimizer.iterations.assign(5)
+        model.optimizer._iterations.assign(5)         # every step (iterations: updates only)
     model.fit(x[RANK::SIZE], y[RANK::SIZE], batch_size=LOCAL_BATCH, epochs=2, shuffle=False,
               verbose=0, callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0)])
     assert_same_on_every_rank(model.get_weights(), "weights")
-    assert_same_on_every_rank([v.numpy() for v in model.optimizer.variables], "optimizer state")
+    local = {id(v) for v in getattr(model.optimizer, "_accumulated_gradients", [])}  # between updates
+    assert_same_on_every_rank([v.numpy() for v in model.optimizer.variables if id(v) not in local],
+                              "optimizer state")
     done = 2 * STEPS + (5 if resumed else 0)
-    assert int(model.optimizer.iterations.numpy()) == done
+    assert int(model.optimizer._iterations.numpy()) == done
 
 
 @pytest.mark.parametrize("average,clipnorm", [(False, None), (True, None), (True, 0.05)])

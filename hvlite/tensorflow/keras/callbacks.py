@@ -36,6 +36,15 @@ def _model_variables(model):
     return variables
 
 
+def _step_counter(optimizer):
+    """The variable that counts an optimizer's steps: a LossScaleOptimizer's inner one's; with
+    gradient accumulation ``iterations`` counts updates only (a tensor), the counter behind it
+    every step."""
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+    counter = getattr(optimizer, "_iterations", None)
+    return counter if counter is not None else optimizer.iterations
+
+
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Broadcast the model's and optimizer's variables from root_rank when training begins,
     and the lot once more after the first batch if it created variables."""
@@ -58,8 +67,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         """Build the optimizer of a built model, then broadcast what exists if every rank has
-        the same variables (collective: every rank); otherwise nothing is sent before the first
-        batch has built them everywhere."""
+        the same variables (collective: every rank); otherwise only the optimizer's step count
+        is sent before the first batch has built them everywhere."""
         if self.broadcast_done or self._sent is not None:
             return
         optimizer = getattr(self.model, "optimizer", None)
@@ -76,6 +85,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             _functions.broadcast_variables(variables, self.root_rank,
                                            name="BroadcastGlobalVariablesCallback")
             self._sent = {id(v) for v in variables}
+        elif optimizer is not None:
+            # the step counter exists on every rank: the first batch must count the same step
+            # everywhere (gradient accumulation's update steps, learning-rate schedules)
+            _functions.broadcast_variables([_step_counter(optimizer)], self.root_rank,
+                                           name="BroadcastGlobalVariablesCallback.iterations")
 
     def on_train_batch_end(self, batch, logs=None):
         """After the first batch: broadcast everything if that batch built variables, or if
