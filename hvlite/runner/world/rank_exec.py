@@ -52,6 +52,7 @@ from ..control.names import (ENV_CONTROL_ADDR, ENV_HEARTBEAT, ENV_HOST, ENV_OUTP
                              ENV_PREFIX_TIME)
 from ..procs.proctree import descendants
 from ..procs.job_files import mapped_shm, remove_unused
+from .say import tell as _tell
 
 __all__ = ["RANK_VARIABLES", "ENV_OUTPUT_DIR", "ENV_TEST_DELAY", "STOP_GRACE_SECONDS",
            "rank_from_env", "run_rank", "describe_exit", "main"]
@@ -98,15 +99,6 @@ def describe_exit(rank: int, pid: int, host: str, returncode: int) -> Optional[s
             name = "unknown signal"
         return "%s was killed by signal %d (%s)" % (who, -returncode, name)
     return "%s exited with code %d" % (who, returncode)
-
-
-def _tell(line: str) -> None:
-    """Write ``line`` and a newline on stderr. Cannot fail (see the module contract)."""
-    try:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
 
 
 def _death_signal_setter(signum: int, parent: int) -> Callable[[], None]:
