@@ -3,7 +3,10 @@ rank of an hvlrun job (tests/test_spmd.py, tests/test_shm.py, tests/test_adasum_
 multi-host tests). Each folder's conftest.py puts tests/ on sys.path and star-imports this
 module, whose names are then that conftest's:
 
-- Outside such a job (no HVLITE_SPMD=1) the folder's test files are not collected
+- A job is HVLITE_SPMD=1, or, where HVLITE_SPMD is unset, a process an MPI launcher started
+  (PMI_RANK, PMIX_RANK or OMPI_COMM_WORLD_RANK set), so that ``hvlrun -np 2 python -m pytest
+  tests/gpu`` runs as it reads. HVLITE_SPMD=0 turns it off.
+- Outside such a job the folder's test files are not collected
   (``collect_ignore_glob``, relative to the conftest): a single-process pytest run of tests/
   drives them through hvlrun instead. Nothing else is defined then.
 - In a job, hvlite is initialised at session start, after every conftest has been imported, so
@@ -18,7 +21,9 @@ import os
 
 import pytest
 
-SPMD = os.environ.get("HVLITE_SPMD") == "1"
+_LAUNCHED_RANK = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK")
+SPMD = os.environ.get("HVLITE_SPMD",
+                      "1" if any(v in os.environ for v in _LAUNCHED_RANK) else "0") == "1"
 
 if not SPMD:
     collect_ignore_glob = ["test_*.py"]

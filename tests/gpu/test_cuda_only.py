@@ -11,9 +11,12 @@ import torch
 import hvlite.torch as hvd
 from adasum_reference import adasum, assert_close
 
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="no CUDA GPU here (torch.cuda.is_available() is False)")
 RANK, SIZE = hvd.rank(), hvd.size()
-torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
-CUDA = torch.device("cuda", torch.cuda.current_device())
+if torch.cuda.is_available():
+    torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+CUDA = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
 
 
 def test_host_and_cuda_tensors_of_one_name_fail_on_every_rank_naming_the_ranks():
