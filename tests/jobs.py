@@ -53,14 +53,16 @@ def run_job(np_, args, timeout, env=None, hvlrun_args=()):
 
 
 def run_spmd(np_, path, timeout, env=None, select=None):
-    """Run the SPMD test file (or folder) ``path`` on every rank of an ``hvlrun -np np_`` job
-    (the SPMD plugin, tests/spmd_plugin.py, is on with HVLITE_SPMD=1) and fail the calling test
-    with both outputs' tails unless every rank passed. ``select``: a pytest ``-k`` expression."""
+    """Run the SPMD test file (or folder) ``path``, or a list of them in one job, on every rank
+    of an ``hvlrun -np np_`` job (the SPMD plugin, tests/spmd_plugin.py, is on with
+    HVLITE_SPMD=1) and fail the calling test with both outputs' tails unless every rank passed.
+    ``select``: a pytest ``-k`` expression."""
+    paths = [path] if isinstance(path, str) else list(path)
     keep = ["-k", select] if select else []
-    job = run_job(np_, ["python", "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *keep, path],
+    job = run_job(np_, ["python", "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *keep, *paths],
                   timeout=timeout, env=dict({"HVLITE_SPMD": "1"}, **(env or {})))
     assert job.returncode == 0, "hvlrun -np %d pytest %s failed (rc %d)\n--- stdout\n%s\n" \
-        "--- stderr\n%s" % (np_, path, job.returncode, job.stdout[-6000:], job.stderr[-3000:])
+        "--- stderr\n%s" % (np_, " ".join(paths), job.returncode, job.stdout[-6000:], job.stderr[-3000:])
     assert " passed" in job.stdout
     return job
 

@@ -1,7 +1,9 @@
-"""Runs each SPMD test file of tests/parallel under hvlrun at 2 and 3 ranks (odd sizes catch
-ring and split bugs; TWO_RANKS_ONLY at 2), each job with a hard timeout."""
+"""Runs the SPMD test files of tests/parallel under hvlrun at 2 and 3 ranks (odd sizes catch
+ring and split bugs; TWO_RANKS_ONLY at 2), each job with a hard timeout: the files of one
+framework together in one job, the others one job each."""
 import glob
 import os
+import re
 
 import pytest
 
@@ -22,10 +24,39 @@ TWO_RANKS_ONLY = {"tests/parallel/test_tf_training.py", "tests/parallel/test_tf_
                   "tests/parallel/test_tf_order.py"}
 
 
-CASES = [(path, np_) for path in FILES for np_ in (2, 3)
-         if np_ == 2 or path not in TWO_RANKS_ONLY]
+# Files that import a framework share one job per size: importing TensorFlow costs each rank
+# 7 s of CPU (torch 3.5 s), paid once per job; on a 2-core machine separate jobs spent 3 minutes
+# of the suite on imports. test_tf_order sizes TensorFlow's thread pools its own way (fixed at
+# a process's first op), and files with an environment of their own keep their own job too.
+ALONE = {"tests/parallel/test_tf_order.py"} | set(EXTRA_ENV)
 
 
-@pytest.mark.parametrize("path,np_", CASES, ids=["%s-%d" % case for case in CASES])
-def test_spmd_file(path, np_):
-    run_spmd(np_, path, timeout=240, env=EXTRA_ENV.get(path))
+def _job_of(path):
+    """The job a file runs in: "tensorflow", "torch", or the file itself."""
+    if path in ALONE:
+        return path
+    with open(os.path.join(ROOT, path)) as f:
+        text = f.read()
+    for framework in ("tensorflow", "torch"):
+        if re.search(r"^(import|from) (hvlite\.)?%s\b" % framework, text, re.M):
+            return framework
+    return path
+
+
+def _cases():
+    cases = []
+    for np_ in (2, 3):
+        jobs = {}
+        for path in FILES:
+            if np_ == 2 or path not in TWO_RANKS_ONLY:
+                jobs.setdefault(_job_of(path), []).append(path)
+        cases += [(job, paths, np_) for job, paths in jobs.items()]
+    return cases
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize("job,paths,np_", CASES, ids=["%s-%d" % (job, np_) for job, _, np_ in CASES])
+def test_spmd_file(job, paths, np_):
+    run_spmd(np_, paths, timeout=max(240, 120 * len(paths)), env=EXTRA_ENV.get(job))
