@@ -27,8 +27,9 @@ TWO_RANKS_ONLY = {"tests/parallel/test_tf_training.py", "tests/parallel/test_tf_
 # Files that import a framework share one job per size: importing TensorFlow costs each rank
 # 7 s of CPU (torch 3.5 s), paid once per job; on a 2-core machine separate jobs spent 3 minutes
 # of the suite on imports. test_tf_order sizes TensorFlow's thread pools its own way (fixed at
-# a process's first op), and files with an environment of their own keep their own job too.
-ALONE = {"tests/parallel/test_tf_order.py"} | set(EXTRA_ENV)
+# a process's first op), files with an environment of their own keep their own job too, and
+# so does test_out_of_place (the sanitizer smoke runs, tools/sanitizers/run.py, pick its job).
+ALONE = {"tests/parallel/test_tf_order.py", "tests/parallel/test_out_of_place.py"} | set(EXTRA_ENV)
 
 
 def _job_of(path):
