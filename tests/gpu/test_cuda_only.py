@@ -14,9 +14,9 @@ from adasum_reference import adasum, assert_close
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA GPU here (torch.cuda.is_available() is False)")
 RANK, SIZE = hvd.rank(), hvd.size()
+CUDA = torch.device("cuda", hvd.local_rank() % max(1, torch.cuda.device_count()))
 if torch.cuda.is_available():
-    torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
-CUDA = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
+    torch.cuda.set_device(CUDA)
 
 
 def test_host_and_cuda_tensors_of_one_name_fail_on_every_rank_naming_the_ranks():

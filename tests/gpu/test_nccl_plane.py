@@ -21,9 +21,9 @@ import timeline_trace as tt     # tests/, on the path through conftest.py
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA GPU here (torch.cuda.is_available() is False)")
 RANK, SIZE = hvd.rank(), hvd.size()
+CUDA = torch.device("cuda", hvd.local_rank() % max(1, torch.cuda.device_count()))
 if torch.cuda.is_available():
-    torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
-CUDA = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
+    torch.cuda.set_device(CUDA)
 # NCCL runs a set whose ranks each have a GPU of their own: their own device, or their own
 # NCCL_HOSTID (tests/spmd_plugin.py), unless switched off
 OWN_GPU = os.environ.get("HVLITE_TEST_NCCL_HOSTID") == "per-rank" or SIZE <= torch.cuda.device_count()
