@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from jobs import MULTIPLIER, processes_here, run_job, run_spmd, shm_files
+from jobs import MULTIPLIER, assert_no_new_shm_files, processes_here, run_job, run_spmd, shm_files
 
 
 def _gpu_count():
@@ -58,7 +58,7 @@ def test_ranks_sharing_the_gpu_are_staged_with_a_one_line_notice():
 def test_a_rank_lost_inside_a_nccl_allreduce_ends_the_job_naming_it(signal_name):
     """Rank 1 is killed or frozen while every rank is inside one NCCL allreduce; the others end
     within the peer timeout (10 s here), naming it, and nothing is left behind."""
-    start = time.monotonic()
+    before, start = shm_files(), time.monotonic()
     job = run_job(2, ["python", "tests/scenarios/lose_rank_in_nccl.py", signal_name], timeout=180,
                   env={"HVLITE_PEER_TIMEOUT_SECONDS": "10"})
     elapsed = time.monotonic() - start
@@ -69,7 +69,7 @@ def test_a_rank_lost_inside_a_nccl_allreduce_ends_the_job_naming_it(signal_name)
     assert elapsed < 60 * MULTIPLIER, "job took %.1f s to end after rank 1 was lost" % elapsed
     assert "unreachable" not in out
     assert not processes_here("lose_rank_in_nccl.py"), "processes left behind"
-    assert not shm_files(), "/dev/shm files left behind"
+    assert_no_new_shm_files(before, out)
 
 
 def test_killed_rank_during_a_cuda_allreduce_ends_the_job_naming_it():

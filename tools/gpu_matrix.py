@@ -4,7 +4,7 @@ stops at its first failure on any rank: tests/spmd_plugin.py).
 
 Contract:
     python tools/gpu_matrix.py [--np 1 2] [--planes shared-gpu nccl-hostid] [--jobs 6]
-                               [--timeout 60] [--files FILE ...] [--out DIR]
+                               [--timeout 60] [--files FILE ...] [--exclude TEST ...] [--out DIR]
     Runs, for every rank count, every plane and every ``def test_*`` of each file (all its
     parameters in one job), ``hvlrun -np N python3 -m pytest -q -x FILE::TEST`` under a hard
     timeout, with the file's environment from tests/test_gpu.py (SPMD_FILES) and the plane's
@@ -12,6 +12,8 @@ Contract:
     NCCL_HOSTID per rank: NCCL over loopback sockets). At one rank only ``shared-gpu`` runs.
     Writes each job's output to DIR/jobs/, and DIR/matrix.txt: one line per job (passed, failed,
     timeout or skipped; seconds; the job's last summary line or failure), then the counts.
+    Tests that fill the GPU on purpose (SOLO) run after the others, one at a time: beside other
+    jobs they starve them of memory, and their own room is not what they planned.
     Exit status 0 whatever the results (it reports, the jobs' own logs say why).
 """
 import argparse
@@ -27,6 +29,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 from test_gpu import PLANES, SPMD_FILES  # noqa: E402
 
 SUMMARY = re.compile(r"\d+ (passed|failed|skipped|error)[^\n]*")
+SOLO = ("test_no_gpu_room_for_results_runs_the_batch_staged",)
 FAILED = re.compile(r"\[rank (\d+)\] (FAILED|ERROR collecting) (\S+)")
 
 
@@ -78,18 +81,25 @@ def main():
     ap.add_argument("--timeout", type=int, default=60, help="seconds per job")
     ap.add_argument("--files", nargs="+", default=list(SPMD_FILES), choices=list(SPMD_FILES))
     ap.add_argument("--out", default="gpu-matrix")
+    ap.add_argument("--exclude", nargs="+", default=[], metavar="TEST", help="tests not to run")
     args = ap.parse_args()
     os.makedirs(os.path.join(args.out, "jobs"), exist_ok=True)
     jobs = [(np_, plane, path, name) for np_ in args.np for plane in args.planes
-            if np_ > 1 or plane == "shared-gpu" for path in args.files for name in test_names(path)]
+            if np_ > 1 or plane == "shared-gpu" for path in args.files for name in test_names(path)
+            if name not in args.exclude]
     lines = []
-    with open(os.path.join(args.out, "matrix.txt"), "w") as f, \
-            concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        for line in pool.map(lambda job: run(job, args.out, args.timeout), jobs):
+    shared = [job for job in jobs if job[3] not in SOLO]
+    with open(os.path.join(args.out, "matrix.txt"), "w") as f:
+        def report(line):
             lines.append(line)
             print(line, flush=True)
             f.write(line + "\n")
             f.flush()
+        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+            for line in pool.map(lambda job: run(job, args.out, args.timeout), shared):
+                report(line)
+        for job in [job for job in jobs if job[3] in SOLO]:
+            report(run(job, args.out, args.timeout))
         words = [line.split()[0] for line in lines]
         counts = ", ".join("%s %d" % (w, words.count(w)) for w in sorted(set(words)))
         f.write("%d jobs: %s\n" % (len(jobs), counts))

@@ -24,7 +24,10 @@
  *   Aborted, on a helper thread waited for with a bound (drop_comm), when the set is removed,
  *   the engine stops or a collective fails.
  * - Running (run_device): on the engine's stream of the device, after each input's ready event;
- *   a fused batch is one NCCL group of per-tensor calls (no fusion buffer, no copies). Scale
+ *   a fused allreduce is one NCCL call on a device fusion buffer, the tensors copied in and out
+ *   on that stream (HVLITE_NCCL_GROUPED=1: one group of per-tensor calls, no buffer; see
+ *   fused_copies for why the buffer won), other batches one group of per-tensor calls. A set of
+ *   one rank calls no NCCL at all (one_rank_copies). Scale
  *   factors fold into ncclAvg or ncclRedOpCreatePreMulSum where the op is linear (Sum, Average
  *   on floating types) and the type holds the folded factor (factor_fits); Min, Max, Product,
  *   scaled integer reductions and out-of-range factors stay staged (there is no
@@ -216,6 +219,7 @@ static int reduction_ok(const hvl_batch_kind *k, int nranks)
     if (nccl_dtype(k->dtype) < 0) return 0;
     int scaled = k->prescale != 1.0 || k->postscale != 1.0;
     double factor = k->prescale * k->postscale;
+    if (scaled && nranks == 1) return 0;   /* no NCCL reduction over one rank (one_rank_copies) */
     switch (k->reduce_op) {
     case HVL_SUM: case HVL_AVERAGE:
         if (!scaled) return 1;
@@ -249,8 +253,10 @@ typedef struct {
     int device;                 /* this rank's GPU for the set (USE_NCCL) */
     ncclComm_t comm;
     void *zeros, *scratch;      /* a joined rank's stand-ins on the device (grown, never shrunk) */
+    void *fusion;               /* the device fusion buffer (grown, never shrunk) */
+    int fusion_off;             /* 1 once no member had room for it: fused batches run grouped */
     int abort_stuck;            /* an ncclCommAbort of this set did not return: never free them */
-    int64_t zeros_cap, scratch_cap;
+    int64_t zeros_cap, scratch_cap, fusion_cap;
 } nccl_set;
 
 /* What each member tells the others when a set decides (int64 words for the exchange). */
@@ -334,7 +340,7 @@ static int poll_comm(hvl_engine *e, ncclComm_t comm, int mark, const char *what,
         double waited = hvl__now() - start;
         if (bound.timeout_s > 0 && waited > bound.timeout_s)
             return hvl__fail(HVL_ERR_TIMEOUT, "%s%s%s%s: no progress in %.0f s (HVLITE_PEER_TIMEOUT_SECONDS): "
-                             "a peer is stopped, gone or unreachable", what, name ? " of tensor '" : "",
+                             "a peer is stopped, has died or cannot be reached", what, name ? " of tensor '" : "",
                              name ? name : "", name ? "'" : "", waited);
         HVL_CHECK(hvl__bound_flags(&bound, waited, what));
         hvl__nap(&nap_s, 50e-6);            /* NCCL calls take microseconds and up: short naps */
@@ -442,6 +448,7 @@ static void close_set(void *state, int clean)
     if (!s->abort_stuck) {                  /* else a stuck abort may still use them: they leak */
         hvl__cuda_device_free(s->device, s->zeros);
         hvl__cuda_device_free(s->device, s->scratch);
+        hvl__cuda_device_free(s->device, s->fusion);
     }
     free(s);
 }
@@ -648,6 +655,89 @@ static int enqueue(nccl_set *s, const hvl_pset *ps, const hvl_device_batch *b, n
     return rc != HVL_OK ? rc : end;
 }
 
+/* ---- the device fusion buffer ---- */
+/* Each tensor's slot in the fusion buffer starts on a 256-byte boundary (a multiple of every
+ * element size, so the buffer is one array of the batch's dtype; the gaps are reduced and never
+ * read). */
+static int64_t slot_bytes(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+static int fuses(const hvl_engine *e, const nccl_set *s, const hvl_device_batch *b)
+{
+    return !e->params.nccl_grouped && !s->fusion_off && b->ntensors > 1 && b->kind.op == HVL_ALLREDUCE;
+}
+
+/* Room for `need` bytes of fusion buffer on every member, or on none: each member grows at the
+ * same batch (the batch is agreed), and they agree on the outcome, since a member that ran the
+ * batch grouped while the others ran one call would mismatch NCCL's calls. 0: run it grouped. */
+static int fusion_room(hvl_engine *e, const hvl_pset *ps, nccl_set *s, int64_t need, int *room)
+{
+    *room = 1;
+    if (need <= s->fusion_cap) return HVL_OK;
+    int everywhere = 0;
+    int rc = hvl__agree(ps->comm, grow(s->device, &s->fusion, &s->fusion_cap, need, 0),
+                        "the NCCL fusion buffer", &everywhere, hvl__peer_bound(e));
+    if (rc == HVL_OK || !everywhere) return rc;
+    *room = 0;
+    s->fusion_off = 1;
+    char key[64];
+    snprintf(key, sizeof(key), "nccl fusion off, set %d", ps->id);
+    hvl__log_once(key, HVL_LOG_WARNING, "process set %d: no room on the GPU for a %lld-byte NCCL fusion buffer "
+                  "(%s): fused CUDA batches run as groups of per-tensor NCCL calls", ps->id, (long long)need,
+                  hvl_last_error());
+    return HVL_OK;
+}
+
+/* A fused allreduce runs as one NCCL call on the fusion buffer: the inputs copied in on the
+ * engine's stream (a joined rank's slots zeroed), one call over the whole buffer, the results
+ * copied out. One call, not a group of one call per tensor: each call costs NCCL a round of
+ * messages between the ranks, which a group does not save (over sockets on one host, 160 tensors
+ * of 100 KiB took 385 ms as one group of calls and 16 ms as one call on the buffer), while the
+ * copies run at device memory speed. `in`: the copies in, else out. */
+static int fused_copies(nccl_set *s, const hvl_device_batch *b, int in)
+{
+    int64_t esize = hvl_dtype_size(b->kind.dtype);
+    char *slot = s->fusion;
+    for (int i = 0; i < b->ntensors; i++) {
+        const hvl_device_tensor *t = &b->tensors[i];
+        int64_t bytes = t->count * esize;
+        if (bytes && in)
+            HVL_CHECK(t->device < 0 ? hvl__cuda_zero(s->device, slot, bytes)
+                                    : hvl__cuda_copy_on_device(s->device, slot, t->input, bytes));
+        if (bytes && !in && t->device >= 0)
+            HVL_CHECK(hvl__cuda_copy_on_device(s->device, t->output, slot, bytes));
+        slot += slot_bytes(bytes);
+    }
+    return HVL_OK;
+}
+
+static int enqueue_fused(nccl_set *s, const hvl_device_batch *b, ncclRedOp_t op, cudaStream_t stream)
+{
+    int64_t esize = hvl_dtype_size(b->kind.dtype), total = 0;
+    for (int i = 0; i < b->ntensors; i++) total += slot_bytes(b->tensors[i].count * esize);
+    HVL_CHECK(check(nc.group_start(), s->comm, "ncclGroupStart"));
+    int rc = check(nc.all_reduce(s->fusion, s->fusion, (size_t)(total / esize), nccl_dtype(b->kind.dtype), op,
+                                 s->comm, stream), s->comm, "ncclAllReduce (fused)");
+    int end = check(nc.group_end(), s->comm, "ncclGroupEnd");
+    return rc != HVL_OK ? rc : end;
+}
+
+/* A set of one rank: an allreduce, broadcast or reducescatter over it is its input, copied to
+ * its output on the engine's stream; NCCL is not called (scaled ones are staged: runs). NCCL's
+ * own one-rank path was seen to leave the last element of an averaged 4913-element float32
+ * tensor unwritten (NCCL 2.28.9 on an H200, now and then: tests/gpu/test_cuda_only.py's
+ * set-of-one test), and a copy is all it needs to do anyway. */
+static int one_rank_copies(nccl_set *s, const hvl_device_batch *b)
+{
+    int64_t esize = hvl_dtype_size(b->kind.dtype);
+    for (int i = 0; i < b->ntensors; i++) {
+        const hvl_device_tensor *t = &b->tensors[i];
+        int64_t bytes = (b->kind.op == HVL_REDUCESCATTER ? b->counts[0] : t->count) * esize;
+        if (t->device >= 0 && bytes && t->output != t->input)
+            HVL_CHECK(hvl__cuda_copy_on_device(s->device, t->output, t->input, bytes));
+    }
+    return HVL_OK;
+}
+
 static int run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device_batch *b)
 {
     nccl_set *s = state;
@@ -663,13 +753,23 @@ static int run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device
     int rc = hvl__cuda_stream(s->device, &stream);
     for (int i = 0; i < b->ntensors && rc == HVL_OK; i++)
         if (b->tensors[i].ready_event) rc = hvl__cuda_wait_event(s->device, b->tensors[i].ready_event);
-    if (rc == HVL_OK) rc = stand_ins(s, b);
+    int one = ps->size == 1 && b->kind.op != HVL_ALLGATHER && b->kind.op != HVL_ALLTOALL;
+    int fused = !one && fuses(e, s, b);
+    if (rc == HVL_OK && fused) {
+        int64_t need = 0, esize = hvl_dtype_size(b->kind.dtype);
+        for (int i = 0; i < b->ntensors; i++) need += slot_bytes(b->tensors[i].count * esize);
+        rc = fusion_room(e, ps, s, need, &fused);
+    }
+    if (rc == HVL_OK && !fused && !one) rc = stand_ins(s, b);
     ncclRedOp_t op = NC_SUM;
     int custom = 0, timed = 0;
-    if (rc == HVL_OK && reduces) rc = reduction_op(s, b, ps->size, &op, &custom);
+    if (rc == HVL_OK && reduces && !one) rc = reduction_op(s, b, ps->size, &op, &custom);
     if (rc == HVL_OK && b->inputs_ready) timed = hvl__cuda_time(s->device, 0) == HVL_OK;   /* inputs in */
-    if (rc == HVL_OK) rc = enqueue(s, ps, b, op, stream);
-    if (rc == HVL_OK) rc = poll_comm(e, s->comm, -1, what, b->name);   /* the group is queued */
+    if (rc == HVL_OK && one) rc = one_rank_copies(s, b);
+    if (rc == HVL_OK && fused) rc = fused_copies(s, b, 1);
+    if (rc == HVL_OK && !one) rc = fused ? enqueue_fused(s, b, op, stream) : enqueue(s, ps, b, op, stream);
+    if (rc == HVL_OK && !one) rc = poll_comm(e, s->comm, -1, what, b->name);   /* the group is queued */
+    if (rc == HVL_OK && fused) rc = fused_copies(s, b, 0);      /* after it on the stream */
     if (custom && rc == HVL_OK) nc.red_op_destroy(op, s->comm);   /* once the calls settled */
     if (rc == HVL_OK && timed) timed = hvl__cuda_time(s->device, 1) == HVL_OK;
     if (rc == HVL_OK) rc = hvl__cuda_mark(s->device);               /* the stream's end of it */

@@ -45,6 +45,7 @@ typedef struct {
     int hierarchical_allreduce; /* 1: multi-host allreduces go shm -> MPI among hosts -> shm */
     int64_t shm_chunk;          /* bytes per shared-memory pipeline step (per rank and buffer) */
     int nccl_disable;           /* 1: CUDA tensors never use NCCL (the staged path) */
+    int nccl_grouped;           /* 1: fused NCCL batches as groups of per-tensor calls, no buffer */
     char nccl_lib[HVL_PATH_MAX];   /* the NCCL library to load; "" = the loader's libnccl.so.2 */
     int test_fake_hosts;        /* tests only: split each host's ranks as if on this many hosts */
     char test_stop_at[HVL_PATH_MAX];   /* tests only: "R:POINT", see hvl__test_stop_point */

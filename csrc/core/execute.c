@@ -11,11 +11,24 @@
 #include <string.h>
 #include "backend.h"
 #include "cycle.h"
+#include "half.h"
 #include "kernels.h"
 #include "stage.h"
 #include "timeline.h"
 
 static int is_integer(int dtype) { return dtype <= HVL_INT64; }
+
+/* A scale factor as the host loops apply it. CUDA tensors of 16-bit floats (staged here) are
+ * scaled as the GPU kernels of Horovod and NCCL's pre-multiplied sum scale them: by the factor
+ * rounded to the tensors' type first (Horovod's GPU tests expect exactly that). Host tensors keep
+ * the factor in float, as Horovod does on the CPU. */
+static double factor_for(const hvl_batch *b, double f)
+{
+    if (b->memory == HVL_MEMORY_HOST || f == 1.0) return f;
+    if (b->dtype == HVL_FLOAT16) return half_to_float(float_to_half((float)f));
+    if (b->dtype == HVL_BFLOAT16) return bf16_to_float(float_to_bf16((float)f));
+    return f;
+}
 
 /* Average and postscale on a reduced buffer, src -> dst (may be equal). Integer averages use
  * exact integer division (toward zero). */
@@ -38,7 +51,7 @@ static void finish_values(const hvl_batch *b, void *dst, const void *src, int64_
     } else if (b->reduce_op == HVL_AVERAGE) {
         post /= b->ps->size;
     }
-    if (post != 1.0 || dst != src) hvl__scale(dst, src, count, b->dtype, post);
+    if (post != 1.0 || dst != src) hvl__scale(dst, src, count, b->dtype, factor_for(b, post));
 }
 
 static int64_t entry_elems(const hvl_entry *en) { return hvl__shape_elems(en->d.ndim, en->d.shape); }
@@ -57,7 +70,7 @@ static void move_piece(const hvl_batch *b, cursor_t *cur, char *piece,
         int64_t n = entry_elems(en) - cur->off;
         if (n > count) n = count;
         if (into_piece)
-            hvl__scale(piece, (const char *)en->input + cur->off * esize, n, b->dtype, b->prescale);
+            hvl__scale(piece, (const char *)en->input + cur->off * esize, n, b->dtype, factor_for(b, b->prescale));
         else
             finish_values(b, (char *)en->output + cur->off * esize, piece, n);
         piece += n * esize;
@@ -106,7 +119,7 @@ static int run_adasum(hvl_engine *e, const hvl_plane *p, hvl_batch *b)
     cursor_t in = {0, 0}, out;
     int rc = HVL_OK;
     if (b->count == 1) {
-        hvl__scale(buf, en->input, total, b->dtype, b->prescale);
+        hvl__scale(buf, en->input, total, b->dtype, factor_for(b, b->prescale));
     } else {
         HVL_CHECK_GOTO(hvl__grow(&e->fusion_buf, &e->fusion_cap, b->bytes), rc, done);
         buf = e->fusion_buf;
@@ -140,7 +153,7 @@ static int run_allreduce(hvl_engine *e, const hvl_plane *p, hvl_batch *b)
             const char *src = (const char *)en->input + off * esize;
             char *dst = (char *)en->output + off * esize;
             if (tl) t_in = hvl__now();
-            if (b->prescale != 1.0) { hvl__scale(dst, src, n, b->dtype, b->prescale); src = dst; }
+            if (b->prescale != 1.0) { hvl__scale(dst, src, n, b->dtype, factor_for(b, b->prescale)); src = dst; }
             if (tl) t_reduce = hvl__now();
             HVL_CHECK(p->be->allreduce(e, b->ps, p->state, src, dst, n, b->dtype, b->reduce_op));
             if (tl) t_out = hvl__now();
@@ -178,7 +191,7 @@ static int run_reducescatter(hvl_engine *e, const hvl_plane *p, hvl_batch *b)
     int rc;
     if (b->prescale != 1.0) {
         HVL_CHECK_GOTO(hvl__grow(&e->scratch_buf, &e->scratch_cap, total * hvl_dtype_size(b->dtype)), rc, out);
-        hvl__scale(e->scratch_buf, src, total, b->dtype, b->prescale);
+        hvl__scale(e->scratch_buf, src, total, b->dtype, factor_for(b, b->prescale));
         src = e->scratch_buf;
     }
     HVL_CHECK_GOTO(p->be->reducescatter(e, ps, p->state, src, en->output, counts, b->dtype, b->reduce_op), rc, out);

@@ -76,6 +76,9 @@ static const param_def table[] = {
      "0 = 1 MiB, or 4 MiB when the host runs more ranks than cores"},
     {"NCCL_DISABLE", P_INT, RANK0, F(nccl_disable), "0",
      "1: CUDA tensors never run on NCCL; they take the staged path (host copies, CPU planes)"},
+    {"NCCL_GROUPED", P_INT, RANK0, F(nccl_grouped), "0",
+     "1: a fused batch of CUDA tensors on NCCL is one group of per-tensor calls, not one call on a "
+     "device fusion buffer"},
     {"NCCL_LIB", P_PATH, LOCAL, F(nccl_lib), "",
      "the NCCL library (libnccl.so.2) the GPU plane loads; hvlite.init() sets it to torch's "
      "nvidia-nccl wheel when unset; else the loader's libnccl.so.2"},

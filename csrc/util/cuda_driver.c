@@ -46,6 +46,7 @@ static struct {
     CUresult (*event_query)(CUevent event);
     CUresult (*copy_to_host)(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
     CUresult (*copy_to_device)(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream);
+    CUresult (*copy_on_device)(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream);
     CUresult (*host_alloc)(void **p, size_t bytes, unsigned int flags);
     CUresult (*host_free)(void *p);
     CUresult (*bus_id)(char *id, int len, CUdevice dev);
@@ -71,7 +72,8 @@ static const struct { void **slot; const char *name; } symbols[] = {
     SYMBOL(stream_wait_event, "cuStreamWaitEvent"), SYMBOL(event_create, "cuEventCreate"),
     SYMBOL(event_destroy, "cuEventDestroy_v2"), SYMBOL(event_record, "cuEventRecord"),
     SYMBOL(event_query, "cuEventQuery"), SYMBOL(copy_to_host, "cuMemcpyDtoHAsync_v2"),
-    SYMBOL(copy_to_device, "cuMemcpyHtoDAsync_v2"), SYMBOL(host_alloc, "cuMemHostAlloc"),
+    SYMBOL(copy_to_device, "cuMemcpyHtoDAsync_v2"), SYMBOL(copy_on_device, "cuMemcpyDtoDAsync_v2"),
+    SYMBOL(host_alloc, "cuMemHostAlloc"),
     SYMBOL(host_free, "cuMemFreeHost"), SYMBOL(bus_id, "cuDeviceGetPCIBusId"),
     SYMBOL(mem_alloc, "cuMemAlloc_v2"), SYMBOL(mem_free, "cuMemFree_v2"),
     SYMBOL(memset_async, "cuMemsetD8Async"), SYMBOL(error_name, "cuGetErrorName"),
@@ -198,6 +200,13 @@ int hvl__cuda_copy_to_device(int dev, void *device, const void *host, int64_t by
     HVL_CHECK(hvl__cuda_use(dev));
     return check(cu.copy_to_device((CUdeviceptr)(uintptr_t)device, host, (size_t)bytes, devices[dev].stream),
                  "cuMemcpyHtoDAsync (host to device)");
+}
+
+int hvl__cuda_copy_on_device(int dev, void *dst, const void *src, int64_t bytes)
+{
+    HVL_CHECK(hvl__cuda_use(dev));
+    return check(cu.copy_on_device((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, (size_t)bytes,
+                                   devices[dev].stream), "cuMemcpyDtoDAsync (device to device)");
 }
 
 int hvl__cuda_mark(int dev)
@@ -369,6 +378,7 @@ SAME(stream_destroy, cuStreamDestroy_v2); SAME(stream_wait_event, cuStreamWaitEv
 SAME(event_create, cuEventCreate); SAME(event_destroy, cuEventDestroy_v2);
 SAME(event_record, cuEventRecord); SAME(event_query, cuEventQuery);
 SAME(copy_to_host, cuMemcpyDtoHAsync_v2); SAME(copy_to_device, cuMemcpyHtoDAsync_v2);
+SAME(copy_on_device, cuMemcpyDtoDAsync_v2);
 SAME(host_alloc, cuMemHostAlloc); SAME(host_free, cuMemFreeHost); SAME(bus_id, cuDeviceGetPCIBusId);
 SAME(mem_alloc, cuMemAlloc_v2); SAME(mem_free, cuMemFree_v2); SAME(memset_async, cuMemsetD8Async);
 SAME(error_name, cuGetErrorName); SAME(event_elapsed, cuEventElapsedTime); SAME(error_string, cuGetErrorString);

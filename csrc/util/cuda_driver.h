@@ -39,6 +39,7 @@ int hvl__cuda_wait_event(int dev, void *event);
  * done them (see the mark). */
 int hvl__cuda_copy_to_host(int dev, void *host, const void *device, int64_t bytes);
 int hvl__cuda_copy_to_device(int dev, void *device, const void *host, int64_t bytes);
+int hvl__cuda_copy_on_device(int dev, void *dst, const void *src, int64_t bytes);   /* same device */
 /* Marks the current end of the engine's stream (an event of its own, reused); *done = 1 once
  * the stream has reached the mark. Neither call waits: the caller polls, bounded. */
 int hvl__cuda_mark(int dev);

@@ -68,6 +68,18 @@ def _check_tensor(tensor):
     return tensor
 
 
+def _submit_group(submit_one, tensors, name, kind, process_set):
+    """``submit_group`` of torch tensors, which must be on one device, as Horovod requires: a
+    group is one fused batch, and host and CUDA memory never fuse. Refused before anything is
+    submitted."""
+    devices = {t.device for t in tensors if isinstance(t, torch.Tensor)}
+    if len(devices) > 1:
+        raise HvliteInvalidArgument("%s%s: the tensors of a group must be on one device, got %s"
+                                    % (kind, " '%s'" % name if name else "",
+                                       " and ".join(sorted(str(d) for d in devices))))
+    return submit_group(submit_one, tensors, name, kind, process_set)
+
+
 def _needs_graph(tensor):
     """Whether a differentiable op must go through its autograd Function: only where autograd
     records this call. Elsewhere (metrics, no_grad, tensors without grad) the Function's cost,
@@ -269,7 +281,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=None):
-    return submit_group(lambda t, n: allreduce_async(t, average, n, op, prescale_factor,
+    return _submit_group(lambda t, n: allreduce_async(t, average, n, op, prescale_factor,
                                                      postscale_factor, process_set),
                         tensors, name, "grouped_allreduce", process_set)
 
@@ -302,7 +314,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=None):
-    return submit_group(lambda t, n: allreduce_async_(t, average, n, op, prescale_factor,
+    return _submit_group(lambda t, n: allreduce_async_(t, average, n, op, prescale_factor,
                                                       postscale_factor, process_set),
                         tensors, name, "grouped_allreduce", process_set)
 
@@ -434,7 +446,7 @@ def allgather(tensor, name=None, process_set=None):
 
 
 def grouped_allgather_async(tensors, name=None, process_set=None):
-    return submit_group(lambda t, n: allgather_async(t, n, process_set), tensors, name,
+    return _submit_group(lambda t, n: allgather_async(t, n, process_set), tensors, name,
                         "grouped_allgather", process_set)
 
 
@@ -496,7 +508,10 @@ def _split_list(splits, name):
 def alltoall_async(tensor, splits=None, name=None, process_set=None):
     src = _check_tensor(tensor).contiguous().detach()
     split_list = None if splits is None else _split_list(splits, name)
-    finish = None if splits is None else (lambda r: (r[0], torch.from_numpy(r[1])))
+    # the received splits come back where the splits were (Horovod's GPU tests expect that)
+    where = splits.device if isinstance(splits, torch.Tensor) else None
+    finish = None if splits is None else (
+        lambda r: (r[0], torch.from_numpy(r[1]) if where is None else torch.from_numpy(r[1]).to(where)))
     return collectives.alltoall(_source(src), _output(src), split_list, name, process_set,
                                 finish)
 
@@ -537,7 +552,7 @@ def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_f
 
 def grouped_reducescatter_async(tensors, name=None, op=None, process_set=None,
                                 prescale_factor=1.0, postscale_factor=1.0):
-    return submit_group(lambda t, n: reducescatter_async(t, n, op, process_set, prescale_factor,
+    return _submit_group(lambda t, n: reducescatter_async(t, n, op, process_set, prescale_factor,
                                                          postscale_factor),
                         tensors, name, "grouped_reducescatter", process_set)
 

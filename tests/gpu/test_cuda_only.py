@@ -114,3 +114,60 @@ def test_bfloat16_and_float16_on_the_device():
         assert got.dtype == dtype and got.device == CUDA
         assert torch.allclose(got.float(), torch.full((1000,), 0.5 * SIZE * (SIZE + 1) / 2,
                                                       device=CUDA), rtol=1e-2)
+
+
+@pytest.mark.parametrize("where", ["prescale", "postscale"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_scale_factors_on_16_bit_cuda_tensors_are_rounded_to_the_type_first(dtype, where):
+    """As GPU kernels scale (Horovod's, NCCL's pre-multiplied sum): by the factor held in the
+    tensors' own type, whichever path ran; Horovod's GPU tests expect that exactly."""
+    x = torch.empty(17, 17).random_(-30, 30, generator=torch.Generator().manual_seed(7)).to(CUDA, dtype)
+    factor = 0.3758                                 # not exact in 16 bits
+    held = torch.tensor(factor, dtype=dtype).float().item()
+    got = hvd.allreduce(x, op=hvd.Sum, name="scaled.%s.%s" % (dtype, where),
+                        **{where + "_factor": factor})
+    if where == "prescale":                         # every rank's x alike: SIZE times one product
+        want = (x.float() * held).to(dtype).float() * SIZE
+    else:
+        want = x.float() * SIZE * held
+    exact = SIZE & (SIZE - 1) == 0                  # sums of 2^k equal values round no further
+    assert torch.allclose(got.float(), want.to(dtype).float(), rtol=0 if exact else 1e-2, atol=0), \
+        (got[:4], want[:4])
+
+
+def test_a_group_of_host_and_cuda_tensors_is_refused_before_anything_runs():
+    tensors = [torch.ones(10) if i % 2 else torch.ones(10, device=CUDA) for i in range(5)]
+    for group in (hvd.grouped_allreduce, hvd.grouped_allgather, hvd.grouped_reducescatter):
+        with pytest.raises(hvd.HvliteInvalidArgument, match="one device"):
+            group(tensors)
+    assert hvd.allreduce(torch.ones(3, device=CUDA), op=hvd.Sum, name="after.group").sum().item() == 3 * SIZE
+
+
+def test_alltoall_returns_the_received_splits_where_the_splits_were():
+    x = torch.arange(SIZE * 2, dtype=torch.float32, device=CUDA)
+    for splits in (torch.full((SIZE,), 2, dtype=torch.int32, device=CUDA), [2] * SIZE):
+        got, received = hvd.alltoall(x, splits)
+        assert received.device == (CUDA if isinstance(splits, torch.Tensor) else torch.device("cpu"))
+        assert received.tolist() == [2] * SIZE and got.device == CUDA
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64], ids=str)
+def test_a_set_of_one_rank_gives_every_element_back(dtype):
+    """Sets of one rank each (Horovod's broadcast-gradient test with even and odd sets), with
+    odd sizes, averaged and broadcast, out of place, as autograd drives them."""
+    sets = [hvd.add_process_set([r]) for r in range(SIZE)] if SIZE > 1 else [hvd.global_process_set]
+    own = sets[RANK]
+    try:
+        for n in (17, 17 * 17, 17 ** 3):
+            x = torch.full((n,), float(RANK + 1), dtype=dtype, device=CUDA, requires_grad=True)
+            y = hvd.broadcast(x, RANK, process_set=own)
+            y.backward(torch.ones(n, dtype=dtype, device=CUDA))
+            grad = x.grad.cpu()
+            assert torch.equal(y.detach().cpu(), torch.full((n,), float(RANK + 1), dtype=dtype)), n
+            bad = (grad != 1).nonzero().flatten().tolist()
+            assert not bad, "n=%d: elements %s of the gradient are %s" % (n, bad[:8], grad[bad[:8]].tolist())
+            avg = hvd.allreduce(torch.ones(n, dtype=dtype, device=CUDA), op=hvd.Average, process_set=own)
+            assert torch.equal(avg.cpu(), torch.ones(n, dtype=dtype)), n
+    finally:
+        for one in sets if SIZE > 1 else []:
+            hvd.remove_process_set(one)
