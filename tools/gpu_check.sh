@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# The GPU checks that matter most, in order, each under its own time limit, for a GPU machine
-# lent for minutes (the full suite, `make test-gpu`, takes far longer). Three parts, each within
-# one device call (600 s at most, setup included): part 1 is correctness on both GPU paths
-# (the staged path first: it serves every machine), part 2 the failure bounds and the
-# benchmarks, part 3 Horovod's own test_torch.py on both paths (HOROVOD_TEST_TORCH=its path;
-# carry it as a git-ignored file). With 15 minutes of device time in all, run part 1 alone
-# first (timeout_s 480), then part 2 or 3 if time is left. Run from the checkout's root after
-# ../shared/tools/gpu-prep (its .whl/ carried along):
-#     source .whl/setup.sh && tools/gpu_check.sh 1 "$OUT"
-# Each step's output goes to OUTDIR/NN-name.log (default: $OUT, else gpu-check/); a summary line
-# per step goes to OUTDIR/summary-PART.txt. A step that fails does not stop the next. Each
-# step is one test file: a failure stops its job (-x; the SPMD plugin ends every rank), so
-# files are kept apart to let the others report.
+# The GPU checks that matter most, for a GPU machine lent for minutes (the full suite, `make
+# test-gpu`, takes far longer). Run from the checkout's root after ../shared/tools/gpu-prep (its
+# .whl/ carried along), e.g. with Horovod's test_torch.py carried as a git-ignored file:
+#     source .whl/setup.sh && HOROVOD_TEST_TORCH=.hvd/test_torch.py tools/gpu_check.sh all "$OUT"
+# all: everything below in one call (269 s on an H200, 2026-11-28, timeout_s 410 leaves room):
+#      first, at once on the machine's cores, Horovod's suite on both paths (when
+#      HOROVOD_TEST_TORCH names its file), tests/gpu at 1 rank, the GPU files at 4 ranks, the torch
+#      files on NCCL at 2 ranks, and tools/gpu_matrix.py (each test function of tests/gpu as its
+#      own job, 2 ranks, both paths); then, alone on the GPU, the test that fills it, the
+#      lost-rank tests and the benchmarks. Logs go to OUTDIR as two tarballs (what a device call
+#      brings back is at most 8 files) and the benchmark tables to OUTDIR/bench.txt.
+# 1, 2, 3: the older three parts, each within one call: part 1 correctness on both GPU paths,
+#      part 2 the failure bounds and the benchmarks, part 3 Horovod's test_torch.py on both paths.
+# Each step's output goes to OUTDIR (default: $OUT, else gpu-check/); a summary line per step
+# goes to OUTDIR/summary-PART.txt. A step that fails does not stop the next.
 set -u
 part=${1:-1}
-case $part in 1|2|3) ;; *) echo "usage: tools/gpu_check.sh 1|2|3 [OUTDIR]" >&2; exit 2 ;; esac
+case $part in 1|2|3|all) ;; *) echo "usage: tools/gpu_check.sh 1|2|3|all [OUTDIR]" >&2; exit 2 ;; esac
 out=${2:-${OUT:-gpu-check}}
 mkdir -p "$out"
 summary="$out/summary-$part.txt"
@@ -30,6 +32,51 @@ step() {        # step NAME SECONDS COMMAND...
 }
 spmd() { hvlrun -np "$1" python3 -m pytest -q -x -p no:cacheprovider "${@:2}"; }
 hostid="env HVLITE_TEST_NCCL_HOSTID=per-rank"
+if [ "$part" = all ]; then
+    L=$(mktemp -d); start=$SECONDS
+    P="python3 -m pytest -q -x -p no:cacheprovider"
+    fill=tests/gpu/test_nccl_plane.py::test_no_gpu_room_for_results_runs_the_batch_staged
+    if [ -n "${HOROVOD_TEST_TORCH:-}" ]; then
+        (timeout 140 python3 tools/horovod_suite.py "$HOROVOD_TEST_TORCH" --one-gpu --timeout 130 \
+            --out "$L/horovod-staged" > "$L/horovod-staged.txt" 2>&1) &
+        (timeout 140 python3 tools/horovod_suite.py "$HOROVOD_TEST_TORCH" --one-gpu --hostid-per-rank \
+            --timeout 130 --out "$L/horovod-nccl" > "$L/horovod-nccl.txt" 2>&1) &
+    fi
+    (timeout 60 hvlrun -np 1 $P tests/gpu --deselect $fill > "$L/np1.txt" 2>&1
+     timeout 100 hvlrun -np 4 $P tests/gpu/test_cuda_only.py > "$L/np4-staged.txt" 2>&1) &
+    (HVLITE_TEST_NCCL_HOSTID=per-rank timeout 90 hvlrun -np 4 $P tests/gpu/test_nccl_plane.py \
+        --deselect $fill > "$L/np4-nccl.txt" 2>&1) &
+    (HVLITE_TEST_NCCL_HOSTID=per-rank HVLITE_TEST_DEVICE=cuda timeout 130 hvlrun -np 2 $P \
+        tests/parallel/test_torch_training.py tests/parallel/test_torch_ops.py > "$L/np2-nccl-torch.txt" 2>&1) &
+    timeout 140 python3 tools/gpu_matrix.py --np 2 --jobs 6 --timeout 50 --files tests/gpu/test_cuda_only.py \
+        tests/gpu/test_nccl_plane.py --exclude "${fill#*::}" --out "$L/matrix" > /dev/null 2>&1
+    wait
+    echo "at once: $((SECONDS - start)) s" | tee -a "$summary"
+    for f in "$L"/*.txt "$L/matrix/matrix.txt"; do
+        [ -f "$f" ] && printf '%-22s %s\n' "$(basename "$f")" "$(tail -n 1 "$f")" | tee -a "$summary"
+    done
+    tar czf "$out/logs-at-once.tgz" -C "$L" . 2>/dev/null
+    alone() {       # alone NAME SECONDS COMMAND...: one step, its output appended to bench.txt
+        local name=$1 limit=$2
+        shift 2
+        timeout "$limit" "$@" > "$L/$name.log" 2>&1
+        local rc=$?
+        printf '%-22s rc=%-3d %4ds  %s\n' "$name" "$rc" $((SECONDS - start)) "$(tail -n 1 "$L/$name.log")" \
+            | tee -a "$summary"
+        grep -v WARNING "$L/$name.log" >> "$out/bench.txt"
+    }
+    : > "$out/bench.txt"
+    alone no-room 40 env HVLITE_TEST_NCCL_HOSTID=per-rank hvlrun -np 2 $P $fill
+    alone lost 70 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "lost_inside or killed_rank"
+    alone nccl-2 40 hvlrun -np 2 python3 bench/gpu_nccl.py --hostid-per-rank --iters 5
+    alone staged-2 30 hvlrun -np 2 python3 bench/gpu_allreduce.py --iters 5
+    alone resnet50-2-nccl 90 hvlrun -np 2 python3 bench/step_overhead.py --device cuda --models resnet50 \
+        --batch-size 64 --planes shm --ddp --hostid-per-rank --pairs 40 --blocks 4
+    alone staged-4 30 hvlrun -np 4 python3 bench/gpu_allreduce.py --iters 5
+    tar czf "$out/logs-alone.tgz" -C "$L" . 2>/dev/null
+    exit 0
+fi
+
 case $part in
 1)  # limits: 420 s in all
     step 01-check-build 30 hvlrun --check-build
