@@ -661,6 +661,13 @@ static int enqueue(nccl_set *s, const hvl_pset *ps, const hvl_device_batch *b, n
  * read). */
 static int64_t slot_bytes(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
+static int64_t fused_bytes(const hvl_device_batch *b)
+{
+    int64_t esize = hvl_dtype_size(b->kind.dtype), total = 0;
+    for (int i = 0; i < b->ntensors; i++) total += slot_bytes(b->tensors[i].count * esize);
+    return total;
+}
+
 static int fuses(const hvl_engine *e, const nccl_set *s, const hvl_device_batch *b)
 {
     return !e->params.nccl_grouped && !s->fusion_off && b->ntensors > 1 && b->kind.op == HVL_ALLREDUCE;
@@ -712,10 +719,9 @@ static int fused_copies(nccl_set *s, const hvl_device_batch *b, int in)
 
 static int enqueue_fused(nccl_set *s, const hvl_device_batch *b, ncclRedOp_t op, cudaStream_t stream)
 {
-    int64_t esize = hvl_dtype_size(b->kind.dtype), total = 0;
-    for (int i = 0; i < b->ntensors; i++) total += slot_bytes(b->tensors[i].count * esize);
+    size_t count = (size_t)(fused_bytes(b) / hvl_dtype_size(b->kind.dtype));
     HVL_CHECK(check(nc.group_start(), s->comm, "ncclGroupStart"));
-    int rc = check(nc.all_reduce(s->fusion, s->fusion, (size_t)(total / esize), nccl_dtype(b->kind.dtype), op,
+    int rc = check(nc.all_reduce(s->fusion, s->fusion, count, nccl_dtype(b->kind.dtype), op,
                                  s->comm, stream), s->comm, "ncclAllReduce (fused)");
     int end = check(nc.group_end(), s->comm, "ncclGroupEnd");
     return rc != HVL_OK ? rc : end;
@@ -755,11 +761,7 @@ static int run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device
         if (b->tensors[i].ready_event) rc = hvl__cuda_wait_event(s->device, b->tensors[i].ready_event);
     int one = ps->size == 1 && b->kind.op != HVL_ALLGATHER && b->kind.op != HVL_ALLTOALL;
     int fused = !one && fuses(e, s, b);
-    if (rc == HVL_OK && fused) {
-        int64_t need = 0, esize = hvl_dtype_size(b->kind.dtype);
-        for (int i = 0; i < b->ntensors; i++) need += slot_bytes(b->tensors[i].count * esize);
-        rc = fusion_room(e, ps, s, need, &fused);
-    }
+    if (rc == HVL_OK && fused) rc = fusion_room(e, ps, s, fused_bytes(b), &fused);
     if (rc == HVL_OK && !fused && !one) rc = stand_ins(s, b);
     ncclRedOp_t op = NC_SUM;
     int custom = 0, timed = 0;

@@ -282,8 +282,8 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=None):
     return _submit_group(lambda t, n: allreduce_async(t, average, n, op, prescale_factor,
-                                                     postscale_factor, process_set),
-                        tensors, name, "grouped_allreduce", process_set)
+                                                      postscale_factor, process_set),
+                         tensors, name, "grouped_allreduce", process_set)
 
 
 class _GroupedAllreduceFn(torch.autograd.Function):
@@ -315,8 +315,8 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=None):
     return _submit_group(lambda t, n: allreduce_async_(t, average, n, op, prescale_factor,
-                                                      postscale_factor, process_set),
-                        tensors, name, "grouped_allreduce", process_set)
+                                                       postscale_factor, process_set),
+                         tensors, name, "grouped_allreduce", process_set)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -447,7 +447,7 @@ def allgather(tensor, name=None, process_set=None):
 
 def grouped_allgather_async(tensors, name=None, process_set=None):
     return _submit_group(lambda t, n: allgather_async(t, n, process_set), tensors, name,
-                        "grouped_allgather", process_set)
+                         "grouped_allgather", process_set)
 
 
 def grouped_allgather(tensors, name=None, process_set=None):
@@ -509,9 +509,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     src = _check_tensor(tensor).contiguous().detach()
     split_list = None if splits is None else _split_list(splits, name)
     # the received splits come back where the splits were (Horovod's GPU tests expect that)
-    where = splits.device if isinstance(splits, torch.Tensor) else None
-    finish = None if splits is None else (
-        lambda r: (r[0], torch.from_numpy(r[1]) if where is None else torch.from_numpy(r[1]).to(where)))
+    where = splits.device if isinstance(splits, torch.Tensor) else torch.device("cpu")
+    finish = None if splits is None else (lambda r: (r[0], torch.from_numpy(r[1]).to(where)))
     return collectives.alltoall(_source(src), _output(src), split_list, name, process_set,
                                 finish)
 
@@ -553,8 +552,8 @@ def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_f
 def grouped_reducescatter_async(tensors, name=None, op=None, process_set=None,
                                 prescale_factor=1.0, postscale_factor=1.0):
     return _submit_group(lambda t, n: reducescatter_async(t, n, op, process_set, prescale_factor,
-                                                         postscale_factor),
-                        tensors, name, "grouped_reducescatter", process_set)
+                                                          postscale_factor),
+                         tensors, name, "grouped_reducescatter", process_set)
 
 
 class _ReducescatterFn(torch.autograd.Function):
