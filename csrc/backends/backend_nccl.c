@@ -2,11 +2,9 @@
  * set whose members each have a GPU of their own; every other CUDA batch keeps the staged path
  * (core/stage.c).
  *
- * - Loading. libnccl.so.2 is opened with dlopen the first time a set decides (HVLITE_NCCL_LIB,
- *   which hvlite.init() fills in with torch's nvidia-nccl wheel when it is unset; else the
- *   loader's libnccl.so.2), so a process that never submits a CUDA tensor loads neither NCCL nor
- *   CUDA. The declarations follow nccl.h's documented signatures; tests/unit/test_nccl_plane.py
- *   compiles this file against NVIDIA's nccl.h to check them.
+ * - Loading: util/nccl_lib.c, the first time a set decides (HVLITE_NCCL_LIB, which
+ *   hvlite.init() fills in with torch's nvidia-nccl wheel when it is unset), so a process that
+ *   never submits a CUDA tensor loads neither NCCL nor CUDA.
  * - Deciding, once per set, at its first CUDA batch that NCCL would run (prepare, on every
  *   member at the same point of the agreed list; a set whose CUDA batches NCCL never runs, such
  *   as Adasum's, never opens NCCL): the members exchange, over MPI and bounded, whether they
@@ -39,8 +37,7 @@
  * - Never hanging: the wait polls the stream's mark and ncclCommGetAsyncError, bounded by the
  *   peer timeout and the engine's shutdown and fatal flags; on an NCCL error or a timeout the
  *   communicator is aborted and the error is fatal to this engine, as a failed MPI collective is.
- * bg thread only, except the library's loading (pthread_once). */
-#include <dlfcn.h>
+ * bg thread only, except the abort helper (drop_comm). */
 #include <float.h>
 #include <limits.h>
 #include <math.h>
@@ -53,134 +50,7 @@
 #include "cuda_driver.h"
 #include "half.h"
 #include "kernels.h"
-
-#ifndef NCCL_MAJOR      /* the build: no nccl.h (the test supplies it, and with it these types) */
-typedef int ncclResult_t;
-typedef struct ncclComm *ncclComm_t;
-typedef struct { char internal[128]; } ncclUniqueId;
-typedef int ncclDataType_t;
-typedef int ncclRedOp_t;
-typedef int ncclScalarResidence_t;
-typedef struct CUstream_st *cudaStream_t;
-#endif
-
-/* Values from nccl.h (checked against it by the test). */
-#define NC_SUCCESS 0
-#define NC_IN_PROGRESS 7
-#define NC_INT8 0                     /* ncclDataType_t */
-#define NC_UINT8 1
-#define NC_INT32 2
-#define NC_INT64 4
-#define NC_FLOAT16 6
-#define NC_FLOAT32 7
-#define NC_FLOAT64 8
-#define NC_BFLOAT16 9
-#define NC_SUM 0                      /* ncclRedOp_t */
-#define NC_PROD 1
-#define NC_MAX 2
-#define NC_MIN 3
-#define NC_AVG 4
-#define NC_SCALAR_HOST 1              /* ncclScalarHostImmediate */
-#define NC_API_MAGIC 0xcafebeefu      /* NCCL_API_MAGIC */
-#define NC_CONFIG_VERSION 21700       /* the config layout of NCCL 2.17, which later NCCLs still
-                                         read: our struct is a prefix of theirs */
-
-/* ncclConfig_t as NCCL 2.17 laid it out (NCCL copies `size` bytes over its defaults, and fields
- * newer than `version` keep their defaults). */
-typedef struct {
-    size_t size;
-    unsigned int magic, version;
-    int blocking, cga_cluster_size, min_ctas, max_ctas;
-    const char *net_name;
-} nccl_config;
-
-static struct {
-    ncclResult_t (*get_version)(int *version);
-    ncclResult_t (*get_unique_id)(ncclUniqueId *id);
-    ncclResult_t (*comm_init_rank_config)(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
-                                          nccl_config *config);
-    ncclResult_t (*comm_abort)(ncclComm_t comm);
-    ncclResult_t (*comm_get_async_error)(ncclComm_t comm, ncclResult_t *async_error);
-    const char *(*get_error_string)(ncclResult_t result);
-    const char *(*get_last_error)(ncclComm_t comm);
-    ncclResult_t (*all_reduce)(const void *send, void *recv, size_t count, ncclDataType_t type,
-                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
-    ncclResult_t (*broadcast)(const void *send, void *recv, size_t count, ncclDataType_t type,
-                              int root, ncclComm_t comm, cudaStream_t stream);
-    ncclResult_t (*reduce_scatter)(const void *send, void *recv, size_t recv_count,
-                                   ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
-                                   cudaStream_t stream);
-    ncclResult_t (*all_gather)(const void *send, void *recv, size_t send_count, ncclDataType_t type,
-                               ncclComm_t comm, cudaStream_t stream);
-    ncclResult_t (*send)(const void *send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
-                         cudaStream_t stream);
-    ncclResult_t (*recv)(void *recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
-                         cudaStream_t stream);
-    ncclResult_t (*group_start)(void);
-    ncclResult_t (*group_end)(void);
-    ncclResult_t (*premulsum_create)(ncclRedOp_t *op, void *scalar, ncclDataType_t type,
-                                     ncclScalarResidence_t residence, ncclComm_t comm);
-    ncclResult_t (*red_op_destroy)(ncclRedOp_t op, ncclComm_t comm);
-} nc;
-
-#define SYMBOL(slot, name) {(void **)&nc.slot, name}
-static const struct { void **slot; const char *name; } symbols[] = {
-    SYMBOL(get_version, "ncclGetVersion"), SYMBOL(get_unique_id, "ncclGetUniqueId"),
-    SYMBOL(comm_init_rank_config, "ncclCommInitRankConfig"), SYMBOL(comm_abort, "ncclCommAbort"),
-    SYMBOL(comm_get_async_error, "ncclCommGetAsyncError"),
-    SYMBOL(get_error_string, "ncclGetErrorString"), SYMBOL(get_last_error, "ncclGetLastError"),
-    SYMBOL(all_reduce, "ncclAllReduce"), SYMBOL(broadcast, "ncclBroadcast"),
-    SYMBOL(reduce_scatter, "ncclReduceScatter"), SYMBOL(group_start, "ncclGroupStart"),
-    SYMBOL(group_end, "ncclGroupEnd"), SYMBOL(premulsum_create, "ncclRedOpCreatePreMulSum"),
-    SYMBOL(red_op_destroy, "ncclRedOpDestroy"), SYMBOL(all_gather, "ncclAllGather"),
-    SYMBOL(send, "ncclSend"), SYMBOL(recv, "ncclRecv"),
-};
-#undef SYMBOL
-
-static pthread_once_t load_once = PTHREAD_ONCE_INIT;
-static int loaded;                 /* 1 once every symbol was found (written under load_once) */
-static char load_error[HVL_PATH_MAX + 600];   /* the path, and what went wrong */
-static int nccl_version;           /* e.g. 22809 */
-
-static void load(void)
-{
-    const char *path = hvl__engine.params.nccl_lib[0] ? hvl__engine.params.nccl_lib : "libnccl.so.2";
-    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-        snprintf(load_error, sizeof(load_error), "NCCL could not be loaded from %s (%s)", path, dlerror());
-        return;
-    }
-    for (size_t i = 0; i < sizeof(symbols) / sizeof(symbols[0]); i++) {
-        *symbols[i].slot = dlsym(lib, symbols[i].name);
-        if (!*symbols[i].slot) {
-            snprintf(load_error, sizeof(load_error), "%s has no %s: NCCL 2.14 or later is needed", path,
-                     symbols[i].name);
-            return;
-        }
-    }
-    if (nc.get_version(&nccl_version) != NC_SUCCESS) {
-        snprintf(load_error, sizeof(load_error), "%s: ncclGetVersion failed", path);
-        return;
-    }
-    hvl__log(HVL_LOG_DEBUG, "NCCL %d.%d.%d loaded from %s", nccl_version / 10000, nccl_version / 100 % 100,
-             nccl_version % 100, path);
-    loaded = 1;
-}
-
-static int load_nccl(void)
-{
-    pthread_once(&load_once, load);
-    return loaded ? HVL_OK : hvl__fail(HVL_ERR_NCCL, "%s", load_error);
-}
-
-/* NCCL's status as the engine's: the call, NCCL's words, and the communicator's last error. */
-static int check(ncclResult_t rc, ncclComm_t comm, const char *what)
-{
-    if (rc == NC_SUCCESS || rc == NC_IN_PROGRESS) return HVL_OK;
-    const char *last = comm && nc.get_last_error ? nc.get_last_error(comm) : NULL;
-    return hvl__fail(HVL_ERR_NCCL, "NCCL: %s failed: %s (%d)%s%s", what, nc.get_error_string(rc), rc,
-                     last && last[0] ? ": " : "", last && last[0] ? last : "");
-}
+#include "nccl_lib.h"
 
 /* ---- which batches NCCL runs ---- */
 static int nccl_dtype(int dtype)
@@ -294,7 +164,7 @@ static void describe_self(int device, member_info *me)
     me->device = device;
     host_key(me->host, sizeof(me->host));
     if (device < 0) return;
-    int rc = load_nccl();
+    int rc = hvl__nccl_load(hvl__engine.params.nccl_lib);
     if (rc == HVL_OK) rc = hvl__cuda_bus_id(device, me->bus, sizeof(me->bus));
     me->ok = rc == HVL_OK;
     if (me->ok && hvl__cuda_pools(device, &me->pools) != HVL_OK) me->pools = 0;   /* no GPU results */
@@ -334,8 +204,8 @@ static int poll_comm(hvl_engine *e, ncclComm_t comm, int mark, const char *what,
         int done = 0;
         if (mark >= 0) HVL_CHECK(hvl__cuda_mark_reached(mark, &done));
         ncclResult_t state = NC_IN_PROGRESS;    /* looked at after the mark too: an error there */
-        HVL_CHECK(check(nc.comm_get_async_error(comm, &state), comm, "ncclCommGetAsyncError"));
-        if (state != NC_SUCCESS && state != NC_IN_PROGRESS) return check(state, comm, what);
+        HVL_CHECK(hvl__nccl_check(hvl__nccl.comm_get_async_error(comm, &state), comm, "ncclCommGetAsyncError"));
+        if (state != NC_SUCCESS && state != NC_IN_PROGRESS) return hvl__nccl_check(state, comm, what);
         if (done || (mark < 0 && state == NC_SUCCESS)) return HVL_OK;
         double waited = hvl__now() - start;
         if (bound.timeout_s > 0 && waited > bound.timeout_s)
@@ -353,7 +223,7 @@ static int create_comm(hvl_engine *e, hvl_pset *ps, nccl_set *s)
     struct { int32_t rc; char id[sizeof(ncclUniqueId)]; } root = {HVL_OK, {0}};
     if (ps->rank == 0) {
         ncclUniqueId id;
-        root.rc = check(nc.get_unique_id(&id), NULL, "ncclGetUniqueId");
+        root.rc = hvl__nccl_check(hvl__nccl.get_unique_id(&id), NULL, "ncclGetUniqueId");
         memcpy(root.id, &id, sizeof(id));
     }
     HVL_CHECK(hvl__bcast_bytes(ps->comm, &root, (int)sizeof(root), 0, hvl__peer_bound(e), "NCCL unique id"));
@@ -365,7 +235,7 @@ static int create_comm(hvl_engine *e, hvl_pset *ps, nccl_set *s)
     nccl_config config = {sizeof(nccl_config), NC_API_MAGIC, NC_CONFIG_VERSION, 0 /* nonblocking */,
                           INT_MIN, INT_MIN, INT_MIN, NULL};
     HVL_CHECK(hvl__cuda_use(s->device));          /* NCCL takes the thread's current device */
-    int rc = check(nc.comm_init_rank_config(&s->comm, ps->size, id, ps->rank, &config), NULL,
+    int rc = hvl__nccl_check(hvl__nccl.comm_init_rank_config(&s->comm, ps->size, id, ps->rank, &config), NULL,
                    "ncclCommInitRankConfig");
     if (rc == HVL_OK) rc = poll_comm(e, s->comm, -1, "ncclCommInitRankConfig", NULL);
     return rc;
@@ -389,7 +259,7 @@ static void abort_release(abort_call *a)
 static void *abort_helper(void *arg)
 {
     abort_call *a = arg;
-    if (hvl__cuda_adopt(a->device) == HVL_OK) nc.comm_abort(a->comm);   /* the comm's context */
+    if (hvl__cuda_adopt(a->device) == HVL_OK) hvl__nccl.comm_abort(a->comm);   /* the comm's context */
     __atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
     abort_release(a);
     return NULL;
@@ -507,10 +377,11 @@ static int prepare(hvl_engine *e, hvl_pset *ps, void *state, const hvl_batch_kin
     agreement.timeout_s *= 3;
     rc = hvl__agree(ps->comm, local, "the NCCL communicator", &everywhere, agreement);
     if (rc == HVL_OK) {
+        int version = hvl__nccl_version();
         s->mode = USE_NCCL;
         if (ps->rank == 0)
             hvl__log(HVL_LOG_INFO, "process set %d: CUDA tensors run on NCCL %d.%d.%d (%d ranks, one GPU each)",
-                     ps->id, nccl_version / 10000, nccl_version / 100 % 100, nccl_version % 100, ps->size);
+                     ps->id, version / 10000, version / 100 % 100, version % 100, ps->size);
     } else if (everywhere) {                /* failed on some member, agreed: staged everywhere */
         drop_comm(s);
         stay_staged(ps, s, hvl_last_error());
@@ -547,7 +418,7 @@ static int reduction_op(nccl_set *s, const hvl_device_batch *b, int nranks, nccl
     case HVL_FLOAT32: scalar.f32 = (float)factor; break;
     default: scalar.f64 = factor; break;
     }
-    HVL_CHECK(check(nc.premulsum_create(op, &scalar, nccl_dtype(k->dtype), NC_SCALAR_HOST, s->comm), s->comm,
+    HVL_CHECK(hvl__nccl_check(hvl__nccl.premulsum_create(op, &scalar, nccl_dtype(k->dtype), NC_SCALAR_HOST, s->comm), s->comm,
                     "ncclRedOpCreatePreMulSum"));
     *custom = 1;
     return HVL_OK;
@@ -588,12 +459,12 @@ static int enqueue_allgather(nccl_set *s, const hvl_pset *ps, const hvl_device_b
     for (int r = 1; r < ps->size; r++) equal &= b->counts[r * k + t] == b->counts[t];
     if (equal)
         return b->counts[t] == 0 ? HVL_OK
-             : check(nc.all_gather(x->input, x->output, (size_t)(b->counts[t] * esize), NC_UINT8, s->comm, stream),
+             : hvl__nccl_check(hvl__nccl.all_gather(x->input, x->output, (size_t)(b->counts[t] * esize), NC_UINT8, s->comm, stream),
                      s->comm, "ncclAllGather");
     for (int r = 0; r < ps->size; r++) {     /* every member skips the same empty ones */
         int64_t bytes = b->counts[r * k + t] * esize;
         if (bytes)
-            HVL_CHECK(check(nc.broadcast(x->input, (char *)x->output + at, (size_t)bytes, NC_UINT8, r, s->comm,
+            HVL_CHECK(hvl__nccl_check(hvl__nccl.broadcast(x->input, (char *)x->output + at, (size_t)bytes, NC_UINT8, r, s->comm,
                                          stream), s->comm, "ncclBroadcast (allgather)"));
         at += bytes;
     }
@@ -609,10 +480,10 @@ static int enqueue_alltoall(nccl_set *s, const hvl_pset *ps, const hvl_device_ba
     for (int r = 0; r < ps->size; r++) {
         int64_t out = b->counts[r] * esize, in = b->counts[ps->size + r] * esize;
         if (out)
-            HVL_CHECK(check(nc.send((const char *)x->input + sent, (size_t)out, NC_UINT8, r, s->comm, stream),
+            HVL_CHECK(hvl__nccl_check(hvl__nccl.send((const char *)x->input + sent, (size_t)out, NC_UINT8, r, s->comm, stream),
                             s->comm, "ncclSend (alltoall)"));
         if (in)
-            HVL_CHECK(check(nc.recv((char *)x->output + received, (size_t)in, NC_UINT8, r, s->comm, stream),
+            HVL_CHECK(hvl__nccl_check(hvl__nccl.recv((char *)x->output + received, (size_t)in, NC_UINT8, r, s->comm, stream),
                             s->comm, "ncclRecv (alltoall)"));
         sent += out;
         received += in;
@@ -627,7 +498,7 @@ static int enqueue(nccl_set *s, const hvl_pset *ps, const hvl_device_batch *b, n
     const hvl_batch_kind *k = &b->kind;
     int type = nccl_dtype(k->dtype), rc;
     int64_t esize = hvl_dtype_size(k->dtype), scratch_off = 0;
-    HVL_CHECK(check(nc.group_start(), s->comm, "ncclGroupStart"));
+    HVL_CHECK(hvl__nccl_check(hvl__nccl.group_start(), s->comm, "ncclGroupStart"));
     rc = HVL_OK;
     for (int i = 0; i < b->ntensors && rc == HVL_OK; i++) {
         const hvl_device_tensor *t = &b->tensors[i];
@@ -643,15 +514,15 @@ static int enqueue(nccl_set *s, const hvl_pset *ps, const hvl_device_batch *b, n
         else if (k->op == HVL_ALLTOALL)
             rc = enqueue_alltoall(s, ps, b, stream);
         else if (k->op == HVL_ALLREDUCE)
-            rc = check(nc.all_reduce(in, out, (size_t)t->count, type, op, s->comm, stream), s->comm, "ncclAllReduce");
+            rc = hvl__nccl_check(hvl__nccl.all_reduce(in, out, (size_t)t->count, type, op, s->comm, stream), s->comm, "ncclAllReduce");
         else if (k->op == HVL_REDUCESCATTER)
-            rc = check(nc.reduce_scatter(in, out, (size_t)b->counts[ps->rank], type, op, s->comm, stream),
+            rc = hvl__nccl_check(hvl__nccl.reduce_scatter(in, out, (size_t)b->counts[ps->rank], type, op, s->comm, stream),
                        s->comm, "ncclReduceScatter");
         else                                 /* broadcast, as bytes; the root copies in to out */
-            rc = check(nc.broadcast(in, out, (size_t)(t->count * esize), NC_UINT8, b->root, s->comm, stream),
+            rc = hvl__nccl_check(hvl__nccl.broadcast(in, out, (size_t)(t->count * esize), NC_UINT8, b->root, s->comm, stream),
                        s->comm, "ncclBroadcast");
     }
-    int end = check(nc.group_end(), s->comm, "ncclGroupEnd");
+    int end = hvl__nccl_check(hvl__nccl.group_end(), s->comm, "ncclGroupEnd");
     return rc != HVL_OK ? rc : end;
 }
 
@@ -720,10 +591,10 @@ static int fused_copies(nccl_set *s, const hvl_device_batch *b, int in)
 static int enqueue_fused(nccl_set *s, const hvl_device_batch *b, ncclRedOp_t op, cudaStream_t stream)
 {
     size_t count = (size_t)(fused_bytes(b) / hvl_dtype_size(b->kind.dtype));
-    HVL_CHECK(check(nc.group_start(), s->comm, "ncclGroupStart"));
-    int rc = check(nc.all_reduce(s->fusion, s->fusion, count, nccl_dtype(b->kind.dtype), op,
+    HVL_CHECK(hvl__nccl_check(hvl__nccl.group_start(), s->comm, "ncclGroupStart"));
+    int rc = hvl__nccl_check(hvl__nccl.all_reduce(s->fusion, s->fusion, count, nccl_dtype(b->kind.dtype), op,
                                  s->comm, stream), s->comm, "ncclAllReduce (fused)");
-    int end = check(nc.group_end(), s->comm, "ncclGroupEnd");
+    int end = hvl__nccl_check(hvl__nccl.group_end(), s->comm, "ncclGroupEnd");
     return rc != HVL_OK ? rc : end;
 }
 
@@ -772,7 +643,7 @@ static int run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device
     if (rc == HVL_OK && !one) rc = fused ? enqueue_fused(s, b, op, stream) : enqueue(s, ps, b, op, stream);
     if (rc == HVL_OK && !one) rc = poll_comm(e, s->comm, -1, what, b->name);   /* the group is queued */
     if (rc == HVL_OK && fused) rc = fused_copies(s, b, 0);      /* after it on the stream */
-    if (custom && rc == HVL_OK) nc.red_op_destroy(op, s->comm);   /* once the calls settled */
+    if (custom && rc == HVL_OK) hvl__nccl.red_op_destroy(op, s->comm);   /* once the calls settled */
     if (rc == HVL_OK && timed) timed = hvl__cuda_time(s->device, 1) == HVL_OK;
     if (rc == HVL_OK) rc = hvl__cuda_mark(s->device);               /* the stream's end of it */
     if (rc == HVL_OK) rc = poll_comm(e, s->comm, s->device, what, b->name);
@@ -797,30 +668,3 @@ const hvl_backend hvl__backend_nccl = {
     .prepare = prepare,
     .run_device = run_device,
 };
-
-#ifdef NCCL_MAJOR
-/* Compiled against nccl.h (tests/unit/test_nccl_plane.py): each slot has the type of the
- * function dlsym fills it from, and the constants and the config prefix are the header's. */
-#include <stddef.h>
-#define SAME(slot, fn) _Static_assert(__builtin_types_compatible_p(__typeof__(nc.slot), __typeof__(&fn)), #fn)
-SAME(get_version, ncclGetVersion); SAME(get_unique_id, ncclGetUniqueId);
-SAME(comm_abort, ncclCommAbort);
-SAME(comm_get_async_error, ncclCommGetAsyncError); SAME(get_error_string, ncclGetErrorString);
-SAME(get_last_error, ncclGetLastError); SAME(all_reduce, ncclAllReduce); SAME(broadcast, ncclBroadcast);
-SAME(reduce_scatter, ncclReduceScatter); SAME(group_start, ncclGroupStart); SAME(group_end, ncclGroupEnd);
-SAME(premulsum_create, ncclRedOpCreatePreMulSum); SAME(red_op_destroy, ncclRedOpDestroy);
-SAME(all_gather, ncclAllGather); SAME(send, ncclSend); SAME(recv, ncclRecv);
-_Static_assert(__builtin_types_compatible_p(__typeof__(nc.comm_init_rank_config),
-               ncclResult_t (*)(ncclComm_t *, int, ncclUniqueId, int, nccl_config *)), "init");
-#define AT(ours, theirs) _Static_assert(offsetof(nccl_config, ours) == offsetof(ncclConfig_t, theirs), #theirs)
-AT(size, size); AT(magic, magic); AT(version, version); AT(blocking, blocking);
-AT(cga_cluster_size, cgaClusterSize); AT(min_ctas, minCTAs); AT(max_ctas, maxCTAs); AT(net_name, netName);
-_Static_assert(NC_SUCCESS == ncclSuccess && NC_IN_PROGRESS == ncclInProgress, "results");
-_Static_assert(NC_INT8 == ncclInt8 && NC_UINT8 == ncclUint8 && NC_INT32 == ncclInt32 && NC_INT64 == ncclInt64 &&
-               NC_FLOAT16 == ncclFloat16 && NC_FLOAT32 == ncclFloat32 && NC_FLOAT64 == ncclFloat64 &&
-               NC_BFLOAT16 == ncclBfloat16, "types");
-_Static_assert(NC_SUM == ncclSum && NC_PROD == ncclProd && NC_MAX == ncclMax && NC_MIN == ncclMin &&
-               NC_AVG == ncclAvg && NC_SCALAR_HOST == ncclScalarHostImmediate && NC_API_MAGIC == NCCL_API_MAGIC,
-               "ops");
-_Static_assert(sizeof(ncclUniqueId) == 128, "unique id");
-#endif

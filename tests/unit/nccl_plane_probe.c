@@ -38,12 +38,13 @@ int probe_can_run(int nccl_chosen, int pools, int op, int reduce_op, int dtype, 
 
 void probe_host_key(char *out, int len) { host_key(out, (size_t)len); }
 
-/* The plane's loader: NCCL's version code once every symbol was found, else -1 with why. */
+/* The plane's loader (the engine's, util/nccl_lib.c, with the library the engine was told):
+ * NCCL's version code once every symbol was found, else -1 with why. */
 int probe_load(char *why, int len)
 {
-    if (load_nccl() != HVL_OK) {
+    if (hvl__nccl_load(hvl__engine.params.nccl_lib) != HVL_OK) {
         snprintf(why, (size_t)len, "%s", hvl_last_error());
         return -1;
     }
-    return nccl_version;
+    return hvl__nccl_version();
 }

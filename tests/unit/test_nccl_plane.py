@@ -1,8 +1,8 @@
-"""The NCCL data plane (csrc/backends/backend_nccl.c), checked on a machine without a GPU.
+"""The NCCL data plane (csrc/backends/backend_nccl.c, its binding csrc/util/nccl_lib.c), checked on a machine without a GPU.
 
 What a GPU-less machine can show (the GPU runs are tests/test_gpu.py's):
 - the plane is built in and first in the registry, and ``--check-build`` says so;
-- its declarations are NVIDIA's: the file compiles against nccl.h (torch's nvidia-nccl wheel,
+- its declarations are NVIDIA's: both files compile against nccl.h (torch's nvidia-nccl wheel,
   which ``make setup`` installs), where static assertions compare every slot with the header's
   prototype, the constants with the header's, and our config struct with the header's prefix;
 - which sets take NCCL: the decision rule and the per-batch rule, called directly (a probe
@@ -56,6 +56,7 @@ def test_plane_declarations_match_nccl_h():
                     "cuda_runtime.h) on this machine")
     compile_c(["-fsyntax-only", "-I", cuda, "-include", header,
                os.path.join(CSRC, "backends", "backend_nccl.c")])
+    compile_c(["-fsyntax-only", "-I", cuda, "-include", header, os.path.join(CSRC, "util", "nccl_lib.c")])
 
 
 @pytest.fixture(scope="module")
