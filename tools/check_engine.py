@@ -42,8 +42,9 @@ PRIVATE_HEADERS = {
     "shm.h": ("backends/",),
     "timeline_writer.h": ("observe/",),
     "stage.h": ("core/execute.c", "core/stage.c", "core/engine.c"),
+    "nccl_lib.h": ("backends/backend_nccl.c", "util/nccl_lib.c"),
 }
-LEAF_FOLDERS = {"util/": {"util.h", "cuda_driver.h", "hvlite.h"}, "kernels/": {"kernels.h", "half.h", "util.h", "hvlite.h"}}
+LEAF_FOLDERS = {"util/": {"util.h", "cuda_driver.h", "nccl_lib.h", "hvlite.h"}, "kernels/": {"kernels.h", "half.h", "util.h", "hvlite.h"}}
 LEAF_CALLS = {"util/": ("util/",), "kernels/": ("kernels/", "util/")}   # where a leaf's callees may live
 
 

@@ -56,8 +56,9 @@ typedef struct hvl_batch_kind {
 } hvl_batch_kind;
 
 /* A batch of CUDA tensors for a device plane (run_device). Inputs were written on the caller's
- * stream up to ready_event (NULL: already written); the plane's work waits for it on the GPU,
- * and when run_device returns the outputs are written. */
+ * stream up to ready_event (NULL: already written); the plane's work waits for it on the GPU.
+ * When run_device returns, the outputs are written, unless the plane left the batch running
+ * (`ticket`). */
 typedef struct {
     const void *input;          /* device pointers; input == output: in place */
     void *output;
@@ -79,9 +80,16 @@ typedef struct {
      * order, with no gaps. */
     const int64_t *counts;
     const char *name;           /* the first tensor's name, for messages */
-    double *inputs_ready;       /* NULL, or (the timeline) where the plane puts when, on the host
-                                   clock, the GPU had every input and began the collective (0:
-                                   unknown) */
+    /* NULL, or (the timeline) where the plane puts, once the batch ended, when on the host
+     * clock the GPU passed each phase's end: [0] every input ready, [1] the inputs copied into
+     * the fusion buffer, [2] the collective, [3] the outputs copied out (0: unknown; equal
+     * times: no such phase). */
+    double *phases;
+    /* NULL: the batch ends before run_device returns. Else the plane may leave it running on
+     * the GPU and put its token here (NULL: it ended), which the engine then hands to settle
+     * until the batch ends (with `phases` there, not above). Buffers and events stay valid
+     * until then. */
+    void **ticket;
 } hvl_device_batch;
 
 typedef struct {
@@ -95,6 +103,12 @@ typedef struct {
     int (*prepare)(hvl_engine *e, hvl_pset *ps, void *state, const hvl_batch_kind *k, int device);
     /* A device plane's whole batch (see Memory kinds). */
     int (*run_device)(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device_batch *b);
+    /* Optional, with run_device: a batch it left running (its ticket). Looks once, or (wait)
+     * until the batch ends, bounded by the peer timeout; *done = 1 once its outputs are
+     * written, and then `phases` (NULL, or as in hvl_device_batch) are filled. The ticket is
+     * freed when this returns *done = 1 or an error (fatal: the batch failed); tickets never
+     * settled are freed by `close`. */
+    int (*settle)(hvl_engine *e, hvl_pset *ps, void *state, void *ticket, int wait, int *done, double *phases);
     /* In place when src == dst. count elements. */
     int (*allreduce)(hvl_engine *e, hvl_pset *ps, void *state, const void *src, void *dst,
                      int64_t count, int dtype, int reduce_op);

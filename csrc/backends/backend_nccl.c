@@ -116,6 +116,17 @@ static int runs(const hvl_batch_kind *k, int nranks)
 static int sized_by_engine(int op) { return op == HVL_ALLGATHER || op == HVL_ALLTOALL; }
 
 /* ---- per set ---- */
+/* A batch on the GPU (run_device, settle): its points on the engine's stream, each the end of
+ * a phase (only ENDED where the timeline does not time it), and what its messages name. */
+enum { IN_READY, COPIED_IN, REDUCED, ENDED, NPOINTS };
+typedef struct nccl_ticket {
+    void *points[NPOINTS];
+    double since;               /* when it was queued */
+    char what[64];              /* "NCCL allreduce" */
+    char *name;                 /* its first tensor's (owned) */
+    struct nccl_ticket *next;   /* the set's other tickets out */
+} nccl_ticket;
+
 enum { UNDECIDED, USE_NCCL, STAGED };
 typedef struct {
     int mode;
@@ -127,6 +138,8 @@ typedef struct {
     int fusion_off;             /* 1 once no member had room for it: fused batches run grouped */
     int abort_stuck;            /* an ncclCommAbort of this set did not return: never free them */
     int64_t zeros_cap, scratch_cap, fusion_cap;
+    nccl_ticket *tickets;       /* batches run_device left running (settle ends them) */
+    double ended_at;            /* when the last of them was seen to end */
 } nccl_set;
 
 /* What each member tells the others when a set decides (int64 words for the exchange). */
@@ -193,26 +206,44 @@ static int verdict(const hvl_pset *ps, const member_info *all, char *why, size_t
     return 1;
 }
 
-/* Polls, under the peer bound, until the communicator's last call settled (mark < 0), or until
- * the engine's stream of device `mark` reached its mark; NCCL's asynchronous error is looked at
- * every turn either way. `what` (and `name`, the tensor, or NULL) go into the messages. */
-static int poll_comm(hvl_engine *e, ncclComm_t comm, int mark, const char *what, const char *name)
+/* One look at the communicator: *done = 1 once the engine's stream of device `dev` passed
+ * `event` (NULL: the device's mark), or, with dev < 0, once the communicator's last call
+ * settled. NCCL's asynchronous error is looked at after the event too: an error there fails. */
+static int look(ncclComm_t comm, int dev, void *event, const char *what, int *done)
+{
+    *done = 0;
+    if (dev >= 0) HVL_CHECK(event ? hvl__cuda_event_reached(dev, event, done) : hvl__cuda_mark_reached(dev, done));
+    ncclResult_t state = NC_IN_PROGRESS;
+    HVL_CHECK(hvl__nccl_check(hvl__nccl.comm_get_async_error(comm, &state), comm, "ncclCommGetAsyncError"));
+    if (state != NC_SUCCESS && state != NC_IN_PROGRESS) return hvl__nccl_check(state, comm, what);
+    if (dev < 0) *done = state == NC_SUCCESS;
+    return HVL_OK;
+}
+
+/* HVL_ERR_TIMEOUT once nothing moved since `since` for the peer timeout; the engine's shutdown
+ * and fatal flags as every bounded wait sees them. `what` and `name` (the tensor, or NULL) go
+ * into the message. */
+static int overdue(const hvl_bound *bound, double since, const char *what, const char *name)
+{
+    double waited = hvl__now() - since;
+    if (bound->timeout_s > 0 && waited > bound->timeout_s)
+        return hvl__fail(HVL_ERR_TIMEOUT, "%s%s%s%s: no progress in %.0f s (HVLITE_PEER_TIMEOUT_SECONDS): "
+                         "a peer is stopped, has died or cannot be reached", what, name ? " of tensor '" : "",
+                         name ? name : "", name ? "'" : "", waited);
+    return hvl__bound_flags(bound, waited, what);
+}
+
+/* look() until done, under the peer bound from `since`. */
+static int poll_comm(hvl_engine *e, ncclComm_t comm, int dev, void *event, double since, const char *what,
+                     const char *name)
 {
     hvl_bound bound = hvl__peer_bound(e);
-    double start = hvl__now(), nap_s = 2e-6;
+    double nap_s = 2e-6;
     for (;;) {
         int done = 0;
-        if (mark >= 0) HVL_CHECK(hvl__cuda_mark_reached(mark, &done));
-        ncclResult_t state = NC_IN_PROGRESS;    /* looked at after the mark too: an error there */
-        HVL_CHECK(hvl__nccl_check(hvl__nccl.comm_get_async_error(comm, &state), comm, "ncclCommGetAsyncError"));
-        if (state != NC_SUCCESS && state != NC_IN_PROGRESS) return hvl__nccl_check(state, comm, what);
-        if (done || (mark < 0 && state == NC_SUCCESS)) return HVL_OK;
-        double waited = hvl__now() - start;
-        if (bound.timeout_s > 0 && waited > bound.timeout_s)
-            return hvl__fail(HVL_ERR_TIMEOUT, "%s%s%s%s: no progress in %.0f s (HVLITE_PEER_TIMEOUT_SECONDS): "
-                             "a peer is stopped, has died or cannot be reached", what, name ? " of tensor '" : "",
-                             name ? name : "", name ? "'" : "", waited);
-        HVL_CHECK(hvl__bound_flags(&bound, waited, what));
+        HVL_CHECK(look(comm, dev, event, what, &done));
+        if (done) return HVL_OK;
+        HVL_CHECK(overdue(&bound, since, what, name));
         hvl__nap(&nap_s, 50e-6);            /* NCCL calls take microseconds and up: short naps */
     }
 }
@@ -237,7 +268,7 @@ static int create_comm(hvl_engine *e, hvl_pset *ps, nccl_set *s)
     HVL_CHECK(hvl__cuda_use(s->device));          /* NCCL takes the thread's current device */
     int rc = hvl__nccl_check(hvl__nccl.comm_init_rank_config(&s->comm, ps->size, id, ps->rank, &config), NULL,
                    "ncclCommInitRankConfig");
-    if (rc == HVL_OK) rc = poll_comm(e, s->comm, -1, "ncclCommInitRankConfig", NULL);
+    if (rc == HVL_OK) rc = poll_comm(e, s->comm, -1, NULL, hvl__now(), "ncclCommInitRankConfig", NULL);
     return rc;
 }
 
@@ -300,6 +331,65 @@ static void drop_comm(nccl_set *s)
     abort_release(a);
 }
 
+static void ticket_free(nccl_set *s, nccl_ticket *t)
+{
+    nccl_ticket **at = &s->tickets;
+    while (*at && *at != t) at = &(*at)->next;
+    if (*at) *at = t->next;
+    for (int i = 0; i < NPOINTS; i++) hvl__cuda_event_free(s->device, t->points[i]);
+    free(t->name);
+    free(t);
+}
+
+/* A ticket for batch b, on the set's list; its points timed where the timeline asks (b->phases)
+ * and the driver can, else only ENDED. */
+static int ticket_new(nccl_set *s, const hvl_device_batch *b, nccl_ticket **out)
+{
+    nccl_ticket *t = calloc(1, sizeof(*t));
+    *out = NULL;
+    if (!t || !(t->name = strdup(b->name ? b->name : ""))) {
+        free(t);
+        return hvl__oom("an NCCL batch's ticket");
+    }
+    t->since = hvl__now();
+    snprintf(t->what, sizeof(t->what), "NCCL %s", hvl__op_name(b->kind.op));
+    t->next = s->tickets;
+    s->tickets = t;
+    int timed = b->phases != NULL;
+    for (int i = 0; i < NPOINTS && timed; i++)
+        timed = hvl__cuda_event_new(s->device, 1, &t->points[i]) == HVL_OK;
+    if (!timed) {                           /* untimed: the end alone */
+        for (int i = 0; i < NPOINTS; i++) hvl__cuda_event_free(s->device, t->points[i]);
+        memset(t->points, 0, sizeof(t->points));
+        int rc = hvl__cuda_event_new(s->device, 0, &t->points[ENDED]);
+        if (rc != HVL_OK) {
+            ticket_free(s, t);
+            return rc;
+        }
+    }
+    *out = t;
+    return HVL_OK;
+}
+
+/* The ticket's point `i` at the stream's current end (untimed tickets have only ENDED). */
+static int ticket_point(nccl_set *s, nccl_ticket *t, int i)
+{
+    return t->points[i] ? hvl__cuda_event_record(s->device, t->points[i]) : HVL_OK;
+}
+
+/* The ended ticket's phases on the host clock (hvl_device_batch.phases): each point's GPU time
+ * before the end, back from now, when the end was seen (late by the polling interval at most). */
+static void ticket_phases(nccl_set *s, const nccl_ticket *t, double *phases)
+{
+    double now = hvl__now();
+    for (int i = 0; i < NPOINTS; i++) {
+        double before = 0;
+        int known = t->points[i] && (i == ENDED || hvl__cuda_event_seconds(s->device, t->points[i],
+                                                                            t->points[ENDED], &before) == HVL_OK);
+        phases[i] = known ? now - before : 0;
+    }
+}
+
 static int open_set(hvl_engine *e, hvl_pset *ps, void **state)
 {
     (void)e; (void)ps;
@@ -315,6 +405,7 @@ static void close_set(void *state, int clean)
     nccl_set *s = state;
     (void)clean;
     drop_comm(s);
+    while (s->tickets) ticket_free(s, s->tickets);   /* the engine's stop gave up on them */
     if (!s->abort_stuck) {                  /* else a stuck abort may still use them: they leak */
         hvl__cuda_device_free(s->device, s->zeros);
         hvl__cuda_device_free(s->device, s->scratch);
@@ -424,10 +515,17 @@ static int reduction_op(nccl_set *s, const hvl_device_batch *b, int nranks, nccl
     return HVL_OK;
 }
 
-/* Device room for a joined rank's stand-ins: zeros as input, scratch for the outputs. */
-static int grow(int dev, void **buf, int64_t *cap, int64_t need, int zero)
+/* A device buffer of the set, grown to `need` bytes (zeroed if `zero`). The old one goes once
+ * the stream passed every batch left running, which may still use it (a bounded wait; cuMemFree
+ * would wait for the whole device anyway). */
+static int grow(hvl_engine *e, nccl_set *s, void **buf, int64_t *cap, int64_t need, int zero)
 {
+    int dev = s->device;
     if (need <= *cap) return HVL_OK;
+    if (s->tickets && *buf) {
+        HVL_CHECK(hvl__cuda_mark(dev));
+        HVL_CHECK(poll_comm(e, s->comm, dev, NULL, hvl__now(), "NCCL batches before a buffer grows", NULL));
+    }
     hvl__cuda_device_free(dev, *buf);
     *buf = NULL;
     *cap = 0;
@@ -436,7 +534,8 @@ static int grow(int dev, void **buf, int64_t *cap, int64_t need, int zero)
     return zero ? hvl__cuda_zero(dev, *buf, need) : HVL_OK;
 }
 
-static int stand_ins(nccl_set *s, const hvl_device_batch *b)
+/* Device room for a joined rank's stand-ins: zeros as input, scratch for the outputs. */
+static int stand_ins(hvl_engine *e, nccl_set *s, const hvl_device_batch *b)
 {
     int64_t esize = hvl_dtype_size(b->kind.dtype), most = 0, total = 0;
     for (int i = 0; i < b->ntensors; i++)
@@ -445,8 +544,8 @@ static int stand_ins(nccl_set *s, const hvl_device_batch *b)
             total += (b->tensors[i].count * esize + 255) / 256 * 256;   /* each its own output */
         }
     if (!total) return HVL_OK;
-    HVL_CHECK(grow(s->device, &s->zeros, &s->zeros_cap, most * esize, 1));
-    return grow(s->device, &s->scratch, &s->scratch_cap, total, 0);
+    HVL_CHECK(grow(e, s, &s->zeros, &s->zeros_cap, most * esize, 1));
+    return grow(e, s, &s->scratch, &s->scratch_cap, total, 0);
 }
 
 /* Tensor t of an allgather: one ncclAllGather where every member gives as many elements, else
@@ -552,7 +651,7 @@ static int fusion_room(hvl_engine *e, const hvl_pset *ps, nccl_set *s, int64_t n
     *room = 1;
     if (need <= s->fusion_cap) return HVL_OK;
     int everywhere = 0;
-    int rc = hvl__agree(ps->comm, grow(s->device, &s->fusion, &s->fusion_cap, need, 0),
+    int rc = hvl__agree(ps->comm, grow(e, s, &s->fusion, &s->fusion_cap, need, 0),
                         "the NCCL fusion buffer", &everywhere, hvl__peer_bound(e));
     if (rc == HVL_OK || !everywhere) return rc;
     *room = 0;
@@ -615,11 +714,52 @@ static int one_rank_copies(nccl_set *s, const hvl_device_batch *b)
     return HVL_OK;
 }
 
+/* A failure of the set's NCCL (fatal to the engine): the communicator is aborted, so its other
+ * tickets fail too, and the peers, which may be mid-collective, never hang on this one. */
+static int fail_set(nccl_set *s, int rc)
+{
+    char message[1024];
+    snprintf(message, sizeof(message), "%s", hvl_last_error());
+    drop_comm(s);
+    s->mode = STAGED;
+    return hvl__fail(rc, "%s", message);
+}
+
+/* See backend.h. A batch's end is bounded from when the set's previous batch ended, or from its
+ * own queueing if later: a batch behind another waits for it on the stream. */
+static int settle(hvl_engine *e, hvl_pset *ps, void *state, void *ticket, int wait, int *done, double *phases)
+{
+    nccl_set *s = state;
+    nccl_ticket *t = ticket;
+    double since = t->since > s->ended_at ? t->since : s->ended_at;
+    int rc;
+    (void)ps;
+    *done = 0;
+    if (!s->comm) {
+        rc = hvl__fail(HVL_ERR_NCCL, "%s of tensor '%s': an NCCL batch of its process set failed before it "
+                       "ended", t->what, t->name);
+    } else if (wait) {
+        rc = poll_comm(e, s->comm, s->device, t->points[ENDED], since, t->what, t->name);
+        *done = rc == HVL_OK;
+    } else {
+        hvl_bound bound = hvl__peer_bound(e);
+        rc = look(s->comm, s->device, t->points[ENDED], t->what, done);
+        if (rc == HVL_OK && !*done) rc = overdue(&bound, since, t->what, t->name);
+    }
+    if (rc == HVL_OK && *done) {
+        s->ended_at = hvl__now();
+        if (phases) ticket_phases(s, t, phases);
+    }
+    if (rc != HVL_OK && s->comm) rc = fail_set(s, rc);
+    if (rc != HVL_OK || *done) ticket_free(s, t);
+    return rc;
+}
+
+/* The batch on the engine's stream: after its inputs' events, its copies and NCCL calls, each
+ * phase's end marked on its ticket; then left running (b->ticket) or waited for here. */
 static int run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device_batch *b)
 {
     nccl_set *s = state;
-    char what[64];
-    snprintf(what, sizeof(what), "NCCL %s", hvl__op_name(b->kind.op));
     int reduces = b->kind.op == HVL_ALLREDUCE || b->kind.op == HVL_REDUCESCATTER;
     for (int i = 0; i < b->ntensors; i++)
         if (b->tensors[i].device >= 0 && b->tensors[i].device != s->device)
@@ -627,37 +767,38 @@ static int run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device
                              "for process set %d is on cuda:%d (its first CUDA tensor's): one GPU per rank",
                              b->name, b->tensors[i].device, ps->id, s->device);
     void *stream;
+    nccl_ticket *t = NULL;
     int rc = hvl__cuda_stream(s->device, &stream);
     for (int i = 0; i < b->ntensors && rc == HVL_OK; i++)
         if (b->tensors[i].ready_event) rc = hvl__cuda_wait_event(s->device, b->tensors[i].ready_event);
     int one = ps->size == 1 && b->kind.op != HVL_ALLGATHER && b->kind.op != HVL_ALLTOALL;
     int fused = !one && fuses(e, s, b);
     if (rc == HVL_OK && fused) rc = fusion_room(e, ps, s, fused_bytes(b), &fused);
-    if (rc == HVL_OK && !fused && !one) rc = stand_ins(s, b);
+    if (rc == HVL_OK && !fused && !one) rc = stand_ins(e, s, b);
     ncclRedOp_t op = NC_SUM;
-    int custom = 0, timed = 0;
+    int custom = 0;
     if (rc == HVL_OK && reduces && !one) rc = reduction_op(s, b, ps->size, &op, &custom);
-    if (rc == HVL_OK && b->inputs_ready) timed = hvl__cuda_time(s->device, 0) == HVL_OK;   /* inputs in */
+    if (rc == HVL_OK) rc = ticket_new(s, b, &t);
+    if (rc == HVL_OK) rc = ticket_point(s, t, IN_READY);
     if (rc == HVL_OK && one) rc = one_rank_copies(s, b);
     if (rc == HVL_OK && fused) rc = fused_copies(s, b, 1);
+    if (rc == HVL_OK) rc = ticket_point(s, t, COPIED_IN);
     if (rc == HVL_OK && !one) rc = fused ? enqueue_fused(s, b, op, stream) : enqueue(s, ps, b, op, stream);
-    if (rc == HVL_OK && !one) rc = poll_comm(e, s->comm, -1, what, b->name);   /* the group is queued */
-    if (rc == HVL_OK && fused) rc = fused_copies(s, b, 0);      /* after it on the stream */
+    if (rc == HVL_OK && !one) rc = poll_comm(e, s->comm, -1, NULL, hvl__now(), t->what, b->name);   /* queued */
     if (custom && rc == HVL_OK) hvl__nccl.red_op_destroy(op, s->comm);   /* once the calls settled */
-    if (rc == HVL_OK && timed) timed = hvl__cuda_time(s->device, 1) == HVL_OK;
-    if (rc == HVL_OK) rc = hvl__cuda_mark(s->device);               /* the stream's end of it */
-    if (rc == HVL_OK) rc = poll_comm(e, s->comm, s->device, what, b->name);
-    double collective_s;                     /* the timeline: inputs in to the group's end, on the GPU */
-    if (rc == HVL_OK && timed && hvl__cuda_elapsed(s->device, &collective_s) == HVL_OK)
-        *b->inputs_ready = hvl__now() - collective_s;
-    if (rc != HVL_OK) {                      /* the peers may be mid-collective: never hang on it */
-        char message[1024];
-        snprintf(message, sizeof(message), "%s", hvl_last_error());
-        drop_comm(s);
-        s->mode = STAGED;
-        hvl__fail(rc, "%s", message);
+    if (rc == HVL_OK) rc = ticket_point(s, t, REDUCED);
+    if (rc == HVL_OK && fused) rc = fused_copies(s, b, 0);      /* after it on the stream */
+    if (rc == HVL_OK) rc = ticket_point(s, t, ENDED);
+    if (rc == HVL_OK && b->ticket) {
+        *b->ticket = t;
+        return HVL_OK;
     }
-    return rc;
+    if (rc == HVL_OK) {
+        int done = 0;
+        return settle(e, ps, s, t, 1, &done, b->phases);   /* frees the ticket */
+    }
+    if (t) ticket_free(s, t);
+    return fail_set(s, rc);
 }
 
 const hvl_backend hvl__backend_nccl = {
@@ -667,4 +808,5 @@ const hvl_backend hvl__backend_nccl = {
     .can_run = can_run,
     .prepare = prepare,
     .run_device = run_device,
+    .settle = settle,
 };

@@ -61,6 +61,9 @@ int hvl__queue_claim(hvl_engine *e, const hvl_response_list *agreed, const hvl_r
                      hvl_entry **entries, int *n);
 /* The one completion call: completes en's handle with o (moved) and frees the entry. */
 void hvl__entry_finish(hvl_engine *e, hvl_entry *en, hvl_outcome *o);
+/* The entry's batch runs on past this cycle (a device batch left running): it leaves the
+ * pending map and list, so negotiation no longer sees it, and waits for hvl__entry_finish. */
+void hvl__entry_detach(hvl_engine *e, hvl_entry *en);
 void hvl__queue_fail_set(hvl_engine *e, int set, const char *message);  /* pending entries of a set */
 void hvl__queue_fail_all(hvl_engine *e, int status, const char *message);  /* stops accepting */
 
@@ -87,7 +90,7 @@ typedef struct {
     int failed_everywhere;      /* set by the run: its error was agreed by every member, so it
                                    fails this batch only and the engine goes on */
     int timed;                  /* the timeline records it: a device plane times its phases */
-    double inputs_ready;        /* timed device batch: when its inputs were ready (0: unknown) */
+    double phases[4];           /* timed device batch: its phases' ends (hvl_device_batch.phases) */
 } hvl_batch;
 typedef struct { hvl_batch *items; int count; hvl_entry **entry_store; } hvl_batch_list;
 /* Groups the agreed OK responses (resps[i] is entries[i]'s) in order; same result on every rank. */
@@ -101,6 +104,13 @@ struct hvl_batch_kind;
  * ranks may be out of step) unless the batch says it failed everywhere; the fatal status is
  * returned. */
 int hvl__execute(hvl_engine *e, hvl_batch_list *batches);
+/* Device batches left running on the GPU (HVLITE_NCCL_OVERLAP), oldest first: those that ended
+ * finish (with wait, every one, each bounded by the peer timeout). A failure is fatal: it fails
+ * every batch still running, and its status is returned. */
+int hvl__execute_settle(hvl_engine *e, int wait);
+/* The engine stops with `message`: the batches still running fail with it (their tickets are
+ * the planes' to free when the sets close). */
+void hvl__execute_abandon(hvl_engine *e, int status, const char *message);
 /* gather.c: allgather (fused batches) and alltoall; results go into o[] (one per entry). */
 int hvl__run_allgather(hvl_engine *e, const struct hvl_plane *p, hvl_batch *b, hvl_outcome *o);
 int hvl__run_alltoall(hvl_engine *e, const struct hvl_plane *p, hvl_batch *b, hvl_outcome *o);

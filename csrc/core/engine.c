@@ -165,6 +165,9 @@ static void teardown(hvl_engine *e, int clean)
     hvl__psets_destroy(e, clean);
     free(e->fusion_buf);
     free(e->scratch_buf);
+    free(e->in_flight);             /* empty: bg_main finished or failed every batch in it */
+    e->in_flight = NULL;
+    e->nin_flight = e->in_flight_cap = 0;
     hvl__stage_free(e);             /* pinned memory and CUDA streams, if CUDA was ever used */
     hvl_buffer_cache_trim();        /* idle result buffers; those still held are freed later */
     e->negotiation = NULL;
@@ -181,14 +184,15 @@ static void teardown(hvl_engine *e, int clean)
     }
 }
 
-/* Sleeps until a request a drain would take arrives (a burst's, at its end), shutdown is asked,
- * or the tick at `deadline`. */
-static void wait_for_work(hvl_engine *e, double deadline)
+/* Sleeps until a request a drain would take arrives (a burst's, at its end) or shutdown is asked
+ * (1), or until `deadline` (0). */
+static int sleep_until(hvl_engine *e, double deadline)
 {
+    int woken = 0;
     pthread_mutex_lock(&e->queue_lock);
-    while (!__atomic_load_n(&e->shutdown_requested, __ATOMIC_ACQUIRE)) {
+    while (!(woken = __atomic_load_n(&e->shutdown_requested, __ATOMIC_ACQUIRE))) {
         double now = hvl__now(), until = deadline;
-        if (hvl__queue_has_work(e, now, &until)) break;
+        if ((woken = hvl__queue_has_work(e, now, &until))) break;
         double left = until - now;
         if (left <= 0) break;
         struct timespec ts;
@@ -199,6 +203,23 @@ static void wait_for_work(hvl_engine *e, double deadline)
         pthread_cond_timedwait(&e->wake_cond, &e->queue_lock, &ts);
     }
     pthread_mutex_unlock(&e->queue_lock);
+    return woken;
+}
+
+/* While device batches run on the GPU (HVLITE_NCCL_OVERLAP), the wait looks at them this often:
+ * their handles complete when they are seen to end. */
+#define IN_FLIGHT_LOOK_S 50e-6
+
+/* Waits for work (sleep_until) up to `deadline`, finishing the device batches that end
+ * meanwhile; non-OK if one failed (fatal). */
+static int wait_for_work(hvl_engine *e, double deadline)
+{
+    for (;;) {
+        HVL_CHECK(hvl__execute_settle(e, 0));
+        double until = deadline, look = hvl__now() + IN_FLIGHT_LOOK_S;
+        if (e->nin_flight && look < until) until = look;
+        if (sleep_until(e, until) || hvl__now() >= deadline) return HVL_OK;
+    }
 }
 
 /* A rank with nothing pending has nothing to agree on: it sleeps until a request arrives (a
@@ -248,8 +269,8 @@ static int run_cycles(hvl_engine *e)
     int rc = HVL_OK;
     while (rc == HVL_OK) {
         double cycle_s = e->params.cycle_time_ms * 1e-3;   /* autotune may change it */
-        wait_for_work(e, hvl__now() + (e->pending_head ? cycle_s : IDLE_TICK_S));
-        rc = run_cycle(e, &agreed);
+        rc = wait_for_work(e, hvl__now() + (e->pending_head ? cycle_s : IDLE_TICK_S));
+        if (rc == HVL_OK) rc = run_cycle(e, &agreed);
         hvl__responses_clear(&agreed);
     }
     free(agreed.items);
@@ -304,6 +325,11 @@ static void *bg_main(void *arg)
         hvl__log(HVL_LOG_ERROR, "engine stopped: %s", message);
     }
     hvl__mark_stopped(message);    /* before the callers hear why (a peer's shutdown stops us too) */
+    /* Device batches still on the GPU: an agreed stop lets them end (every rank queued them);
+     * any other stop fails them at once, as the peers may never run their part. */
+    if (rc == HVL_ERR_SHUT_DOWN && e->stop_agreed && hvl__execute_settle(e, 1) != HVL_OK)
+        stop_reason(hvl__last_status(), message, sizeof(message));
+    hvl__execute_abandon(e, rc, message);
     hvl__queue_fail_all(e, rc, message);
     teardown(e, rc == HVL_ERR_SHUT_DOWN && e->stop_agreed);   /* not after a wait gave up on shutdown */
     return NULL;

@@ -46,6 +46,7 @@ typedef struct {
     int64_t shm_chunk;          /* bytes per shared-memory pipeline step (per rank and buffer) */
     int nccl_disable;           /* 1: CUDA tensors never use NCCL (the staged path) */
     int nccl_grouped;           /* 1: fused NCCL batches as groups of per-tensor calls, no buffer */
+    int nccl_overlap;           /* 1: NCCL batches run on while the engine negotiates the next */
     char nccl_lib[HVL_PATH_MAX];   /* the NCCL library to load; "" = the loader's libnccl.so.2 */
     int test_fake_hosts;        /* tests only: split each host's ranks as if on this many hosts */
     char test_stop_at[HVL_PATH_MAX];   /* tests only: "R:POINT", see hvl__test_stop_point */
@@ -132,6 +133,8 @@ struct hvl_engine {
     int64_t stage_cap;
     void *stage_retired;        /* outgrown staging buffers, a list through their first bytes */
     int stage_stuck;            /* a staged copy never finished: stage nothing more (stage.c) */
+    struct hvl_in_flight *in_flight;   /* device batches left running on the GPU, oldest first */
+    int nin_flight, in_flight_cap;     /* (execute.c; HVLITE_NCCL_OVERLAP) */
 
     hvl_counters counters;      /* written by bg with relaxed atomics, read by anyone */
     struct { int64_t collectives, bytes; } plane_counts[HVL_MAX_BACKENDS];   /* the same; by registry slot */

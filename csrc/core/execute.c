@@ -274,8 +274,10 @@ static int run_staged(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outco
 /* A batch of CUDA tensors on a device plane: the plane gets the device pointers and runs it
  * whole (fusion included). A joined rank's stand-ins are host memory with device -1. Allgather
  * and alltoall, whose results the engine sizes, go through gather.c; where a member's GPU had no
- * room for its results, every member runs the batch staged instead (*p says where it ran). */
-static int run_device(hvl_engine *e, hvl_plane *p, const hvl_batch_kind *k, hvl_batch *b, hvl_outcome *o)
+ * room for its results, every member runs the batch staged instead (*p says where it ran).
+ * ticket: NULL, or where the plane may leave its token for a batch it left running. */
+static int run_device(hvl_engine *e, hvl_plane *p, const hvl_batch_kind *k, hvl_batch *b, hvl_outcome *o,
+                      void **ticket)
 {
     if (b->op == HVL_ALLGATHER || b->op == HVL_ALLTOALL) {
         int restage = 0;
@@ -284,7 +286,7 @@ static int run_device(hvl_engine *e, hvl_plane *p, const hvl_batch_kind *k, hvl_
         if (rc != HVL_OK || !restage) return rc;
         *p = hvl__plane_staged(e, b->ps, k);
         b->backend = p->be->name;
-        b->inputs_ready = 0;
+        memset(b->phases, 0, sizeof(b->phases));
         return run_staged(e, p, b, o, "a GPU had no room for its results (at least once)");
     }
     hvl_device_tensor *t = calloc((size_t)b->count, sizeof(*t));
@@ -306,7 +308,7 @@ static int run_device(hvl_engine *e, hvl_plane *p, const hvl_batch_kind *k, hvl_
     }
     int root = b->op == HVL_BROADCAST ? hvl__pset_rank_of(b->ps, b->root_rank) : 0;
     hvl_device_batch db = {*k, root, b->count, t, counts, b->entries[0]->d.name,
-                           b->timed ? &b->inputs_ready : NULL};
+                           b->timed ? b->phases : NULL, ticket};
     rc = p->be->run_device(e, b->ps, p->state, &db);
 out:
     free(t);
@@ -331,38 +333,141 @@ static int batch_device(const hvl_batch *b)
     return -1;
 }
 
-/* One batch on its plane; its entries finish with the outcome. */
-static int execute_one(hvl_engine *e, hvl_batch *b)
+/* The end of a batch's run: the trace, the timeline, its entries finished with rc (o: their
+ * outcomes), and one wake-up for the waiters. */
+static void conclude(hvl_engine *e, hvl_batch *b, double t0, int rc, hvl_outcome *o)
 {
-    int data = hvl__op_is(b->op, HVL_OPF_DATA);
-    hvl_batch_kind k = kind_of(b);
-    if (data && b->memory != HVL_MEMORY_HOST) HVL_CHECK(hvl__planes_prepare(e, b->ps, &k, batch_device(b)));
-    hvl_outcome *o = calloc((size_t)b->count, sizeof(hvl_outcome));
-    if (!o) return hvl__oom("a batch's outcomes");
-    hvl_plane p = data ? hvl__plane_for(e, b->ps, &k) : (hvl_plane){0};
-    b->backend = data ? p.be->name : "none";
-    b->timed = hvl__tl_active();
-    double t0 = hvl__now();
-    int rc = p.staged ? run_staged(e, &p, b, o, NULL)
-           : data && b->memory != HVL_MEMORY_HOST ? run_device(e, &p, &k, b, o)
-           : run_batch(e, &p, b, o);
-    rc = hvl__peers_explain(e, rc);          /* a timeout names the silent ranks */
-    if (data) {
-        hvl__count(&e->counters.collectives, 1);
-        hvl__plane_count(e, &p, b->bytes);
-    }
     hvl__log(HVL_LOG_TRACE, "batch: %s of %d tensors, %lld bytes, %.1f us, backend %s", hvl__op_name(b->op),
              b->count, (long long)b->bytes, (hvl__now() - t0) * 1e6, b->backend);
     if (hvl__tl_active()) {
-        if (b->inputs_ready > 0) hvl__tl_device_phases(t0, b->inputs_ready);
+        if (b->phases[3] > 0) hvl__tl_device_phases(t0, b->phases);
         hvl__tl_batch(b, t0, rc);
     }
     /* An error not every member agreed on stops the engine: say so before the callers hear of
      * it, so that is_initialized() is already False then and an init() after it starts anew. */
     if (rc != HVL_OK && !b->failed_everywhere) hvl__mark_stopped(hvl_last_error());
     finish_batch(e, b, rc, o);
-    free(o);
     hvl__handles_notify();   /* one wake-up per batch, not per tensor */
+}
+
+/* ---- device batches left running (HVLITE_NCCL_OVERLAP) ----
+ * A device plane with settle may leave an allreduce, broadcast or reducescatter running on the
+ * GPU: the engine goes back to negotiating, and queues the next batches behind it on the
+ * plane's stream, while the handles wait for the GPU. Their entries leave the pending map
+ * (negotiation no longer sees them) and are finished here once the plane says the batch ended
+ * (hvl__execute_settle, from the engine's wait). They all belong to one set; every other op
+ * without data (barrier, join, set changes) and a batch of another set first wait for them. */
+typedef struct hvl_in_flight {
+    hvl_batch b;                /* b.entries owned here */
+    hvl_plane p;
+    void *ticket;
+    double t0;                  /* when its run began */
+} hvl_in_flight;
+
+static void in_flight_pop(hvl_engine *e, hvl_in_flight *out)
+{
+    *out = e->in_flight[0];
+    memmove(e->in_flight, e->in_flight + 1, sizeof(hvl_in_flight) * (size_t)--e->nin_flight);
+}
+
+void hvl__execute_abandon(hvl_engine *e, int status, const char *message)
+{
+    while (e->nin_flight) {
+        hvl_in_flight r;
+        in_flight_pop(e, &r);
+        for (int i = 0; i < r.b.count; i++) {
+            hvl_outcome o = {.status = status, .message = strdup(message)};
+            hvl__entry_finish(e, r.b.entries[i], &o);
+        }
+        free(r.b.entries);
+    }
+    hvl__handles_notify();
+}
+
+int hvl__execute_settle(hvl_engine *e, int wait)
+{
+    while (e->nin_flight) {
+        hvl_in_flight *r = &e->in_flight[0];
+        int done = 0;
+        int rc = r->p.be->settle(e, r->b.ps, r->p.state, r->ticket, wait, &done, r->b.timed ? r->b.phases : NULL);
+        if (rc == HVL_OK && !done) return HVL_OK;            /* the oldest runs on: so do the others */
+        rc = hvl__peers_explain(e, rc);
+        hvl_in_flight ended;
+        hvl_outcome o = {0};
+        in_flight_pop(e, &ended);
+        conclude(e, &ended.b, ended.t0, rc, &o);
+        free(ended.b.entries);
+        if (rc != HVL_OK) {
+            char message[1024];
+            snprintf(message, sizeof(message), "%s", hvl_last_error());
+            hvl__execute_abandon(e, rc, message);
+            return hvl__fail(rc, "%s", message);
+        }
+    }
+    return HVL_OK;
+}
+
+/* Keeps a batch the plane left running (its ticket) until it ends. */
+static int keep_running(hvl_engine *e, hvl_batch *b, const hvl_plane *p, void *ticket, double t0)
+{
+    hvl_entry **entries = malloc(sizeof(*entries) * (size_t)b->count);
+    if (entries && e->nin_flight == e->in_flight_cap) {
+        int cap = e->in_flight_cap ? e->in_flight_cap * 2 : 8;
+        hvl_in_flight *grown = realloc(e->in_flight, sizeof(*grown) * (size_t)cap);
+        if (grown) e->in_flight = grown, e->in_flight_cap = cap;
+    }
+    if (!entries || e->nin_flight == e->in_flight_cap) {   /* no room to keep it: wait for it here */
+        int done = 0, rc = p->be->settle(e, b->ps, p->state, ticket, 1, &done, b->timed ? b->phases : NULL);
+        hvl_outcome o = {0};
+        free(entries);
+        rc = hvl__peers_explain(e, rc);
+        conclude(e, b, t0, rc, &o);
+        return rc;
+    }
+    memcpy(entries, b->entries, sizeof(*entries) * (size_t)b->count);
+    for (int i = 0; i < b->count; i++) hvl__entry_detach(e, entries[i]);
+    hvl_in_flight *r = &e->in_flight[e->nin_flight++];
+    *r = (hvl_in_flight){*b, *p, ticket, t0};
+    r->b.entries = entries;
+    return HVL_OK;
+}
+
+/* 1 if the batch may be left running on plane p. */
+static int may_run_on(const hvl_engine *e, const hvl_batch *b, const hvl_plane *p)
+{
+    return e->params.nccl_overlap && b->memory != HVL_MEMORY_HOST && !p->staged && p->be->settle &&
+           b->op != HVL_ALLGATHER && b->op != HVL_ALLTOALL;
+}
+
+/* One batch on its plane; its entries finish with the outcome, or once the GPU ends it. */
+static int execute_one(hvl_engine *e, hvl_batch *b)
+{
+    int data = hvl__op_is(b->op, HVL_OPF_DATA);
+    hvl_batch_kind k = kind_of(b);
+    if (data && b->memory != HVL_MEMORY_HOST) HVL_CHECK(hvl__planes_prepare(e, b->ps, &k, batch_device(b)));
+    hvl_plane p = data ? hvl__plane_for(e, b->ps, &k) : (hvl_plane){0};
+    int overlap = data && may_run_on(e, b, &p);
+    if (e->nin_flight && (!data || (overlap && e->in_flight[0].b.ps != b->ps))) HVL_CHECK(hvl__execute_settle(e, 1));
+    hvl_outcome *o = calloc((size_t)b->count, sizeof(hvl_outcome));
+    if (!o) return hvl__oom("a batch's outcomes");
+    b->backend = data ? p.be->name : "none";
+    b->timed = hvl__tl_active();
+    void *ticket = NULL;
+    double t0 = hvl__now();
+    int rc = p.staged ? run_staged(e, &p, b, o, NULL)
+           : data && b->memory != HVL_MEMORY_HOST ? run_device(e, &p, &k, b, o, overlap ? &ticket : NULL)
+           : run_batch(e, &p, b, o);
+    rc = hvl__peers_explain(e, rc);          /* a timeout names the silent ranks */
+    if (data) {
+        hvl__count(&e->counters.collectives, 1);
+        hvl__plane_count(e, &p, b->bytes);
+    }
+    if (rc == HVL_OK && ticket) {
+        free(o);
+        return keep_running(e, b, &p, ticket, t0);
+    }
+    conclude(e, b, t0, rc, o);
+    free(o);
     return b->failed_everywhere ? HVL_OK : rc;   /* an error every member agreed on is not fatal */
 }
 

@@ -256,7 +256,7 @@ int hvl__run_allgather_device(hvl_engine *e, const hvl_plane *p, const hvl_batch
         if (*restage) memset(o, 0, sizeof(*o) * (size_t)k);
         goto out;
     }
-    hvl_device_batch db = {*kind, 0, k, t, counts, b->entries[0]->d.name, b->timed ? &b->inputs_ready : NULL};
+    hvl_device_batch db = {*kind, 0, k, t, counts, b->entries[0]->d.name, b->timed ? b->phases : NULL, NULL};
     rc = run_on_device(e, p, b, &db, o);
 out:
     free(v);
@@ -300,7 +300,7 @@ int hvl__run_alltoall_device(hvl_engine *e, const hvl_plane *p, const hvl_batch_
     }
     hvl_device_tensor t = {en->input, o->result, hvl__shape_elems(en->d.ndim, en->d.shape), en->device,
                            en->ready_event};
-    hvl_device_batch db = {*kind, 0, 1, &t, counts, en->d.name, b->timed ? &b->inputs_ready : NULL};
+    hvl_device_batch db = {*kind, 0, 1, &t, counts, en->d.name, b->timed ? b->phases : NULL, NULL};
     rc = run_on_device(e, p, b, &db, o);
 out:
     free(counts);

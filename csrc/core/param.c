@@ -79,6 +79,9 @@ static const param_def table[] = {
     {"NCCL_GROUPED", P_INT, RANK0, F(nccl_grouped), "0",
      "1: a fused batch of CUDA tensors on NCCL is one group of per-tensor calls, not one call on a "
      "device fusion buffer"},
+    {"NCCL_OVERLAP", P_INT, RANK0, F(nccl_overlap), "0",
+     "1: the engine negotiates and queues the next batches while NCCL batches run on the GPU (their "
+     "handles complete when the GPU is seen to finish them), instead of waiting for each"},
     {"NCCL_LIB", P_PATH, LOCAL, F(nccl_lib), "",
      "the NCCL library (libnccl.so.2) the GPU plane loads; hvlite.init() sets it to torch's "
      "nvidia-nccl wheel when unset; else the loader's libnccl.so.2"},

@@ -425,12 +425,20 @@ int hvl__queue_claim(hvl_engine *e, const hvl_response_list *agreed, const hvl_r
     return HVL_OK;
 }
 
-void hvl__entry_finish(hvl_engine *e, hvl_entry *en, hvl_outcome *o)
+void hvl__entry_detach(hvl_engine *e, hvl_entry *en)
 {
-    if (en->synthetic) { synthetic_free(en, o); return; }
+    if (en->synthetic || en->detached) return;
     hvl__strmap_del(&e->pending, en->d.name);
     if (en->prev_pending) en->prev_pending->next_pending = en->next_pending; else e->pending_head = en->next_pending;
     if (en->next_pending) en->next_pending->prev_pending = en->prev_pending; else e->pending_tail = en->prev_pending;
+    en->prev_pending = en->next_pending = NULL;
+    en->detached = 1;
+}
+
+void hvl__entry_finish(hvl_engine *e, hvl_entry *en, hvl_outcome *o)
+{
+    if (en->synthetic) { synthetic_free(en, o); return; }
+    hvl__entry_detach(e, en);
     hvl__count(&e->counters.tensors_done, 1);   /* before the waiter can wake and read it */
     hvl__handle_complete(en->handle, o);
     entry_free(en);

@@ -64,6 +64,7 @@ typedef struct hvl_entry {
     int sent;                   /* bg only: sent in full to the coordinator */
     int cache_slot;             /* bg only: this cycle's cache slot, or -1 */
     int synthetic;              /* bg only: made for a joined rank; owns zero input/output */
+    int detached;               /* bg only: left the pending map, its batch running on the GPU */
     double enqueued_at;
     uint64_t burst;             /* queue_lock: its thread's open burst, 0 once that ended (queue.c) */
     double burst_began;         /* when that burst began: the queue holds it at most BURST_HOLD_S */

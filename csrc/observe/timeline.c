@@ -142,13 +142,16 @@ void hvl__tl_piece(double t_in, double t_reduce, double t_out, int64_t bytes)
     pieces[npieces++] = (hvl_tl_piece){t_in, t_reduce, t_out, hvl__now(), bytes};
 }
 
-void hvl__tl_device_phases(double t_start, double t_ready)
+void hvl__tl_device_phases(double t_start, const double *phases)
 {
-    double now = hvl__now();
-    if (t_ready < t_start) t_ready = t_start;  /* inputs ready before the batch began */
-    if (t_ready > now) t_ready = now;
+    double t = t_start, now = hvl__now(), at[4];
+    for (int i = 0; i < 4; i++) {              /* in order, inside [t_start, now]; 0: no time */
+        if (phases[i] > t) t = phases[i];
+        at[i] = t < now ? t : now;
+    }
     npieces = 0;
-    hvl__tl_piece(t_start, t_ready, now, 0);
+    hvl__tl_piece(at[0], at[1], at[2], 0);
+    if (npieces == 1) pieces[0].t_done = at[3];
     device_phases = npieces == 1;
 }
 

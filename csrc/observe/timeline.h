@@ -22,9 +22,11 @@ void hvl__tl_negotiated(void);                               /* this cycle's neg
 /* An allreduce piece of `bytes`: copy-in from t_in, reduce from t_reduce, copy-out from t_out
  * until now. */
 void hvl__tl_piece(double t_in, double t_reduce, double t_out, int64_t bytes);
-/* The next batch ran on a device plane from t_start: its GPU waited for the inputs' ready events
- * until t_ready (host clock), then ran the collective until now. */
-void hvl__tl_device_phases(double t_start, double t_ready);
+/* The next batch ran on a device plane from t_start: on the host clock its GPU waited for the
+ * inputs' ready events until phases[0], copied them into the fusion buffer until phases[1], ran
+ * the collective until phases[2] and copied the results out until phases[3]
+ * (hvl_device_batch.phases; 0: unknown, taken as the phase before's end). */
+void hvl__tl_device_phases(double t_start, const double *phases);
 void hvl__tl_batch(const hvl_batch *b, double t_start, int rc);   /* b ran from t_start */
 void hvl__tl_cycle_end(int agreed);                          /* agreed: responses this cycle */
 

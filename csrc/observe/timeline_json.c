@@ -18,10 +18,11 @@
  *     per piece, so each piece that holds part of this tensor is drawn where it ran:
  *     MEMCPY_IN_FUSION_BUFFER, <BACKEND>_ALLREDUCE, MEMCPY_OUT_FUSION_BUFFER (a tensor alone is
  *     reduced in its own buffer: SCALE_INPUT / SCALE_OUTPUT when there is scaling to do).
- *     A batch a device plane (NCCL) ran: WAIT_FOR_INPUTS (the GPU waiting on the events the
- *     framework recorded at submit; from the batch's start, as the host cannot see earlier) and
- *     <BACKEND>_<OP> (the collective: one NCCL group, no fusion-buffer copies), timed on the GPU
- *     where the driver can. Other ops: one <BACKEND>_<OP> span (their copies included), as for
+ *     A batch a device plane (NCCL) ran, timed on the GPU where the driver can: WAIT_FOR_INPUTS
+ *     (the GPU waiting on the events the framework recorded at submit, and on the batches queued
+ *     before it; from the batch's start, as the host cannot see earlier),
+ *     MEMCPY_IN_FUSION_BUFFER (fused batches), <BACKEND>_<OP> (the collective),
+ *     MEMCPY_OUT_FUSION_BUFFER; each drawn where it took time. Other ops: one <BACKEND>_<OP> span (their copies included), as for
  *     an allreduce that records no pieces (the shm plane streams it chunk by chunk). */
 #include <errno.h>
 #include <stdio.h>
@@ -293,12 +294,15 @@ static void batch_entry(writer_t *w, const batch_t *b, const char *name, int64_t
     }
     HVL_JSON_LIT(&w->out, "}}");
     if (!hvl__op_is(b->op, HVL_OPF_DATA)) return;    /* negotiation was the whole op */
-    if (b->device && b->npieces == 1) {              /* the GPU: inputs' events, then the collective */
+    if (b->device && b->npieces == 1) {              /* the GPU's phases, those that took time */
         hvl_tl_piece p = piece_at(b, 0);
-        ev_span(w, tr->tid, p.t_in, p.t_reduce, "WAIT_FOR_INPUTS");
-        HVL_JSON_LIT(&w->out, "}");
-        ev_span(w, tr->tid, p.t_reduce, p.t_out, collective);
-        HVL_JSON_LIT(&w->out, "}");
+        const double at[5] = {b->t0, p.t_in, p.t_reduce, p.t_out, p.t_done};
+        const char *phase[4] = {"WAIT_FOR_INPUTS", "MEMCPY_IN_FUSION_BUFFER", collective, "MEMCPY_OUT_FUSION_BUFFER"};
+        for (int i = 0; i < 4; i++)
+            if (at[i + 1] > at[i] || i == 2) {
+                ev_span(w, tr->tid, at[i], at[i + 1], phase[i]);
+                HVL_JSON_LIT(&w->out, "}");
+            }
         return;
     }
     if (b->op != HVL_ALLREDUCE || b->npieces == 0) {   /* a device plane's batch runs whole */

@@ -92,7 +92,6 @@ static struct {
     CUcontext ctx;              /* retained primary context; NULL: device not used yet */
     CUstream stream;
     CUevent mark;
-    CUevent timing[2];          /* timing events (made on first use): hvl__cuda_time */
 } devices[HVL_CUDA_MAX_DEVICES];
 
 /* The driver's status as the engine's: HVL_ERR_CUDA with the call, the error's name and text. */
@@ -289,25 +288,44 @@ int hvl__cuda_zero(int dev, void *device, int64_t bytes)
                  "cuMemsetD8Async");
 }
 
-int hvl__cuda_time(int dev, int which)
+int hvl__cuda_event_new(int dev, int timed, void **event)
 {
+    CUevent ev = NULL;
+    *event = NULL;
     HVL_CHECK(hvl__cuda_use(dev));
-    if (!cu.event_elapsed) return hvl__fail(HVL_ERR_CUDA, "CUDA: the driver has no cuEventElapsedTime");
-    CUevent *ev = &devices[dev].timing[which ? 1 : 0];
-    if (!*ev) HVL_CHECK(check(cu.event_create(ev, 0), "cuEventCreate (timing)"));
-    return check(cu.event_record(*ev, devices[dev].stream), "cuEventRecord (timing)");
+    if (timed && !cu.event_elapsed) return hvl__fail(HVL_ERR_CUDA, "CUDA: the driver has no cuEventElapsedTime");
+    HVL_CHECK(check(cu.event_create(&ev, timed ? 0 : EVENT_DISABLE_TIMING), "cuEventCreate"));
+    *event = ev;
+    return HVL_OK;
 }
 
-int hvl__cuda_elapsed(int dev, double *seconds)
+int hvl__cuda_event_record(int dev, void *event)
+{
+    HVL_CHECK(hvl__cuda_use(dev));
+    return check(cu.event_record((CUevent)event, devices[dev].stream), "cuEventRecord");
+}
+
+int hvl__cuda_event_reached(int dev, void *event, int *done)
+{
+    HVL_CHECK(hvl__cuda_use(dev));
+    CUresult rc = cu.event_query((CUevent)event);
+    *done = rc == CU_SUCCESS;
+    return rc == CU_NOT_READY ? HVL_OK : check(rc, "cuEventQuery");
+}
+
+int hvl__cuda_event_seconds(int dev, void *from, void *to, double *seconds)
 {
     float ms = 0;
     *seconds = 0;
     HVL_CHECK(hvl__cuda_use(dev));
-    if (!cu.event_elapsed || !devices[dev].timing[0] || !devices[dev].timing[1])
-        return hvl__fail(HVL_ERR_CUDA, "CUDA: no timing events were recorded on device %d", dev);
-    HVL_CHECK(check(cu.event_elapsed(&ms, devices[dev].timing[0], devices[dev].timing[1]), "cuEventElapsedTime"));
+    HVL_CHECK(check(cu.event_elapsed(&ms, (CUevent)from, (CUevent)to), "cuEventElapsedTime"));
     *seconds = ms / 1e3;
     return HVL_OK;
+}
+
+void hvl__cuda_event_free(int dev, void *event)
+{
+    if (event && hvl__cuda_use(dev) == HVL_OK) cu.event_destroy((CUevent)event);
 }
 
 int hvl__cuda_pools(int dev, int *supported)
@@ -359,8 +377,6 @@ void hvl__cuda_release(void)
         CUdevice handle;
         cu.ctx_set_current(devices[dev].ctx);
         if (devices[dev].mark) cu.event_destroy(devices[dev].mark);
-        for (int i = 0; i < 2; i++)
-            if (devices[dev].timing[i]) cu.event_destroy(devices[dev].timing[i]);
         if (devices[dev].stream) cu.stream_destroy(devices[dev].stream);
         if (cu.device_get(&handle, dev) == CU_SUCCESS) cu.ctx_release(handle);
         memset(&devices[dev], 0, sizeof(devices[dev]));

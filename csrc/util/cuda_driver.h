@@ -57,11 +57,17 @@ int hvl__cuda_bus_id(int dev, char *out, int len);
 /* Device memory (cuMemAlloc), freed with the device's context current; NULL-safe free. */
 int hvl__cuda_device_alloc(int dev, void **out, int64_t bytes);
 void hvl__cuda_device_free(int dev, void *p);
-/* GPU time between two points of the engine's stream, for the timeline: hvl__cuda_time records
- * point `which` (0 or 1) there; once the stream passed both, hvl__cuda_elapsed gives the
- * seconds from 0 to 1. HVL_ERR_CUDA where the driver cannot time events. */
-int hvl__cuda_time(int dev, int which);
-int hvl__cuda_elapsed(int dev, double *seconds);
+/* Events of the caller's own, for points of the engine's stream that outlive one call (a
+ * device batch left running on the GPU): made on device `dev`, timed (cuEventElapsedTime can
+ * measure between two; HVL_ERR_CUDA where the driver cannot) or not; recorded at the stream's
+ * current end; *done = 1 once the stream passed it (never waits); the GPU's seconds from `from`
+ * to `to`, once the stream passed both (timed ones); freed NULL-safe (an event the stream has
+ * not reached yet is released by the driver once it is). */
+int hvl__cuda_event_new(int dev, int timed, void **event);
+int hvl__cuda_event_record(int dev, void *event);
+int hvl__cuda_event_reached(int dev, void *event, int *done);
+int hvl__cuda_event_seconds(int dev, void *from, void *to, double *seconds);
+void hvl__cuda_event_free(int dev, void *event);
 /* Whether the device has stream-ordered memory pools (cuMemAllocAsync): *supported 1 or 0 (0
  * also where the driver predates them, CUDA 11.2). */
 int hvl__cuda_pools(int dev, int *supported);
