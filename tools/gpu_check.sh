@@ -3,13 +3,15 @@
 # test-gpu`, takes far longer). Run from the checkout's root after ../shared/tools/gpu-prep (its
 # .whl/ carried along), e.g. with Horovod's test_torch.py carried as a git-ignored file:
 #     source .whl/setup.sh && HOROVOD_TEST_TORCH=.hvd/test_torch.py tools/gpu_check.sh all "$OUT"
-# all: everything below in one call (269 s on an H200, 2026-11-28, timeout_s 410 leaves room):
-#      first, at once on the machine's cores, Horovod's suite on both paths (when
-#      HOROVOD_TEST_TORCH names its file), tests/gpu at 1 rank, the GPU files at 4 ranks, the torch
-#      files on NCCL at 2 ranks, and tools/gpu_matrix.py (each test function of tests/gpu as its
-#      own job, 2 ranks, both paths); then, alone on the GPU, the test that fills it, the
-#      lost-rank tests and the benchmarks. Logs go to OUTDIR as two tarballs (what a device call
-#      brings back is at most 8 files) and the benchmark tables to OUTDIR/bench.txt.
+# all: everything below in one call (269 s on an H200, 2026-11-28, before the overlap runs were
+#      added: about 400 s now, so timeout_s 540): first, at once on the machine's cores,
+#      Horovod's suite on both paths (when HOROVOD_TEST_TORCH names its file), tests/gpu at 1
+#      rank, with NCCL batches left running (HVLITE_NCCL_OVERLAP=1) the NCCL file at 4 ranks and
+#      the torch and GPU files at 2, and tools/gpu_matrix.py (each test function of tests/gpu as
+#      its own job, 2 ranks, both paths, batches waited for); then, alone on the GPU, the test
+#      that fills it, the lost-rank tests (both ways) and the benchmarks (ResNet-50 three
+#      ways). Logs go to OUTDIR as two tarballs (what a device call brings back is at most 8
+#      files) and the benchmark tables to OUTDIR/bench.txt.
 # 1, 2, 3: the older three parts, each within one call: part 1 correctness on both GPU paths,
 #      part 2 the failure bounds and the benchmarks, part 3 Horovod's test_torch.py on both paths.
 # Each step's output goes to OUTDIR (default: $OUT, else gpu-check/); a summary line per step
@@ -44,10 +46,14 @@ if [ "$part" = all ]; then
     fi
     (timeout 60 hvlrun -np 1 $P tests/gpu --deselect $fill > "$L/np1.txt" 2>&1
      timeout 100 hvlrun -np 4 $P tests/gpu/test_cuda_only.py > "$L/np4-staged.txt" 2>&1) &
-    (HVLITE_TEST_NCCL_HOSTID=per-rank timeout 90 hvlrun -np 4 $P tests/gpu/test_nccl_plane.py \
-        --deselect $fill > "$L/np4-nccl.txt" 2>&1) &
-    (HVLITE_TEST_NCCL_HOSTID=per-rank HVLITE_TEST_DEVICE=cuda timeout 130 hvlrun -np 2 $P \
-        tests/parallel/test_torch_training.py tests/parallel/test_torch_ops.py > "$L/np2-nccl-torch.txt" 2>&1) &
+    # NCCL batches left running (HVLITE_NCCL_OVERLAP=1) at 4 ranks, and at 2 under the torch
+    # files and the GPU files; the matrix below runs them as waited for
+    (HVLITE_TEST_NCCL_HOSTID=per-rank HVLITE_NCCL_OVERLAP=1 timeout 90 hvlrun -np 4 $P \
+        tests/gpu/test_nccl_plane.py --deselect $fill > "$L/np4-nccl-overlap.txt" 2>&1) &
+    (HVLITE_TEST_NCCL_HOSTID=per-rank HVLITE_NCCL_OVERLAP=1 HVLITE_TEST_DEVICE=cuda timeout 130 hvlrun -np 2 $P \
+        tests/parallel/test_torch_training.py tests/parallel/test_torch_ops.py > "$L/np2-nccl-torch-overlap.txt" 2>&1) &
+    (HVLITE_TEST_NCCL_HOSTID=per-rank HVLITE_NCCL_OVERLAP=1 timeout 100 hvlrun -np 2 $P tests/gpu/test_nccl_plane.py \
+        tests/gpu/test_cuda_only.py --deselect $fill > "$L/np2-gpu-overlap.txt" 2>&1) &
     timeout 140 python3 tools/gpu_matrix.py --np 2 --jobs 6 --timeout 50 --files tests/gpu/test_cuda_only.py \
         tests/gpu/test_nccl_plane.py --exclude "${fill#*::}" --out "$L/matrix" > /dev/null 2>&1
     wait
@@ -67,11 +73,17 @@ if [ "$part" = all ]; then
     }
     : > "$out/bench.txt"
     alone no-room 40 env HVLITE_TEST_NCCL_HOSTID=per-rank hvlrun -np 2 $P $fill
-    alone lost 70 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "lost_inside or killed_rank"
+    alone lost 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "lost_inside or killed_rank"
     alone nccl-2 40 hvlrun -np 2 python3 bench/gpu_nccl.py --hostid-per-rank --iters 5
     alone staged-2 30 hvlrun -np 2 python3 bench/gpu_allreduce.py --iters 5
-    alone resnet50-2-nccl 90 hvlrun -np 2 python3 bench/step_overhead.py --device cuda --models resnet50 \
-        --batch-size 64 --planes shm --ddp --hostid-per-rank --pairs 40 --blocks 4
+    # ResNet-50's overhead against DDP's: batches waited for, left running, and left running
+    # with 5 ms cycles (each cycle's batch is one NCCL call of a few ms over sockets: fewer,
+    # larger batches may pay)
+    resnet="bench/step_overhead.py --device cuda --models resnet50 --batch-size 64 --planes shm --ddp \
+        --hostid-per-rank --pairs 24 --blocks 3"
+    alone resnet50-2-nccl 75 hvlrun -np 2 python3 $resnet
+    alone resnet50-2-overlap 75 env HVLITE_NCCL_OVERLAP=1 hvlrun -np 2 python3 $resnet
+    alone resnet50-2-overlap-5ms 75 env HVLITE_NCCL_OVERLAP=1 HVLITE_CYCLE_TIME=5 hvlrun -np 2 python3 $resnet
     alone staged-4 30 hvlrun -np 4 python3 bench/gpu_allreduce.py --iters 5
     tar czf "$out/logs-alone.tgz" -C "$L" . 2>/dev/null
     exit 0

@@ -103,12 +103,17 @@ typedef struct {
     int (*prepare)(hvl_engine *e, hvl_pset *ps, void *state, const hvl_batch_kind *k, int device);
     /* A device plane's whole batch (see Memory kinds). */
     int (*run_device)(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device_batch *b);
-    /* Optional, with run_device: a batch it left running (its ticket). Looks once, or (wait)
-     * until the batch ends, bounded by the peer timeout; *done = 1 once its outputs are
-     * written, and then `phases` (NULL, or as in hvl_device_batch) are filled. The ticket is
-     * freed when this returns *done = 1 or an error (fatal: the batch failed); tickets never
-     * settled are freed by `close`. */
-    int (*settle)(hvl_engine *e, hvl_pset *ps, void *state, void *ticket, int wait, int *done, double *phases);
+    /* Optional, with run_device: a batch it left running (its ticket). Looks once (how:
+     * HVL_SETTLE_LOOK), or waits until the batch ends, bounded by the peer timeout and the
+     * engine's flags (HVL_SETTLE_WAIT; HVL_SETTLE_STOPPING: the engine stops by agreement, so
+     * the shutdown flag does not cut the wait short); *done = 1 once its outputs are written,
+     * and then `phases` (NULL, or as in hvl_device_batch) are filled. The ticket is freed when
+     * this returns *done = 1 or an error (fatal: the batch failed). */
+    int (*settle)(hvl_engine *e, hvl_pset *ps, void *state, void *ticket, int how, int *done, double *phases);
+    /* With settle: the engine gives up on every batch it left running on this set (it stops on
+     * an error): the plane stops them (NCCL: aborts the communicator) before their handles
+     * fail, and frees their tickets. */
+    void (*abandon)(hvl_engine *e, hvl_pset *ps, void *state);
     /* In place when src == dst. count elements. */
     int (*allreduce)(hvl_engine *e, hvl_pset *ps, void *state, const void *src, void *dst,
                      int64_t count, int dtype, int reduce_op);

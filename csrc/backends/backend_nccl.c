@@ -18,9 +18,9 @@
  * - Communicator: a unique id from the set's first member, broadcast over MPI (bounded), then a
  *   nonblocking ncclCommInitRankConfig polled under the peer bound; the members agree on the
  *   outcome (bounded by three times the peer timeout, as a member that failed at once waits for
- *   the others' bootstrap to give up and then their abort), and a failure anywhere leaves the set staged everywhere.
- *   Aborted, on a helper thread waited for with a bound (drop_comm), when the set is removed,
- *   the engine stops or a collective fails.
+ *   the others' bootstrap to give up and then their abort), and a failure anywhere leaves the
+ *   set staged everywhere. Aborted, on a helper thread waited for with a bound (drop_comm), when
+ *   the set is removed, the engine stops or a collective fails.
  * - Running (run_device): on the engine's stream of the device, after each input's ready event;
  *   a fused allreduce is one NCCL call on a device fusion buffer, the tensors copied in and out
  *   on that stream (HVLITE_NCCL_GROUPED=1: one group of per-tensor calls, no buffer; see
@@ -34,14 +34,20 @@
  *   allgather is ncclAllGather where every member gives as many rows, else one ncclBroadcast per
  *   member into its place (NCCL has no allgatherv); alltoall is grouped ncclSend/ncclRecv.
  *   Both move bytes, so every dtype works.
- * - Never hanging: the wait polls the stream's mark and ncclCommGetAsyncError, bounded by the
- *   peer timeout and the engine's shutdown and fatal flags; on an NCCL error or a timeout the
- *   communicator is aborted and the error is fatal to this engine, as a failed MPI collective is.
- * bg thread only, except the abort helper (drop_comm). */
+ * - Ending: each batch has a ticket, events at its phases' ends on the stream (the timeline's,
+ *   when it records; else the end alone). run_device waits for the end, or, where the engine
+ *   asks (HVLITE_NCCL_OVERLAP), leaves the batch running and hands the ticket over; settle then
+ *   looks at it until it ends. A buffer of the set grows only once the stream passed every batch
+ *   left running (grow).
+ * - Never hanging: every wait polls the ticket's end (or the stream's mark) and
+ *   ncclCommGetAsyncError, bounded by the peer timeout from the batch's queueing or the set's
+ *   previous batch's end, and by the engine's shutdown and fatal flags; on an NCCL error or a
+ *   timeout the communicator is aborted and the error is fatal to this engine, as a failed MPI
+ *   collective is (the set's other tickets fail with it).
+ * bg thread only. */
 #include <float.h>
 #include <limits.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,11 +239,10 @@ static int overdue(const hvl_bound *bound, double since, const char *what, const
     return hvl__bound_flags(bound, waited, what);
 }
 
-/* look() until done, under the peer bound from `since`. */
-static int poll_comm(hvl_engine *e, ncclComm_t comm, int dev, void *event, double since, const char *what,
+/* look() until done, under `bound` from `since`. */
+static int poll_comm(hvl_bound bound, ncclComm_t comm, int dev, void *event, double since, const char *what,
                      const char *name)
 {
-    hvl_bound bound = hvl__peer_bound(e);
     double nap_s = 2e-6;
     for (;;) {
         int done = 0;
@@ -268,67 +273,21 @@ static int create_comm(hvl_engine *e, hvl_pset *ps, nccl_set *s)
     HVL_CHECK(hvl__cuda_use(s->device));          /* NCCL takes the thread's current device */
     int rc = hvl__nccl_check(hvl__nccl.comm_init_rank_config(&s->comm, ps->size, id, ps->rank, &config), NULL,
                    "ncclCommInitRankConfig");
-    if (rc == HVL_OK) rc = poll_comm(e, s->comm, -1, NULL, hvl__now(), "ncclCommInitRankConfig", NULL);
+    if (rc == HVL_OK)
+        rc = poll_comm(hvl__peer_bound(e), s->comm, -1, NULL, hvl__now(), "ncclCommInitRankConfig", NULL);
     return rc;
 }
 
-/* ncclCommAbort of one communicator, on a helper thread: NCCL's abort joins its proxy thread,
- * which may wait for ever on a stopped peer of the same host, and the engine must not. The one
- * of the two threads that finishes last frees it. */
-typedef struct {
-    ncclComm_t comm;
-    int device;
-    int refs;                   /* atomic: the waiter's and the helper's */
-    int done;                   /* atomic: the abort returned */
-} abort_call;
-
-static void abort_release(abort_call *a)
-{
-    if (__atomic_sub_fetch(&a->refs, 1, __ATOMIC_ACQ_REL) == 0) free(a);
-}
-
-static void *abort_helper(void *arg)
-{
-    abort_call *a = arg;
-    if (hvl__cuda_adopt(a->device) == HVL_OK) hvl__nccl.comm_abort(a->comm);   /* the comm's context */
-    __atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
-    abort_release(a);
-    return NULL;
-}
-
 /* Aborted, never destroyed, clean stop or not: ncclCommDestroy finalizes with the peers, and
- * every batch has finished (nothing to flush). Waited for up to the peer timeout (30 s when that
- * is off); an abort still stuck then is left to its thread, and the communicator leaks.
- * An abort left running marks the set (s->abort_stuck): NCCL may still use its device memory. */
+ * nothing is left to flush (every batch ended, or the engine gave up on it). Waited for up to the peer timeout (30 s when that
+ * is off); an abort still stuck then marks the set (s->abort_stuck): NCCL may still use its
+ * device memory, which then leaks. */
 static void drop_comm(nccl_set *s)
 {
     if (!s->comm) return;
-    abort_call *a = calloc(1, sizeof(*a));
-    pthread_t thread;
-    s->abort_stuck = 1;                     /* until the abort is seen to return */
-    if (!a) {                               /* out of memory: the communicator leaks */
-        s->comm = NULL;
-        return;
-    }
-    *a = (abort_call){s->comm, s->device, 2, 0};
-    s->comm = NULL;
-    if (pthread_create(&thread, NULL, abort_helper, a) != 0) {
-        free(a);                            /* no thread to bound it: leaked, not aborted */
-        return;
-    }
-    pthread_detach(thread);
     double limit = hvl__engine.params.peer_timeout_s > 0 ? hvl__engine.params.peer_timeout_s : 30.0;
-    double start = hvl__now(), nap_s = 1e-4;
-    while (!__atomic_load_n(&a->done, __ATOMIC_ACQUIRE) && hvl__now() - start < limit)
-        hvl__nap(&nap_s, 1e-3);
-    if (__atomic_load_n(&a->done, __ATOMIC_ACQUIRE)) {
-        s->abort_stuck = 0;
-    } else {
-        hvl__log(HVL_LOG_WARNING, "ncclCommAbort did not return in %.0f s (a peer on this host is "
-                 "stopped?): its communicator is left behind", limit);
-        hvl__cuda_stuck();                  /* its kernels may hold the device for good */
-    }
-    abort_release(a);
+    s->abort_stuck = !hvl__nccl_abort(s->comm, s->device, limit);
+    s->comm = NULL;
 }
 
 static void ticket_free(nccl_set *s, nccl_ticket *t)
@@ -377,11 +336,14 @@ static int ticket_point(nccl_set *s, nccl_ticket *t, int i)
     return t->points[i] ? hvl__cuda_event_record(s->device, t->points[i]) : HVL_OK;
 }
 
-/* The ended ticket's phases on the host clock (hvl_device_batch.phases): each point's GPU time
- * before the end, back from now, when the end was seen (late by the polling interval at most). */
+/* The ended ticket's phases on the host clock (hvl_device_batch.phases), if it was timed: each
+ * point's GPU time before the end, back from now, when the end was seen (late by the polling
+ * interval when waited for; left running, by up to the engine's next look, which may follow a
+ * negotiation). */
 static void ticket_phases(nccl_set *s, const nccl_ticket *t, double *phases)
 {
     double now = hvl__now();
+    if (!t->points[IN_READY]) return;       /* untimed: unknown (0), drawn as one span */
     for (int i = 0; i < NPOINTS; i++) {
         double before = 0;
         int known = t->points[i] && (i == ENDED || hvl__cuda_event_seconds(s->device, t->points[i],
@@ -405,7 +367,7 @@ static void close_set(void *state, int clean)
     nccl_set *s = state;
     (void)clean;
     drop_comm(s);
-    while (s->tickets) ticket_free(s, s->tickets);   /* the engine's stop gave up on them */
+    while (s->tickets) ticket_free(s, s->tickets);   /* none: abandon freed them */
     if (!s->abort_stuck) {                  /* else a stuck abort may still use them: they leak */
         hvl__cuda_device_free(s->device, s->zeros);
         hvl__cuda_device_free(s->device, s->scratch);
@@ -515,17 +477,21 @@ static int reduction_op(nccl_set *s, const hvl_device_batch *b, int nranks, nccl
     return HVL_OK;
 }
 
-/* A device buffer of the set, grown to `need` bytes (zeroed if `zero`). The old one goes once
- * the stream passed every batch left running, which may still use it (a bounded wait; cuMemFree
- * would wait for the whole device anyway). */
-static int grow(hvl_engine *e, nccl_set *s, void **buf, int64_t *cap, int64_t need, int zero)
+/* Before a buffer of the set is replaced: the stream passed every batch left running, which may
+ * still use it (a bounded wait; cuMemFree would wait for the whole device anyway). */
+static int quiesce(hvl_engine *e, nccl_set *s)
+{
+    if (!s->tickets) return HVL_OK;
+    HVL_CHECK(hvl__cuda_mark(s->device));
+    return poll_comm(hvl__peer_bound(e), s->comm, s->device, NULL, hvl__now(),
+                     "NCCL batches before a buffer grows", NULL);
+}
+
+/* A device buffer of the set, grown to `need` bytes (zeroed if `zero`); quiesce() first. */
+static int grow(nccl_set *s, void **buf, int64_t *cap, int64_t need, int zero)
 {
     int dev = s->device;
     if (need <= *cap) return HVL_OK;
-    if (s->tickets && *buf) {
-        HVL_CHECK(hvl__cuda_mark(dev));
-        HVL_CHECK(poll_comm(e, s->comm, dev, NULL, hvl__now(), "NCCL batches before a buffer grows", NULL));
-    }
     hvl__cuda_device_free(dev, *buf);
     *buf = NULL;
     *cap = 0;
@@ -544,8 +510,9 @@ static int stand_ins(hvl_engine *e, nccl_set *s, const hvl_device_batch *b)
             total += (b->tensors[i].count * esize + 255) / 256 * 256;   /* each its own output */
         }
     if (!total) return HVL_OK;
-    HVL_CHECK(grow(e, s, &s->zeros, &s->zeros_cap, most * esize, 1));
-    return grow(e, s, &s->scratch, &s->scratch_cap, total, 0);
+    if (most * esize > s->zeros_cap || total > s->scratch_cap) HVL_CHECK(quiesce(e, s));
+    HVL_CHECK(grow(s, &s->zeros, &s->zeros_cap, most * esize, 1));
+    return grow(s, &s->scratch, &s->scratch_cap, total, 0);
 }
 
 /* Tensor t of an allgather: one ncclAllGather where every member gives as many elements, else
@@ -651,7 +618,8 @@ static int fusion_room(hvl_engine *e, const hvl_pset *ps, nccl_set *s, int64_t n
     *room = 1;
     if (need <= s->fusion_cap) return HVL_OK;
     int everywhere = 0;
-    int rc = hvl__agree(ps->comm, grow(e, s, &s->fusion, &s->fusion_cap, need, 0),
+    HVL_CHECK(quiesce(e, s));               /* a failure here is not "no room" */
+    int rc = hvl__agree(ps->comm, grow(s, &s->fusion, &s->fusion_cap, need, 0),
                         "the NCCL fusion buffer", &everywhere, hvl__peer_bound(e));
     if (rc == HVL_OK || !everywhere) return rc;
     *room = 0;
@@ -727,22 +695,23 @@ static int fail_set(nccl_set *s, int rc)
 
 /* See backend.h. A batch's end is bounded from when the set's previous batch ended, or from its
  * own queueing if later: a batch behind another waits for it on the stream. */
-static int settle(hvl_engine *e, hvl_pset *ps, void *state, void *ticket, int wait, int *done, double *phases)
+static int settle(hvl_engine *e, hvl_pset *ps, void *state, void *ticket, int how, int *done, double *phases)
 {
     nccl_set *s = state;
     nccl_ticket *t = ticket;
     double since = t->since > s->ended_at ? t->since : s->ended_at;
+    hvl_bound bound = hvl__peer_bound(e);
     int rc;
     (void)ps;
     *done = 0;
+    if (how == HVL_SETTLE_STOPPING) bound.shutdown = NULL;   /* every member queued it: let it end */
     if (!s->comm) {
         rc = hvl__fail(HVL_ERR_NCCL, "%s of tensor '%s': an NCCL batch of its process set failed before it "
                        "ended", t->what, t->name);
-    } else if (wait) {
-        rc = poll_comm(e, s->comm, s->device, t->points[ENDED], since, t->what, t->name);
+    } else if (how != HVL_SETTLE_LOOK) {
+        rc = poll_comm(bound, s->comm, s->device, t->points[ENDED], since, t->what, t->name);
         *done = rc == HVL_OK;
     } else {
-        hvl_bound bound = hvl__peer_bound(e);
         rc = look(s->comm, s->device, t->points[ENDED], t->what, done);
         if (rc == HVL_OK && !*done) rc = overdue(&bound, since, t->what, t->name);
     }
@@ -753,6 +722,16 @@ static int settle(hvl_engine *e, hvl_pset *ps, void *state, void *ticket, int wa
     if (rc != HVL_OK && s->comm) rc = fail_set(s, rc);
     if (rc != HVL_OK || *done) ticket_free(s, t);
     return rc;
+}
+
+/* See backend.h: the communicator aborted first, so NCCL stops before the handles fail. */
+static void abandon(hvl_engine *e, hvl_pset *ps, void *state)
+{
+    nccl_set *s = state;
+    (void)e; (void)ps;
+    drop_comm(s);
+    s->mode = STAGED;
+    while (s->tickets) ticket_free(s, s->tickets);
 }
 
 /* The batch on the engine's stream: after its inputs' events, its copies and NCCL calls, each
@@ -780,22 +759,23 @@ static int run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device
     if (rc == HVL_OK && reduces && !one) rc = reduction_op(s, b, ps->size, &op, &custom);
     if (rc == HVL_OK) rc = ticket_new(s, b, &t);
     if (rc == HVL_OK) rc = ticket_point(s, t, IN_READY);
-    if (rc == HVL_OK && one) rc = one_rank_copies(s, b);
     if (rc == HVL_OK && fused) rc = fused_copies(s, b, 1);
     if (rc == HVL_OK) rc = ticket_point(s, t, COPIED_IN);
+    if (rc == HVL_OK && one) rc = one_rank_copies(s, b);    /* its "collective" */
     if (rc == HVL_OK && !one) rc = fused ? enqueue_fused(s, b, op, stream) : enqueue(s, ps, b, op, stream);
-    if (rc == HVL_OK && !one) rc = poll_comm(e, s->comm, -1, NULL, hvl__now(), t->what, b->name);   /* queued */
+    if (rc == HVL_OK && !one) rc = poll_comm(hvl__peer_bound(e), s->comm, -1, NULL, hvl__now(), t->what, b->name);
     if (custom && rc == HVL_OK) hvl__nccl.red_op_destroy(op, s->comm);   /* once the calls settled */
     if (rc == HVL_OK) rc = ticket_point(s, t, REDUCED);
     if (rc == HVL_OK && fused) rc = fused_copies(s, b, 0);      /* after it on the stream */
     if (rc == HVL_OK) rc = ticket_point(s, t, ENDED);
+    if (rc == HVL_OK) t->since = hvl__now();                 /* all of it queued: its bound starts */
     if (rc == HVL_OK && b->ticket) {
         *b->ticket = t;
         return HVL_OK;
     }
     if (rc == HVL_OK) {
         int done = 0;
-        return settle(e, ps, s, t, 1, &done, b->phases);   /* frees the ticket */
+        return settle(e, ps, s, t, HVL_SETTLE_WAIT, &done, b->phases);   /* frees the ticket */
     }
     if (t) ticket_free(s, t);
     return fail_set(s, rc);
@@ -809,4 +789,5 @@ const hvl_backend hvl__backend_nccl = {
     .prepare = prepare,
     .run_device = run_device,
     .settle = settle,
+    .abandon = abandon,
 };

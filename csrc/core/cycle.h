@@ -105,11 +105,12 @@ struct hvl_batch_kind;
  * returned. */
 int hvl__execute(hvl_engine *e, hvl_batch_list *batches);
 /* Device batches left running on the GPU (HVLITE_NCCL_OVERLAP), oldest first: those that ended
- * finish (with wait, every one, each bounded by the peer timeout). A failure is fatal: it fails
- * every batch still running, and its status is returned. */
-int hvl__execute_settle(hvl_engine *e, int wait);
-/* The engine stops with `message`: the batches still running fail with it (their tickets are
- * the planes' to free when the sets close). */
+ * finish; `how` (backend.h's HVL_SETTLE_*): look once, or wait for every one (each bounded by
+ * the peer timeout; STOPPING: not cut short by the shutdown flag, as the stop was agreed). A
+ * failure is fatal: it fails every batch still running, and its status is returned. */
+int hvl__execute_settle(hvl_engine *e, int how);
+/* The engine stops with `message`: the batches still running are stopped by their planes
+ * (NCCL: the communicator aborted), then fail with it. */
 void hvl__execute_abandon(hvl_engine *e, int status, const char *message);
 /* gather.c: allgather (fused batches) and alltoall; results go into o[] (one per entry). */
 int hvl__run_allgather(hvl_engine *e, const struct hvl_plane *p, hvl_batch *b, hvl_outcome *o);

@@ -215,7 +215,7 @@ static int sleep_until(hvl_engine *e, double deadline)
 static int wait_for_work(hvl_engine *e, double deadline)
 {
     for (;;) {
-        HVL_CHECK(hvl__execute_settle(e, 0));
+        HVL_CHECK(hvl__execute_settle(e, HVL_SETTLE_LOOK));
         double until = deadline, look = hvl__now() + IN_FLIGHT_LOOK_S;
         if (e->nin_flight && look < until) until = look;
         if (sleep_until(e, until) || hvl__now() >= deadline) return HVL_OK;
@@ -326,12 +326,15 @@ static void *bg_main(void *arg)
     }
     hvl__mark_stopped(message);    /* before the callers hear why (a peer's shutdown stops us too) */
     /* Device batches still on the GPU: an agreed stop lets them end (every rank queued them);
-     * any other stop fails them at once, as the peers may never run their part. */
-    if (rc == HVL_ERR_SHUT_DOWN && e->stop_agreed && hvl__execute_settle(e, 1) != HVL_OK)
+     * any other stop aborts and fails them at once, as the peers may never run their part. */
+    int clean = rc == HVL_ERR_SHUT_DOWN && e->stop_agreed;   /* not after a wait gave up on shutdown */
+    if (clean && hvl__execute_settle(e, HVL_SETTLE_STOPPING) != HVL_OK) {
+        clean = 0;                  /* a peer may be gone: MPI_Finalize could wait on it */
         stop_reason(hvl__last_status(), message, sizeof(message));
+    }
     hvl__execute_abandon(e, rc, message);
     hvl__queue_fail_all(e, rc, message);
-    teardown(e, rc == HVL_ERR_SHUT_DOWN && e->stop_agreed);   /* not after a wait gave up on shutdown */
+    teardown(e, clean);
     return NULL;
 }
 

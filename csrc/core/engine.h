@@ -142,6 +142,10 @@ struct hvl_engine {
 
 extern hvl_engine hvl__engine;
 
+/* How the engine settles device batches left running on the GPU (backend.h's settle,
+ * hvl__execute_settle): look once, wait for them, or wait while stopping by agreement. */
+enum { HVL_SETTLE_LOOK, HVL_SETTLE_WAIT, HVL_SETTLE_STOPPING };
+
 /* The bound of every wait on peers (util.h): the agreed peer timeout and this engine's
  * shutdown and fatal flags. Cannot fail. */
 static inline hvl_bound hvl__peer_bound(hvl_engine *e)

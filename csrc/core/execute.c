@@ -355,8 +355,9 @@ static void conclude(hvl_engine *e, hvl_batch *b, double t0, int rc, hvl_outcome
  * GPU: the engine goes back to negotiating, and queues the next batches behind it on the
  * plane's stream, while the handles wait for the GPU. Their entries leave the pending map
  * (negotiation no longer sees them) and are finished here once the plane says the batch ended
- * (hvl__execute_settle, from the engine's wait). They all belong to one set; every other op
- * without data (barrier, join, set changes) and a batch of another set first wait for them. */
+ * (hvl__execute_settle, from the engine's wait). They all belong to one set; ops without data
+ * (barrier, join, set changes) and a CUDA batch of another set first wait for them (host
+ * batches need not: they never touch the GPU). */
 typedef struct hvl_in_flight {
     hvl_batch b;                /* b.entries owned here */
     hvl_plane p;
@@ -372,6 +373,10 @@ static void in_flight_pop(hvl_engine *e, hvl_in_flight *out)
 
 void hvl__execute_abandon(hvl_engine *e, int status, const char *message)
 {
+    for (int i = 0; i < e->nin_flight; i++) {      /* each set's plane once, before any handle fails */
+        const hvl_in_flight *r = &e->in_flight[i];
+        if (i == 0 || r->p.state != r[-1].p.state) r->p.be->abandon(e, r->b.ps, r->p.state);
+    }
     while (e->nin_flight) {
         hvl_in_flight r;
         in_flight_pop(e, &r);
@@ -384,22 +389,22 @@ void hvl__execute_abandon(hvl_engine *e, int status, const char *message)
     hvl__handles_notify();
 }
 
-int hvl__execute_settle(hvl_engine *e, int wait)
+int hvl__execute_settle(hvl_engine *e, int how)
 {
     while (e->nin_flight) {
         hvl_in_flight *r = &e->in_flight[0];
         int done = 0;
-        int rc = r->p.be->settle(e, r->b.ps, r->p.state, r->ticket, wait, &done, r->b.timed ? r->b.phases : NULL);
+        int rc = r->p.be->settle(e, r->b.ps, r->p.state, r->ticket, how, &done, r->b.timed ? r->b.phases : NULL);
         if (rc == HVL_OK && !done) return HVL_OK;            /* the oldest runs on: so do the others */
+        char message[1024];
         rc = hvl__peers_explain(e, rc);
+        snprintf(message, sizeof(message), "%s", rc == HVL_OK ? "" : hvl_last_error());
         hvl_in_flight ended;
         hvl_outcome o = {0};
         in_flight_pop(e, &ended);
         conclude(e, &ended.b, ended.t0, rc, &o);
         free(ended.b.entries);
-        if (rc != HVL_OK) {
-            char message[1024];
-            snprintf(message, sizeof(message), "%s", hvl_last_error());
+        if (rc != HVL_OK) {                 /* its plane failed its set: the rest fail with it */
             hvl__execute_abandon(e, rc, message);
             return hvl__fail(rc, "%s", message);
         }
@@ -417,7 +422,8 @@ static int keep_running(hvl_engine *e, hvl_batch *b, const hvl_plane *p, void *t
         if (grown) e->in_flight = grown, e->in_flight_cap = cap;
     }
     if (!entries || e->nin_flight == e->in_flight_cap) {   /* no room to keep it: wait for it here */
-        int done = 0, rc = p->be->settle(e, b->ps, p->state, ticket, 1, &done, b->timed ? b->phases : NULL);
+        int done = 0, rc = p->be->settle(e, b->ps, p->state, ticket, HVL_SETTLE_WAIT, &done,
+                                         b->timed ? b->phases : NULL);
         hvl_outcome o = {0};
         free(entries);
         rc = hvl__peers_explain(e, rc);
@@ -436,18 +442,19 @@ static int keep_running(hvl_engine *e, hvl_batch *b, const hvl_plane *p, void *t
 static int may_run_on(const hvl_engine *e, const hvl_batch *b, const hvl_plane *p)
 {
     return e->params.nccl_overlap && b->memory != HVL_MEMORY_HOST && !p->staged && p->be->settle &&
-           b->op != HVL_ALLGATHER && b->op != HVL_ALLTOALL;
+           p->be->abandon && b->op != HVL_ALLGATHER && b->op != HVL_ALLTOALL;
 }
 
 /* One batch on its plane; its entries finish with the outcome, or once the GPU ends it. */
 static int execute_one(hvl_engine *e, hvl_batch *b)
 {
-    int data = hvl__op_is(b->op, HVL_OPF_DATA);
+    int data = hvl__op_is(b->op, HVL_OPF_DATA), cuda = data && b->memory != HVL_MEMORY_HOST;
     hvl_batch_kind k = kind_of(b);
-    if (data && b->memory != HVL_MEMORY_HOST) HVL_CHECK(hvl__planes_prepare(e, b->ps, &k, batch_device(b)));
+    if (e->nin_flight && (!data || (cuda && e->in_flight[0].b.ps != b->ps)))
+        HVL_CHECK(hvl__execute_settle(e, HVL_SETTLE_WAIT));   /* see "left running" above */
+    if (cuda) HVL_CHECK(hvl__planes_prepare(e, b->ps, &k, batch_device(b)));
     hvl_plane p = data ? hvl__plane_for(e, b->ps, &k) : (hvl_plane){0};
     int overlap = data && may_run_on(e, b, &p);
-    if (e->nin_flight && (!data || (overlap && e->in_flight[0].b.ps != b->ps))) HVL_CHECK(hvl__execute_settle(e, 1));
     hvl_outcome *o = calloc((size_t)b->count, sizeof(hvl_outcome));
     if (!o) return hvl__oom("a batch's outcomes");
     b->backend = data ? p.be->name : "none";
@@ -455,7 +462,7 @@ static int execute_one(hvl_engine *e, hvl_batch *b)
     void *ticket = NULL;
     double t0 = hvl__now();
     int rc = p.staged ? run_staged(e, &p, b, o, NULL)
-           : data && b->memory != HVL_MEMORY_HOST ? run_device(e, &p, &k, b, o, overlap ? &ticket : NULL)
+           : cuda ? run_device(e, &p, &k, b, o, overlap ? &ticket : NULL)
            : run_batch(e, &p, b, o);
     rc = hvl__peers_explain(e, rc);          /* a timeout names the silent ranks */
     if (data) {

@@ -4,6 +4,8 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include "cuda_driver.h"
 #include "nccl_lib.h"
 #include "util.h"
 
@@ -69,6 +71,54 @@ int hvl__nccl_check(ncclResult_t rc, ncclComm_t comm, const char *what)
     const char *last = comm && hvl__nccl.get_last_error ? hvl__nccl.get_last_error(comm) : NULL;
     return hvl__fail(HVL_ERR_NCCL, "NCCL: %s failed: %s (%d)%s%s", what, hvl__nccl.get_error_string(rc), rc,
                      last && last[0] ? ": " : "", last && last[0] ? last : "");
+}
+
+/* The abort, on a helper thread: NCCL's abort joins its proxy thread, which may wait for ever on
+ * a stopped peer of the same host, and the engine must not. The one of the two threads that
+ * finishes last frees the call. */
+typedef struct {
+    ncclComm_t comm;
+    int device;
+    int refs;                   /* atomic: the waiter's and the helper's */
+    int done;                   /* atomic: the abort returned */
+} abort_call;
+
+static void abort_release(abort_call *a)
+{
+    if (__atomic_sub_fetch(&a->refs, 1, __ATOMIC_ACQ_REL) == 0) free(a);
+}
+
+static void *abort_helper(void *arg)
+{
+    abort_call *a = arg;
+    if (hvl__cuda_adopt(a->device) == HVL_OK) hvl__nccl.comm_abort(a->comm);   /* the comm's context */
+    __atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
+    abort_release(a);
+    return NULL;
+}
+
+int hvl__nccl_abort(ncclComm_t comm, int dev, double limit_s)
+{
+    abort_call *a = calloc(1, sizeof(*a));
+    pthread_t thread;
+    if (!a) return 0;                       /* out of memory: the communicator leaks */
+    *a = (abort_call){comm, dev, 2, 0};
+    if (pthread_create(&thread, NULL, abort_helper, a) != 0) {
+        free(a);                            /* no thread to bound it: leaked, not aborted */
+        return 0;
+    }
+    pthread_detach(thread);
+    double start = hvl__now(), nap_s = 1e-4;
+    while (!__atomic_load_n(&a->done, __ATOMIC_ACQUIRE) && hvl__now() - start < limit_s)
+        hvl__nap(&nap_s, 1e-3);
+    int returned = __atomic_load_n(&a->done, __ATOMIC_ACQUIRE);
+    if (!returned) {
+        hvl__log(HVL_LOG_WARNING, "ncclCommAbort did not return in %.0f s (a peer on this host is "
+                 "stopped?): its communicator is left behind", limit_s);
+        hvl__cuda_stuck();                  /* its kernels may hold the device for good */
+    }
+    abort_release(a);
+    return returned;
 }
 
 #ifdef NCCL_MAJOR

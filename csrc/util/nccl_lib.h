@@ -9,7 +9,7 @@
  * nccl_lib.c against NVIDIA's nccl.h, whose static assertions check every one of them.
  *
  * Threads: hvl__nccl_load from any thread (once); the calls through hvl__nccl on the engine's
- * background thread, except ncclCommAbort on the plane's abort helper. */
+ * background thread, except ncclCommAbort on hvl__nccl_abort's helper. */
 #ifndef HVLITE_NCCL_LIB_H
 #define HVLITE_NCCL_LIB_H
 
@@ -96,5 +96,10 @@ int hvl__nccl_version(void);          /* e.g. 22809 for 2.28.9; 0 until loaded *
  * nonblocking communicator's call that goes on); else HVL_ERR_NCCL naming `what`, with NCCL's
  * words and `comm`'s last error (comm may be NULL). */
 int hvl__nccl_check(ncclResult_t rc, ncclComm_t comm, const char *what);
+/* ncclCommAbort of `comm`, a communicator on device `dev`, on a helper thread that the caller
+ * waits for up to limit_s: 1 if the abort returned; 0 if it is still stuck then (left to its
+ * thread, and the device marked stuck: hvl__cuda_stuck) or could not be started (no memory, no
+ * thread), and the communicator leaks. */
+int hvl__nccl_abort(ncclComm_t comm, int dev, double limit_s);
 
 #endif /* HVLITE_NCCL_LIB_H */

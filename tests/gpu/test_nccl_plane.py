@@ -9,6 +9,7 @@ SPMD: run by hvlrun, on a machine with a GPU."""
 import os
 import socket
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -234,7 +235,9 @@ def test_a_desync_on_cuda_tensors_is_a_deadlock_on_every_rank_and_the_engine_goe
 
 def test_the_timeline_shows_the_gpu_phases():
     """Rank 0's timeline: on NCCL each tensor's op holds WAIT_FOR_INPUTS (the GPU waiting on the
-    submit events) and NCCL_<OP> (the collective, timed on the GPU); staged, neither."""
+    submit events) and NCCL_<OP> (the collective, timed on the GPU), and a fused batch's tensors
+    also the copies into and out of the device fusion buffer, in that order inside the op;
+    staged, none of them."""
     made = tempfile.TemporaryDirectory() if RANK == 0 else None
     path = os.path.join(made.name, "gpu.json") if made else "unused"
     hvd.start_timeline(path)                    # only rank 0 writes
@@ -242,6 +245,8 @@ def test_the_timeline_shows_the_gpu_phases():
     for _ in range(3):
         assert torch.equal(hvd.allreduce(x, op=hvd.Sum, name="tl.ar"), torch.full_like(x, SIZE))
     hvd.allgather(x[:4], name="tl.ag")
+    fused = hvd.grouped_allreduce([x[:1000], x[:3000] * 2], op=hvd.Sum, name="tl.fused")
+    assert torch.equal(fused[1], torch.full_like(fused[1], 2.0 * SIZE))
     hvd.stop_timeline()
     if RANK != 0:
         return
@@ -252,4 +257,43 @@ def test_the_timeline_shows_the_gpu_phases():
         assert (waits, collectives) == ((runs, runs) if EXPECT == "nccl" else (0, 0)), (name, spans)
         for wait in trace.of(name, "X", "WAIT_FOR_INPUTS"):
             assert wait["dur"] >= 0, wait
+    phases = ["WAIT_FOR_INPUTS", "MEMCPY_IN_FUSION_BUFFER", "NCCL_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"]
+    fused_name = [n for n in trace.tracks if n.startswith("tl.fused")][0]
+    spans = [e for e in trace.of(fused_name, "X") if e["name"] in phases]
+    grouped = os.environ.get("HVLITE_NCCL_GROUPED") == "1" or SIZE == 1   # no fusion buffer then
+    if EXPECT == "staged":
+        assert spans == [], spans
+    elif grouped:
+        assert [e["name"] for e in spans] == [phases[0], phases[2]], spans
+    else:
+        assert [e["name"] for e in spans] == phases, spans
+        for before, after in zip(spans, spans[1:]):     # one after the other, as on the stream
+            assert before["ts"] + before["dur"] <= after["ts"] + 1, (before, after)
     made.cleanup()
+
+
+def test_async_batches_queued_behind_each_other_then_ops_without_data():
+    """Several batches in flight at once (HVLITE_NCCL_OVERLAP=1 leaves each running on the GPU
+    while the engine negotiates the next), waited for in reverse order, each exactly its own
+    sum; then a barrier, a host allreduce and an allgather, which a run with batches in flight
+    must order after them or beside them, and a last allreduce."""
+    sizes = [1 << 20, 4097, 1 << 18, 3, 1 << 16, 100003]
+    before = nccl_ran()
+    handles = []
+    for i, n in enumerate(sizes):
+        x = torch.full((n,), float(RANK + i), device=CUDA)
+        handles.append((i, x, hvd.allreduce_async(x, op=hvd.Sum, name="flight.%d" % i)))
+        time.sleep(0.004)                       # each its own cycle, so its own batch
+    for i, x, handle in reversed(handles):
+        got = hvd.synchronize(handle)
+        want = float(sum(r + i for r in range(SIZE)))
+        assert got.device == CUDA and torch.equal(got, torch.full_like(x, want)), i
+    hvd.barrier()
+    host = hvd.allreduce(torch.full((5,), float(RANK)), op=hvd.Sum, name="flight.host")
+    assert torch.equal(host, torch.full((5,), float(sum(range(SIZE)))))
+    gathered = hvd.allgather(torch.full((2,), float(RANK), device=CUDA), name="flight.gather")
+    assert torch.equal(gathered.cpu(), torch.tensor([float(r) for r in range(SIZE) for _ in range(2)]))
+    last = hvd.allreduce(torch.ones(7, device=CUDA), op=hvd.Sum, name="flight.last")
+    assert torch.equal(last, torch.full((7,), float(SIZE), device=CUDA))
+    ran = nccl_ran() - before                   # the six, the allgather and the last one
+    assert ran == (len(sizes) + 2 if EXPECT == "nccl" else 0), ran
