@@ -25,25 +25,22 @@
  *   a fused allreduce is one NCCL call on a device fusion buffer, the tensors copied in and out
  *   on that stream (HVLITE_NCCL_GROUPED=1: one group of per-tensor calls, no buffer; see
  *   fused_copies for why the buffer won), other batches one group of per-tensor calls. A set of
- *   one rank calls no NCCL at all (one_rank_copies). Scale
- *   factors fold into ncclAvg or ncclRedOpCreatePreMulSum where the op is linear (Sum, Average
- *   on floating types) and the type holds the folded factor (factor_fits); Min, Max, Product,
- *   scaled integer reductions and out-of-range factors stay staged (there is no
- *   kernel of ours on the GPU to scale with). Allgather and alltoall fill results the engine
- *   allocated on the GPU (stream-ordered, so only where every member's GPU has memory pools):
- *   allgather is ncclAllGather where every member gives as many rows, else one ncclBroadcast per
- *   member into its place (NCCL has no allgatherv); alltoall is grouped ncclSend/ncclRecv.
- *   Both move bytes, so every dtype works.
+ *   one rank calls no NCCL at all (one_rank_copies). Scale factors fold into ncclAvg or
+ *   ncclRedOpCreatePreMulSum where the op is linear (Sum, Average on floating types) and the type
+ *   holds the folded factor (factor_fits); Min, Max, Product, scaled integer reductions and
+ *   out-of-range factors stay staged (no kernel of ours scales on the GPU). Allgather and
+ *   alltoall fill results the engine allocated on the GPU (stream-ordered, so only where every
+ *   member's GPU has memory pools): allgather is ncclAllGather where every member gives as many
+ *   rows, else one ncclBroadcast per member into its place (NCCL has no allgatherv); alltoall is
+ *   grouped ncclSend/ncclRecv. Both move bytes, so every dtype works.
  * - Ending: each batch has a ticket, events at its phases' ends on the stream (the timeline's,
  *   when it records; else the end alone). run_device waits for the end, or, where the engine
  *   asks (HVLITE_NCCL_OVERLAP), leaves the batch running and hands the ticket over; settle then
- *   looks at it until it ends. A buffer of the set grows only once the stream passed every batch
- *   left running (grow).
+ *   looks at it until it ends. A buffer of the set grows only once the stream passed them all.
  * - Never hanging: every wait polls the ticket's end (or the stream's mark) and
- *   ncclCommGetAsyncError, bounded by the peer timeout from the batch's queueing or the set's
- *   previous batch's end, and by the engine's shutdown and fatal flags; on an NCCL error or a
- *   timeout the communicator is aborted and the error is fatal to this engine, as a failed MPI
- *   collective is (the set's other tickets fail with it).
+ *   ncclCommGetAsyncError, bounded by the peer timeout (from the batch's queueing or the set's
+ *   previous batch's end) and the engine's flags; on an NCCL error or a timeout the communicator
+ *   is aborted and the error is fatal to this engine (the set's other tickets fail with it).
  * bg thread only. */
 #include <float.h>
 #include <limits.h>
@@ -128,6 +125,7 @@ enum { IN_READY, COPIED_IN, REDUCED, ENDED, NPOINTS };
 typedef struct nccl_ticket {
     void *points[NPOINTS];
     double since;               /* when it was queued */
+    int fused;                  /* its copies in and out of the fusion buffer are phases */
     char what[64];              /* "NCCL allreduce" */
     char *name;                 /* its first tensor's (owned) */
     struct nccl_ticket *next;   /* the set's other tickets out */
@@ -349,6 +347,10 @@ static void ticket_phases(nccl_set *s, const nccl_ticket *t, double *phases)
         int known = t->points[i] && (i == ENDED || hvl__cuda_event_seconds(s->device, t->points[i],
                                                                             t->points[ENDED], &before) == HVL_OK);
         phases[i] = known ? now - before : 0;
+    }
+    if (!t->fused) {                        /* no copies: their points are the phases beside */
+        phases[COPIED_IN] = phases[IN_READY];
+        phases[REDUCED] = phases[ENDED];
     }
 }
 
@@ -704,7 +706,11 @@ static int settle(hvl_engine *e, hvl_pset *ps, void *state, void *ticket, int ho
     int rc;
     (void)ps;
     *done = 0;
-    if (how == HVL_SETTLE_STOPPING) bound.shutdown = NULL;   /* every member queued it: let it end */
+    /* Only a wait that blocks the engine gives up on the shutdown flag: a look never blocks, and
+     * an agreed stop lets the batch end (every member queued it), within 30 s if no peer
+     * timeout bounds it. */
+    if (how != HVL_SETTLE_WAIT) bound.shutdown = NULL;
+    if (how == HVL_SETTLE_STOPPING && bound.timeout_s <= 0) bound.timeout_s = 30.0;
     if (!s->comm) {
         rc = hvl__fail(HVL_ERR_NCCL, "%s of tensor '%s': an NCCL batch of its process set failed before it "
                        "ended", t->what, t->name);
@@ -748,8 +754,6 @@ static int run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device
     void *stream;
     nccl_ticket *t = NULL;
     int rc = hvl__cuda_stream(s->device, &stream);
-    for (int i = 0; i < b->ntensors && rc == HVL_OK; i++)
-        if (b->tensors[i].ready_event) rc = hvl__cuda_wait_event(s->device, b->tensors[i].ready_event);
     int one = ps->size == 1 && b->kind.op != HVL_ALLGATHER && b->kind.op != HVL_ALLTOALL;
     int fused = !one && fuses(e, s, b);
     if (rc == HVL_OK && fused) rc = fusion_room(e, ps, s, fused_bytes(b), &fused);
@@ -757,7 +761,10 @@ static int run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device
     ncclRedOp_t op = NC_SUM;
     int custom = 0;
     if (rc == HVL_OK && reduces && !one) rc = reduction_op(s, b, ps->size, &op, &custom);
+    for (int i = 0; i < b->ntensors && rc == HVL_OK; i++)     /* after any quiesce: not waited for */
+        if (b->tensors[i].ready_event) rc = hvl__cuda_wait_event(s->device, b->tensors[i].ready_event);
     if (rc == HVL_OK) rc = ticket_new(s, b, &t);
+    if (rc == HVL_OK) t->fused = fused;
     if (rc == HVL_OK) rc = ticket_point(s, t, IN_READY);
     if (rc == HVL_OK && fused) rc = fused_copies(s, b, 1);
     if (rc == HVL_OK) rc = ticket_point(s, t, COPIED_IN);

@@ -330,7 +330,8 @@ static void *bg_main(void *arg)
     int clean = rc == HVL_ERR_SHUT_DOWN && e->stop_agreed;   /* not after a wait gave up on shutdown */
     if (clean && hvl__execute_settle(e, HVL_SETTLE_STOPPING) != HVL_OK) {
         clean = 0;                  /* a peer may be gone: MPI_Finalize could wait on it */
-        stop_reason(hvl__last_status(), message, sizeof(message));
+        rc = hvl__last_status();
+        stop_reason(rc, message, sizeof(message));
     }
     hvl__execute_abandon(e, rc, message);
     hvl__queue_fail_all(e, rc, message);

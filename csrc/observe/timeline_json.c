@@ -299,7 +299,7 @@ static void batch_entry(writer_t *w, const batch_t *b, const char *name, int64_t
         const double at[5] = {b->t0, p.t_in, p.t_reduce, p.t_out, p.t_done};
         const char *phase[4] = {"WAIT_FOR_INPUTS", "MEMCPY_IN_FUSION_BUFFER", collective, "MEMCPY_OUT_FUSION_BUFFER"};
         for (int i = 0; i < 4; i++)
-            if (i == 0 || i == 2 || (b->count > 1 && at[i + 1] > at[i])) {   /* copies: fused only */
+            if (i == 0 || i == 2 || at[i + 1] > at[i]) {    /* copies: fused batches (equal times else) */
                 ev_span(w, tr->tid, at[i], at[i + 1], phase[i]);
                 HVL_JSON_LIT(&w->out, "}");
             }
