@@ -4,14 +4,14 @@
 # .whl/ carried along), e.g. with Horovod's test_torch.py carried as a git-ignored file:
 #     source .whl/setup.sh && HOROVOD_TEST_TORCH=.hvd/test_torch.py tools/gpu_check.sh all "$OUT"
 # all: everything below in one call (269 s on an H200, 2026-11-28, before the overlap runs were
-#      added: about 400 s now, so timeout_s 540): first, at once on the machine's cores,
+#      added: about 450 s now, so timeout_s 560): first, at once on the machine's cores,
 #      Horovod's suite on both paths (when HOROVOD_TEST_TORCH names its file), tests/gpu at 1
 #      rank, with NCCL batches left running (HVLITE_NCCL_OVERLAP=1) the NCCL file at 4 ranks and
 #      the torch and GPU files at 2, and tools/gpu_matrix.py (each test function of tests/gpu as
 #      its own job, 2 ranks, both paths, batches waited for); then, alone on the GPU, the test
-#      that fills it, the lost-rank tests (both ways) and the benchmarks (ResNet-50 three
-#      ways). Logs go to OUTDIR as two tarballs (what a device call brings back is at most 8
-#      files) and the benchmark tables to OUTDIR/bench.txt.
+#      that fills it, the lost-rank tests (both ways) and the benchmarks (NCCL at 2 and 4
+#      ranks, ResNet-50 three ways). Logs go to OUTDIR as two tarballs (what a device call
+#      brings back is at most 8 files) and the benchmark tables to OUTDIR/bench.txt.
 # 1, 2, 3: the older three parts, each within one call: part 1 correctness on both GPU paths,
 #      part 2 the failure bounds and the benchmarks, part 3 Horovod's test_torch.py on both paths.
 # Each step's output goes to OUTDIR (default: $OUT, else gpu-check/); a summary line per step
@@ -75,6 +75,7 @@ if [ "$part" = all ]; then
     alone no-room 40 env HVLITE_TEST_NCCL_HOSTID=per-rank hvlrun -np 2 $P $fill
     alone lost 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "lost_inside or killed_rank"
     alone nccl-2 40 hvlrun -np 2 python3 bench/gpu_nccl.py --hostid-per-rank --iters 5
+    alone nccl-4 50 hvlrun -np 4 python3 bench/gpu_nccl.py --hostid-per-rank --iters 3
     alone staged-2 30 hvlrun -np 2 python3 bench/gpu_allreduce.py --iters 5
     # ResNet-50's overhead against DDP's: batches waited for, left running, and left running
     # with 5 ms cycles (each cycle's batch is one NCCL call of a few ms over sockets: fewer,
