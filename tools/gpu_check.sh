@@ -4,14 +4,15 @@
 # .whl/ carried along), e.g. with Horovod's test_torch.py carried as a git-ignored file:
 #     source .whl/setup.sh && HOROVOD_TEST_TORCH=.hvd/test_torch.py tools/gpu_check.sh all "$OUT"
 # all: everything below in one call (269 s on an H200, 2026-11-28, before the overlap runs were
-#      added: about 450 s now, so timeout_s 560): first, at once on the machine's cores,
+#      added: about 500 s now, so timeout_s 580): first, at once on the machine's cores,
 #      Horovod's suite on both paths (when HOROVOD_TEST_TORCH names its file), tests/gpu at 1
 #      rank, with NCCL batches left running (HVLITE_NCCL_OVERLAP=1) the NCCL file at 4 ranks and
 #      the torch and GPU files at 2, and tools/gpu_matrix.py (each test function of tests/gpu as
 #      its own job, 2 ranks, both paths, batches waited for); then, alone on the GPU, the test
 #      that fills it, the lost-rank tests (both ways) and the benchmarks (NCCL at 2 and 4
-#      ranks, ResNet-50 three ways). Logs go to OUTDIR as two tarballs (what a device call
-#      brings back is at most 8 files) and the benchmark tables to OUTDIR/bench.txt.
+#      ranks, ResNet-50 three ways, and a timeline of a few overlapped steps). Logs go to
+#      OUTDIR as two tarballs (what a device call brings back is at most 8 files) and the
+#      benchmark tables to OUTDIR/bench.txt.
 # 1, 2, 3: the older three parts, each within one call: part 1 correctness on both GPU paths,
 #      part 2 the failure bounds and the benchmarks, part 3 Horovod's test_torch.py on both paths.
 # Each step's output goes to OUTDIR (default: $OUT, else gpu-check/); a summary line per step
@@ -85,6 +86,10 @@ if [ "$part" = all ]; then
     alone resnet50-2-nccl 75 hvlrun -np 2 python3 $resnet
     alone resnet50-2-overlap 75 env HVLITE_NCCL_OVERLAP=1 hvlrun -np 2 python3 $resnet
     alone resnet50-2-overlap-5ms 75 env HVLITE_NCCL_OVERLAP=1 HVLITE_CYCLE_TIME=5 hvlrun -np 2 python3 $resnet
+    # where a step's time goes with overlap: rank 0's timeline of a few steps (in logs-alone.tgz)
+    alone resnet50-2-timeline 60 env HVLITE_NCCL_OVERLAP=1 HVLITE_TIMELINE="$L/resnet50-overlap-timeline.json" \
+        hvlrun -np 2 python3 bench/step_overhead.py --device cuda --models resnet50 --batch-size 64 \
+        --planes shm --hostid-per-rank --pairs 6 --blocks 1
     alone staged-4 30 hvlrun -np 4 python3 bench/gpu_allreduce.py --iters 5
     tar czf "$out/logs-alone.tgz" -C "$L" . 2>/dev/null
     exit 0
