@@ -91,6 +91,7 @@ typedef struct {
                                    fails this batch only and the engine goes on */
     int timed;                  /* the timeline records it: a device plane times its phases */
     double phases[4];           /* timed device batch: its phases' ends (hvl_device_batch.phases) */
+    int left_running;           /* a device plane left it running past its cycle (execute.c) */
 } hvl_batch;
 typedef struct { hvl_batch *items; int count; hvl_entry **entry_store; } hvl_batch_list;
 /* Groups the agreed OK responses (resps[i] is entries[i]'s) in order; same result on every rank. */

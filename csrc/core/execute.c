@@ -435,6 +435,7 @@ static int keep_running(hvl_engine *e, hvl_batch *b, const hvl_plane *p, void *t
     hvl_in_flight *r = &e->in_flight[e->nin_flight++];
     *r = (hvl_in_flight){*b, *p, ticket, t0};
     r->b.entries = entries;
+    r->b.left_running = 1;
     return HVL_OK;
 }
 

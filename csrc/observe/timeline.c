@@ -166,9 +166,11 @@ void hvl__tl_batch(const hvl_batch *b, double t_start, int rc)
     while (first < npieces && pieces[first].t_in < t_start) first++;
     int n = npieces - first;
     double t_end = hvl__now();
-    cycle_batches++;
-    cycle_tensors += b->count;
-    for (int i = 0; i < b->count; i++) cycle_bytes += entry_bytes(b, b->entries[i]);
+    if (!b->left_running) {        /* one left running ends in another cycle, or between two */
+        cycle_batches++;
+        cycle_tensors += b->count;
+        for (int i = 0; i < b->count; i++) cycle_bytes += entry_bytes(b, b->entries[i]);
+    }
     if (record_begin(HVL_TL_BATCH)) {
         put_f64(t_start);
         put_f64(t_end);
@@ -179,6 +181,7 @@ void hvl__tl_batch(const hvl_batch *b, double t_start, int rc)
         put_i32(b->prescale != 1.0);
         put_i32(b->reduce_op == HVL_AVERAGE || b->postscale != 1.0);
         put_i32(device_phases);
+        put_i32(b->left_running);
         put_i32(n);
         put_str(b->backend);
         put_str(rc == HVL_OK ? "" : hvl_last_error());

@@ -49,6 +49,8 @@ typedef struct {
     hvl_timeline *tl;
     hvl_strmap tracks;          /* name -> track_t (the key is track->name) */
     int ntracks;
+    int gpu_tid;                /* the track of batches left running on the GPU; 0 until one */
+    double gpu_end;             /* where the last of them ended */
     hvl_buf out;                /* JSON of one write */
     int failed;
 } writer_t;
@@ -90,6 +92,16 @@ static void upper(char *dst, size_t n, const char *a, const char *b)
 
 /* ---- tracks ---- */
 
+static void name_track(writer_t *w, int tid, const char *name)
+{
+    hvl__buf_printf(&w->out, ",\n{\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"name\":\"thread_name\","
+                     "\"args\":{\"name\":", tid);
+    hvl__json_str(&w->out, name);
+    hvl__buf_printf(&w->out, "}},\n{\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"name\":\"thread_sort_index\","
+                     "\"args\":{\"sort_index\":%d}}", tid, tid);
+    w->tl->events += 2;
+}
+
 static track_t *track(writer_t *w, const char *name)
 {
     track_t *t = hvl__strmap_get(&w->tracks, name);
@@ -104,12 +116,7 @@ static track_t *track(writer_t *w, const char *name)
         w->failed = HVL_ERR_NO_MEMORY;
         return NULL;
     }
-    hvl__buf_printf(&w->out, ",\n{\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"name\":\"thread_name\","
-                     "\"args\":{\"name\":", t->tid);
-    hvl__json_str(&w->out, name);
-    hvl__buf_printf(&w->out, "}},\n{\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"name\":\"thread_sort_index\","
-                     "\"args\":{\"sort_index\":%d}}", t->tid, t->tid);
-    w->tl->events += 2;
+    name_track(w, t->tid, name);
     return t;
 }
 
@@ -227,6 +234,7 @@ typedef struct {
     double t0, t1;
     int op, dtype, status, count, scale_in, scale_out, npieces;
     int device;                 /* one piece: a device plane's phases (wait for inputs, collective) */
+    int left_running;           /* it ran on the GPU past its cycle (HVLITE_NCCL_OVERLAP) */
     const char *backend, *error;
     const char *pieces;         /* npieces x hvl_tl_piece, unaligned */
     int64_t bytes;              /* sum of the entries' */
@@ -321,7 +329,8 @@ static void on_batch(writer_t *w, cursor_t *c)
 {
     batch_t b = {.t0 = get_f64(c), .t1 = get_f64(c)};
     b.op = get_i32(c), b.dtype = get_i32(c), b.status = get_i32(c), b.count = get_i32(c);
-    b.scale_in = get_i32(c), b.scale_out = get_i32(c), b.device = get_i32(c), b.npieces = get_i32(c);
+    b.scale_in = get_i32(c), b.scale_out = get_i32(c), b.device = get_i32(c), b.left_running = get_i32(c);
+    b.npieces = get_i32(c);
     b.backend = get_str(c), b.error = get_str(c);
     b.pieces = c->p;
     if (b.npieces < 0 || b.count < 0 || c->bad) { c->bad = 1; return; }
@@ -339,7 +348,14 @@ static void on_batch(writer_t *w, cursor_t *c)
     }
     char op_name[32];
     upper(op_name, sizeof(op_name), "", hvl__op_name(b.op));
-    ev_span(w, 0, b.t0, b.t1, op_name);
+    if (b.left_running) {           /* its own track: it outlived its cycle, and overlaps others */
+        if (!w->gpu_tid) name_track(w, w->gpu_tid = ++w->ntracks, "GPU batches left running");
+        double t0 = b.t0 > w->gpu_end ? b.t0 : w->gpu_end;   /* the stream ran them in order */
+        ev_span(w, w->gpu_tid, t0, b.t1 > t0 ? b.t1 : t0, op_name);
+        w->gpu_end = b.t1;
+    } else {
+        ev_span(w, 0, b.t0, b.t1, op_name);
+    }
     hvl__buf_printf(&w->out, ",\"args\":{\"tensors\":%d,\"bytes\":%lld,\"dtype\":\"%s\",\"backend\":", b.count,
         (long long)b.bytes, hvl__dtype_name(b.dtype));
     hvl__json_str(&w->out, b.backend);

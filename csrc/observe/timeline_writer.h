@@ -6,8 +6,8 @@
  *   AGREED  f64 t, i32 status, i32 cache_hit, str name, str error
  *   NOTE    f64 t, str name, str what, str detail
  *   BATCH   f64 t0, f64 t1, i32 op, i32 dtype, i32 status, i32 count, i32 scale_in,
- *           i32 scale_out, i32 device, i32 npieces, str backend, str error, npieces x hvl_tl_piece,
- *           count x (i64 bytes, str name)
+ *           i32 scale_out, i32 device, i32 left_running, i32 npieces, str backend, str error,
+ *           npieces x hvl_tl_piece, count x (i64 bytes, str name)
  *   CYCLE   f64 t0, f64 t_negotiated, f64 t1, i32 agreed, i32 batches, i32 tensors, i64 bytes
  * The writer wakes every HVL_TL_FLUSH_S, or sooner once HVL_TL_FLUSH_BYTES of records wait. */
 #ifndef HVLITE_TIMELINE_WRITER_H

@@ -1,6 +1,9 @@
-"""The timeline on a one-rank job (rank 0 is the writer): the run-time API, its errors, and a
-file that stays valid JSON when the process is killed with SIGKILL while it records. Multi-rank
-coverage is in tests/test_timeline.py and tests/parallel/test_timeline.py."""
+"""The timeline on a one-rank job (rank 0 is the writer): the run-time API, its errors, a file
+that stays valid JSON when the process is killed with SIGKILL while it records, and how a GPU
+batch's phases are drawn (recorded through the engine's own hooks by a probe: no GPU here).
+Multi-rank coverage is in tests/test_timeline.py and tests/parallel/test_timeline.py; the GPU's
+own in tests/gpu/test_nccl_plane.py."""
+import ctypes
 import json
 import os
 import random
@@ -18,6 +21,7 @@ from hvlite.runner.procs.job_files import mapped_shm, remove_unused
 ROOT = __file__.rsplit("/tests/", 1)[0]
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import timeline_trace as tt  # noqa: E402
+from c_check import compile_c  # noqa: E402  (tests/unit, beside this file)
 
 MULTIPLIER = float(os.environ.get("HVLITE_TEST_TIMEOUT_MULTIPLIER", "1"))
 
@@ -133,3 +137,64 @@ def test_sigkill_while_recording_leaves_valid_json(tmp_path):
             events = json.load(f)                          # strict: no repair of a missing tail
         trace = tt.load(path)
         assert len(events) > 100 and len(trace.of("busy.0", "X", "ALLREDUCE")) >= 10
+
+
+@pytest.fixture(scope="module")
+def phases_probe(tmp_path_factory):
+    from hvlite import _core
+    out = str(tmp_path_factory.mktemp("probe") / "timeline_probe.so")
+    compile_c(["-shared", "-fPIC", "-o", out, os.path.join(ROOT, "tests", "unit", "timeline_probe.c")])
+    ctypes.CDLL(_core.__file__, mode=ctypes.RTLD_GLOBAL)    # the engine's symbols, for the probe
+    return ctypes.CDLL(out)
+
+
+PHASES = ["WAIT_FOR_INPUTS", "MEMCPY_IN_FUSION_BUFFER", "NCCL_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"]
+
+
+def test_a_gpu_batch_is_drawn_phase_by_phase(tmp_path, phases_probe):
+    """An NCCL batch's four phase ends (GPU events, on the host clock) become its tensors' spans:
+    every phase that took time, in order, inside the op; a batch without fusion copies (its
+    copy points at the phases beside, as the NCCL plane reports a lone tensor or a group of
+    per-tensor calls) has no copy spans; a time out of order is clamped to the phase before.
+    Batches left running past their cycle (HVLITE_NCCL_OVERLAP), which overlap on the host
+    clock, go on a track of their own, one after the other, so every track still nests."""
+    path = tmp_path / "phases.json"
+    hvd.start_timeline(str(path))
+    time.sleep(0.05)                  # the batches began after the timeline did (times before it clamp)
+    batches = {         # name: (tensors, began ms ago, phase ends in ms from start, left running)
+        "fused": (2, 10.0, [2.0, 4.0, 8.0, 9.0], 1),
+        "alone": (1, 10.0, [3.0, 3.0, 7.0, 7.0], 0),
+        "shuffled": (2, 10.0, [5.0, 3.0, 8.0, 9.0], 1),
+        "grouped": (3, 10.0, [3.0, 3.0, 7.0, 7.0], 1),
+    }
+    for name, (count, began, ends, left_running) in batches.items():
+        assert phases_probe.probe_device_batch(name.encode(), count, ctypes.c_double(began),
+                                               (ctypes.c_double * 4)(*ends), left_running) == 0
+    hvd.stop_timeline()
+    trace = tt.load(str(path))                      # checks that every track nests
+    expected = {                      # name: [(span, duration ms)]
+        "fused": [(PHASES[0], 2), (PHASES[1], 2), (PHASES[2], 4), (PHASES[3], 1)],
+        "alone": [(PHASES[0], 3), (PHASES[2], 4)],
+        "shuffled": [(PHASES[0], 5), (PHASES[2], 3), (PHASES[3], 1)],
+        "grouped": [(PHASES[0], 3), (PHASES[2], 4)],
+    }
+    for name, spans in expected.items():
+        for t in range(batches[name][0]):
+            track = "%s.%d" % (name, t)
+            op = trace.of(track, "X", "ALLREDUCE")
+            assert len(op) == 1 and op[0]["args"]["backend"] == "nccl", op
+            got = [e for e in trace.of(track, "X") if e["name"] in PHASES]
+            assert [e["name"] for e in got] == [s for s, _ in spans], (track, got)
+            for e, (_, ms) in zip(got, spans):
+                assert abs(e["dur"] - ms * 1e3) < 50, (track, e)     # microseconds
+            for before, after in zip(got, got[1:]):                  # one after the other
+                assert abs(before["ts"] + before["dur"] - after["ts"]) < 2, (before, after)
+            assert got[0]["ts"] >= op[0]["ts"] - 1
+            assert got[-1]["ts"] + got[-1]["dur"] <= op[0]["ts"] + op[0]["dur"] + 1
+    running = trace.of("GPU batches left running", "X")
+    assert [(e["name"], e["args"]["tensors"]) for e in running] == [("ALLREDUCE", 2), ("ALLREDUCE", 2),
+                                                                    ("ALLREDUCE", 3)], running
+    for before, after in zip(running, running[1:]):
+        assert before["ts"] + before["dur"] <= after["ts"] + 1, (before, after)
+    on_cycle_track = [e for e in trace.events[0] if e["ph"] == "X" and e["name"] == "ALLREDUCE"]
+    assert [e["args"]["tensors"] for e in on_cycle_track] == [1], on_cycle_track
