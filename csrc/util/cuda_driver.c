@@ -63,8 +63,8 @@ static struct {
 } cu;
 
 /* The table above, by exported name: dlsym fills each slot. */
-#define SYMBOL(slot, name) {(void **)&cu.slot, name}
-static const struct { void **slot; const char *name; } symbols[] = {
+#define SYMBOL(slot, name) HVL_SYMBOL(cu, slot, name)
+static const hvl_symbol symbols[] = {
     SYMBOL(init, "cuInit"), SYMBOL(driver_version, "cuDriverGetVersion"),
     SYMBOL(device_get, "cuDeviceGet"), SYMBOL(ctx_retain, "cuDevicePrimaryCtxRetain"),
     SYMBOL(ctx_release, "cuDevicePrimaryCtxRelease_v2"), SYMBOL(ctx_set_current, "cuCtxSetCurrent"),
@@ -113,13 +113,11 @@ static void load(void)
                  "NVIDIA driver on this machine", dlerror());
         return;
     }
-    for (size_t i = 0; i < sizeof(symbols) / sizeof(symbols[0]); i++) {
-        *symbols[i].slot = dlsym(lib, symbols[i].name);
-        if (!*symbols[i].slot) {
-            snprintf(load_error, sizeof(load_error), "the CUDA driver libcuda.so.1 has no %s: the "
-                     "driver is too old", symbols[i].name);
-            return;
-        }
+    const char *missing = hvl__bind_symbols(lib, symbols, sizeof(symbols) / sizeof(symbols[0]));
+    if (missing) {
+        snprintf(load_error, sizeof(load_error), "the CUDA driver libcuda.so.1 has no %s: the driver is "
+                 "too old", missing);
+        return;
     }
     if (check(cu.init(0), "cuInit") != HVL_OK || check(cu.driver_version(&driver_version),
                                                        "cuDriverGetVersion") != HVL_OK) {

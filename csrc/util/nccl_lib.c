@@ -11,8 +11,8 @@
 
 hvl_nccl_api hvl__nccl;
 
-#define SYMBOL(slot, name) {(void **)&hvl__nccl.slot, name}
-static const struct { void **slot; const char *name; } symbols[] = {
+#define SYMBOL(slot, name) HVL_SYMBOL(hvl__nccl, slot, name)
+static const hvl_symbol symbols[] = {
     SYMBOL(get_version, "ncclGetVersion"), SYMBOL(get_unique_id, "ncclGetUniqueId"),
     SYMBOL(comm_init_rank_config, "ncclCommInitRankConfig"), SYMBOL(comm_abort, "ncclCommAbort"),
     SYMBOL(comm_get_async_error, "ncclCommGetAsyncError"),
@@ -39,13 +39,10 @@ static void load(void)
         snprintf(load_error, sizeof(load_error), "NCCL could not be loaded from %s (%s)", path, dlerror());
         return;
     }
-    for (size_t i = 0; i < sizeof(symbols) / sizeof(symbols[0]); i++) {
-        *symbols[i].slot = dlsym(lib, symbols[i].name);
-        if (!*symbols[i].slot) {
-            snprintf(load_error, sizeof(load_error), "%s has no %s: NCCL 2.14 or later is needed", path,
-                     symbols[i].name);
-            return;
-        }
+    const char *missing = hvl__bind_symbols(lib, symbols, sizeof(symbols) / sizeof(symbols[0]));
+    if (missing) {
+        snprintf(load_error, sizeof(load_error), "%s has no %s: NCCL 2.14 or later is needed", path, missing);
+        return;
     }
     if (hvl__nccl.get_version(&version) != NC_SUCCESS) {
         snprintf(load_error, sizeof(load_error), "%s: ncclGetVersion failed", path);

@@ -1,6 +1,7 @@
 /* util.c: the few helpers too small for a file of their own: a hash (strmap keys, log-once
  * keys, process-set member lists), relaxed counters, and the tests' stop points. Any thread;
  * they call no other file. */
+#include <dlfcn.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,4 +35,11 @@ void hvl__nap(double *nap_s, double max_s)
     struct timespec ts = {(time_t)*nap_s, (long)((*nap_s - (double)(time_t)*nap_s) * 1e9)};
     nanosleep(&ts, NULL);
     *nap_s = *nap_s * 2 < max_s ? *nap_s * 2 : max_s;
+}
+
+const char *hvl__bind_symbols(void *lib, const hvl_symbol *symbols, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(*symbols[i].slot = dlsym(lib, symbols[i].name))) return symbols[i].name;
+    return NULL;
 }

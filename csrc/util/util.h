@@ -42,6 +42,13 @@ double hvl__now(void);                       /* monotonic seconds */
 /* Sleeps *nap_s, then doubles it up to max_s: the growing naps of a polling wait. */
 void hvl__nap(double *nap_s, double max_s);
 
+/* A library opened at run time (CUDA's driver, NCCL): its function table, each slot named by the
+ * symbol dlsym fills it from. hvl__bind_symbols fills every slot from `lib`: NULL once all were
+ * found, else the first missing name. */
+typedef struct { void **slot; const char *name; } hvl_symbol;
+#define HVL_SYMBOL(table, field, name) {(void **)&(table).field, name}
+const char *hvl__bind_symbols(void *lib, const hvl_symbol *symbols, size_t n);
+
 /* ---- small helpers (util.c; hvl__grow: buf.c) ---- */
 uint64_t hvl__hash(const void *data, size_t n, uint64_t h);   /* FNV-1a; start with HVL_HASH_SEED */
 #define HVL_HASH_SEED 1469598103934665603ULL

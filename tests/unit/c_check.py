@@ -1,5 +1,7 @@
 """Compiling engine files by themselves, for the unit tests that check them without a GPU:
-the CUDA toolkit's include folder, the build's MPI include flags, and a syntax-only compile."""
+the CUDA toolkit's include folder, the build's MPI include flags, a syntax-only compile, and
+test probes (small C files that call the engine's internal functions) loaded beside the engine."""
+import ctypes
 import glob
 import os
 import shutil
@@ -49,3 +51,13 @@ def compile_c(args, timeout=120):
     done = subprocess.run(command + mpi_include_args() + list(args), capture_output=True,
                           text=True, timeout=timeout)
     assert done.returncode == 0, " ".join(command + list(args)) + "\n" + done.stderr
+
+
+def load_probe(name, folder):
+    """tests/unit/NAME.c compiled into `folder` and loaded after the engine, whose symbols it
+    uses (made global first)."""
+    from hvlite import _core
+    out = os.path.join(str(folder), name + ".so")
+    compile_c(["-shared", "-fPIC", "-o", out, os.path.join(ROOT, "tests", "unit", name + ".c")])
+    ctypes.CDLL(_core.__file__, mode=ctypes.RTLD_GLOBAL)
+    return ctypes.CDLL(out)

@@ -20,10 +20,10 @@ import textwrap
 import pytest
 
 import hvlite
-from hvlite import _core, _nccl_find
+from hvlite import _nccl_find
 from hvlite._lib import lib
 
-from c_check import CSRC, ROOT, compile_c, cuda_header_dir
+from c_check import CSRC, compile_c, cuda_header_dir, load_probe
 
 
 def nccl_header():
@@ -61,10 +61,7 @@ def test_plane_declarations_match_nccl_h():
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("probe") / "nccl_plane_probe.so")
-    compile_c(["-shared", "-fPIC", "-o", out, os.path.join(ROOT, "tests", "unit", "nccl_plane_probe.c")])
-    ctypes.CDLL(_core.__file__, mode=ctypes.RTLD_GLOBAL)    # the engine's symbols, for the probe
-    return ctypes.CDLL(out)
+    return load_probe("nccl_plane_probe", tmp_path_factory.mktemp("probe"))
 
 
 def verdict(probe, members, ranks=None):

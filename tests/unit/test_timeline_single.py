@@ -21,7 +21,7 @@ from hvlite.runner.procs.job_files import mapped_shm, remove_unused
 ROOT = __file__.rsplit("/tests/", 1)[0]
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import timeline_trace as tt  # noqa: E402
-from c_check import compile_c  # noqa: E402  (tests/unit, beside this file)
+from c_check import load_probe  # noqa: E402  (tests/unit, beside this file)
 
 MULTIPLIER = float(os.environ.get("HVLITE_TEST_TIMEOUT_MULTIPLIER", "1"))
 
@@ -141,11 +141,7 @@ def test_sigkill_while_recording_leaves_valid_json(tmp_path):
 
 @pytest.fixture(scope="module")
 def phases_probe(tmp_path_factory):
-    from hvlite import _core
-    out = str(tmp_path_factory.mktemp("probe") / "timeline_probe.so")
-    compile_c(["-shared", "-fPIC", "-o", out, os.path.join(ROOT, "tests", "unit", "timeline_probe.c")])
-    ctypes.CDLL(_core.__file__, mode=ctypes.RTLD_GLOBAL)    # the engine's symbols, for the probe
-    return ctypes.CDLL(out)
+    return load_probe("timeline_probe", tmp_path_factory.mktemp("probe"))
 
 
 PHASES = ["WAIT_FOR_INPUTS", "MEMCPY_IN_FUSION_BUFFER", "NCCL_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"]
