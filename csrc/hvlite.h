@@ -123,6 +123,7 @@ typedef struct {
     int64_t cache_hits;         /* responses agreed by the bit-vector fast path */
     int64_t cache_misses;       /* responses agreed through the coordinator */
     int64_t stall_warnings;     /* stall warnings issued (rank 0 only) */
+    int64_t tensors_held_for_gpu;   /* CUDA requests kept out of negotiation until the GPU wrote them */
 } hvl_counters;
 
 /* What one data plane ran since hvl_init: collectives (fused batches) and their payload bytes.

@@ -10,7 +10,7 @@
 #      the torch and GPU files at 2, and tools/gpu_matrix.py (each test function of tests/gpu as
 #      its own job, 2 ranks, both paths, batches waited for); then, alone on the GPU, the test
 #      that fills it, the lost-rank tests (both ways) and the benchmarks (NCCL at 2 and 4
-#      ranks, ResNet-50 three ways, and a timeline of a few overlapped steps). Logs go to
+#      ranks, ResNet-50 four ways, and a timeline of a few overlapped steps). Logs go to
 #      OUTDIR as two tarballs (what a device call brings back is at most 8 files) and the
 #      benchmark tables to OUTDIR/bench.txt.
 # 1, 2, 3: the older three parts, each within one call: part 1 correctness on both GPU paths,
@@ -78,14 +78,15 @@ if [ "$part" = all ]; then
     alone nccl-2 40 hvlrun -np 2 python3 bench/gpu_nccl.py --hostid-per-rank --iters 5
     alone nccl-4 50 hvlrun -np 4 python3 bench/gpu_nccl.py --hostid-per-rank --iters 3
     alone staged-2 30 hvlrun -np 2 python3 bench/gpu_allreduce.py --iters 5
-    # ResNet-50's overhead against DDP's: batches waited for, left running, and left running
-    # with 5 ms cycles (each cycle's batch is one NCCL call of a few ms over sockets: fewer,
-    # larger batches may pay)
+    # ResNet-50's overhead against DDP's (on NCCL, then on gloo for the staged path): batches
+    # waited for, left running (HVLITE_NCCL_OVERLAP=1), and CUDA tensors negotiated as soon as
+    # submitted instead of once the GPU wrote them (HVLITE_GPU_READY_ONLY=0, as before stop 37)
     resnet="bench/step_overhead.py --device cuda --models resnet50 --batch-size 64 --planes shm --ddp \
-        --hostid-per-rank --pairs 24 --blocks 3"
-    alone resnet50-2-nccl 75 hvlrun -np 2 python3 $resnet
-    alone resnet50-2-overlap 75 env HVLITE_NCCL_OVERLAP=1 hvlrun -np 2 python3 $resnet
-    alone resnet50-2-overlap-5ms 75 env HVLITE_NCCL_OVERLAP=1 HVLITE_CYCLE_TIME=5 hvlrun -np 2 python3 $resnet
+        --pairs 18 --blocks 3"
+    alone resnet50-2-nccl 75 hvlrun -np 2 python3 $resnet --hostid-per-rank
+    alone resnet50-2-overlap 75 env HVLITE_NCCL_OVERLAP=1 hvlrun -np 2 python3 $resnet --hostid-per-rank
+    alone resnet50-2-nccl-unheld 75 env HVLITE_GPU_READY_ONLY=0 hvlrun -np 2 python3 $resnet --hostid-per-rank
+    alone resnet50-2-staged 75 hvlrun -np 2 python3 $resnet
     # where a step's time goes with overlap: rank 0's timeline of a few steps (in logs-alone.tgz)
     alone resnet50-2-timeline 60 env HVLITE_NCCL_OVERLAP=1 HVLITE_TIMELINE="$L/resnet50-overlap-timeline.json" \
         hvlrun -np 2 python3 bench/step_overhead.py --device cuda --models resnet50 --batch-size 64 \

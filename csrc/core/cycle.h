@@ -67,6 +67,11 @@ void hvl__entry_detach(hvl_engine *e, hvl_entry *en);
 void hvl__queue_fail_set(hvl_engine *e, int set, const char *message);  /* pending entries of a set */
 void hvl__queue_fail_all(hvl_engine *e, int status, const char *message);  /* stops accepting */
 
+/* ---- holding (ready.c) ---- */
+/* Marks the pending entries kept out of this cycle's negotiation (en->held): CUDA tensors the
+ * GPU has not written yet, and the groups they belong to (see ready.c). Cannot fail. */
+void hvl__ready_hold(hvl_engine *e);
+
 /* ---- negotiation (negotiate.c with cache.c and coordinator.c): agree with every rank on
  * what runs this cycle, in order ---- */
 int hvl__negotiation_create(hvl_engine *e, hvl_negotiation **out);

@@ -248,13 +248,15 @@ out:
     return rc;
 }
 
-/* One cycle: take new requests, agree on what runs, run it; then autotune's sample. */
+/* One cycle: take new requests, hold those the GPU has not written yet, agree on what runs,
+ * run it; then autotune's sample. */
 static int run_cycle(hvl_engine *e, hvl_response_list *agreed)
 {
     double woke = hvl__now();
     int tl = hvl__tl_active();     /* timeline (rank 0): cycle spans */
     if (tl) hvl__tl_cycle_begin();
     HVL_CHECK(hvl__queue_drain(e));
+    hvl__ready_hold(e);
     HVL_CHECK(hvl__negotiate(e, agreed));
     if (tl) hvl__tl_negotiated();
     HVL_CHECK(run_agreed(e, agreed));

@@ -115,6 +115,7 @@ static int mark_ready(hvl_engine *e, hvl_negotiation *n)
     for (hvl_entry *en = e->pending_head; en; en = en->next_pending) {
         en->cache_slot = -1;
         if (en->sent) { need_full = 1; continue; }
+        if (en->held) continue;         /* its GPU has not written it yet (ready.c) */
         int slot = n->cache && !e->cache_bypass ? hvl__cache_find(n->cache, &en->d) : -1;
         if (slot < 0 || now - en->enqueued_at > PATIENCE_S) { need_full = 1; continue; }
         en->cache_slot = slot;
@@ -238,7 +239,7 @@ static int full_round(hvl_engine *e, hvl_negotiation *n, hvl_response_list *out)
     if (blocked_for >= REPORT_WAITS_AFTER_S) hvl__waits_describe(&mine);
     else hvl__buf_i32(&mine, 0);
     for (hvl_entry *en = e->pending_head; en; en = en->next_pending) {
-        if (en->sent || (en->cache_slot >= 0 && bit_set(n->bits_all, en->cache_slot))) continue;
+        if (en->sent || en->held || (en->cache_slot >= 0 && bit_set(n->bits_all, en->cache_slot))) continue;
         hvl__wire_put_desc(&mine, &en->d);
         en->sent = 1;
     }

@@ -82,6 +82,9 @@ static const param_def table[] = {
     {"NCCL_OVERLAP", P_INT, RANK0, F(nccl_overlap), "0",
      "1: the engine negotiates and queues the next batches while NCCL batches run on the GPU (their "
      "handles complete when the GPU is seen to finish them), instead of waiting for each"},
+    {"GPU_READY_ONLY", P_INT, LOCAL, F(gpu_ready_only), "1",
+     "1: a CUDA tensor enters negotiation once the GPU has written it (the event recorded at submit), "
+     "so batches follow the GPU's progress as DDP's buckets do; 0: as soon as it is submitted"},
     {"NCCL_LIB", P_PATH, LOCAL, F(nccl_lib), "",
      "the NCCL library (libnccl.so.2) the GPU plane loads; hvlite.init() sets it to torch's "
      "nvidia-nccl wheel when unset; else the loader's libnccl.so.2"},

@@ -271,7 +271,7 @@ int hvl_enqueue(const hvl_request *q, int64_t *handle_out)
         pthread_mutex_unlock(&names_lock);
     }
     if (rc == HVL_OK) {
-        en->burst = burst_depth ? burst_id : 0;
+        en->burst = en->group = burst_depth ? burst_id : 0;
         en->burst_began = burst_began;
         /* A burst's requests wait for its end, which wakes the bg thread; another request wakes
          * it unless that was done since its last drain. It checks the queue under this lock
@@ -342,6 +342,7 @@ int hvl__queue_drain(hvl_engine *e)
         /* after a failure (fatal) the rest are still linked, so the stop frees them */
         if (rc == HVL_OK) rc = hvl__strmap_put(&e->pending, en->d.name, en);
         if (en->d.op == HVL_JOIN) e->joined = 1;
+        en->gpu_pending = en->ready_event && e->params.gpu_ready_only;
         en->prev_pending = e->pending_tail;
         en->next_pending = NULL;
         if (e->pending_tail) e->pending_tail->next_pending = en; else e->pending_head = en;

@@ -65,7 +65,11 @@ typedef struct hvl_entry {
     int cache_slot;             /* bg only: this cycle's cache slot, or -1 */
     int synthetic;              /* bg only: made for a joined rank; owns zero input/output */
     int detached;               /* bg only: left the pending map, its batch running on the GPU */
+    int gpu_pending;            /* bg only: 1 or 2 (held before) while the GPU may not have written
+                                   the CUDA input yet (ready.c) */
+    int held;                   /* bg only: kept out of this cycle's negotiation (ready.c) */
     double enqueued_at;
+    uint64_t group;             /* the burst it was submitted in, for good (0: none) */
     uint64_t burst;             /* queue_lock: its thread's open burst, 0 once that ended (queue.c) */
     double burst_began;         /* when that burst began: the queue holds it at most BURST_HOLD_S */
     struct hvl_entry *next;     /* queue link (queue_lock) */

@@ -4,10 +4,14 @@ the staged path, elastic state of a CUDA model. (Every collective x dtype x form
 tensors: tests/parallel/test_torch_ops.py and test_torch_training.py with
 HVLITE_TEST_DEVICE=cuda, which tests/test_gpu.py also runs.)
 SPMD: run by hvlrun, on a machine with a GPU."""
+import os
+import time
+
 import numpy as np
 import pytest
 import torch
 
+import hvlite
 import hvlite.torch as hvd
 from adasum_reference import adasum, assert_close
 
@@ -48,6 +52,30 @@ def test_a_tensor_still_being_written_on_a_side_stream_is_reduced_after_the_writ
         side.synchronize()
         assert out.device == CUDA
         assert torch.all(out == SIZE * (SIZE + 1) / 2), (trial, out[:4])
+
+
+@pytest.mark.skipif(os.environ.get("HVLITE_GPU_READY_ONLY") == "0", reason="holding is off")
+def test_a_cuda_tensor_the_gpu_has_not_written_waits_out_of_negotiation_holding_nothing_up():
+    """A CUDA tensor enters negotiation once the GPU has written it (csrc/core/ready.c). One
+    submitted behind about a second of GPU work is held there (the counter says so), while a host
+    allreduce submitted after it completes at once; then it is reduced after the write. Were it
+    negotiated at once, its batch would wait on the GPU and the host allreduce behind it (the
+    staged path and NCCL without HVLITE_NCCL_OVERLAP)."""
+    held = hvlite.engine_counters()["tensors_held_for_gpu"]
+    x = torch.zeros(1 << 16, device=CUDA)
+    torch.cuda.synchronize()                          # test set-up only
+    torch.cuda._sleep(2_000_000_000)                  # ~1 s of GPU time on the current stream
+    x.fill_(RANK + 1)
+    handle = hvd.allreduce_async(x, op=hvd.Sum, name="held.for.gpu")
+    start = time.monotonic()
+    host = hvd.allreduce(torch.full((4,), float(RANK + 1)), op=hvd.Sum, name="held.host")
+    host_s = time.monotonic() - start
+    waiting = not hvd.poll(handle)
+    out = hvd.synchronize(handle)
+    total = SIZE * (SIZE + 1) / 2
+    assert torch.all(host == total) and torch.all(out == total), (host, out[:4])
+    assert hvlite.engine_counters()["tensors_held_for_gpu"] > held
+    assert waiting and host_s < 0.5, ("the host allreduce waited for the GPU", host_s)
 
 
 def test_results_come_back_on_the_input_device_for_every_op():
