@@ -5,7 +5,8 @@
  * while nothing else does. Held back instead until the GPU has reached the event the framework
  * recorded at submit (a query, never a wait), tensors are negotiated as the GPU writes them: the
  * batches follow the GPU's progress, as DDP's buckets do, and only the last layers' gradients
- * are left to exchange when the backward pass ends. Horovod holds GPU tensors the same way.
+ * are left to exchange when the backward pass ends. (Horovod negotiates them at once and waits
+ * for the events when it runs the batch, its thread blocked, as hvlite did before.)
  *
  * Rules (hvl__ready_hold, once a cycle, before negotiation):
  * - only entries with a ready event (CUDA memory) are held, never after they were sent to the
@@ -16,26 +17,29 @@
  *   found by the batch's own bounded waits, with their error, as without the hold;
  * - a query that fails releases the entry (the batch's own CUDA calls report the error).
  * The coordinator's deadlock check takes a tensor it has not received from a rank as in flight,
- * so a held tensor never counts as a deadlock. HVLITE_GPU_READY_ONLY=0 turns holding off.
+ * so a held tensor never counts as a deadlock. The timeline marks where a held tensor's hold
+ * ended (GPU_READY, with why). HVLITE_GPU_READY_ONLY=0 turns holding off.
  * bg thread only. */
 #include "cuda_driver.h"
 #include "cycle.h"
+#include "timeline.h"
 
 #define HOLD_MAX_S 5.0
 #define GROUPS_TRACKED 16     /* groups still held, remembered per cycle; more: hold every group */
 
-/* Whether the GPU is past the entry's ready event: 1 once it is, or once holding it any longer
- * would serve nothing (sent, held too long, a failed query). */
-static int written(hvl_entry *en, double now)
+/* NULL while the entry stays held; else why it no longer is: the GPU is past its ready event,
+ * or holding it any longer would serve nothing (sent, held too long, a failed query). */
+static const char *released(hvl_entry *en, double now)
 {
     int done = 0;
-    if (en->sent || now - en->enqueued_at > HOLD_MAX_S) return 1;
+    if (en->sent) return "sent to the coordinator";
+    if (now - en->enqueued_at > HOLD_MAX_S) return "held for the longest time allowed: its batch waits for the GPU";
     if (hvl__cuda_event_reached(en->device, en->ready_event, &done) != HVL_OK) {
         hvl__log_once("gpu ready query", HVL_LOG_DEBUG, "tensor '%s': querying its ready event "
                       "failed (%s); it is negotiated without waiting for it", en->d.name, hvl_last_error());
-        return 1;
+        return "its ready event could not be queried";
     }
-    return done;
+    return done ? "the GPU wrote it" : NULL;
 }
 
 void hvl__ready_hold(hvl_engine *e)
@@ -45,7 +49,11 @@ void hvl__ready_hold(hvl_engine *e)
     double now = hvl__now();
     if (!hvl__cuda_loaded()) return;      /* no CUDA request yet: nothing is ever held */
     for (hvl_entry *en = e->pending_head; en; en = en->next_pending) {
-        if (en->gpu_pending && written(en, now)) en->gpu_pending = 0;
+        const char *why = en->gpu_pending ? released(en, now) : NULL;
+        if (why) {
+            if (en->gpu_pending == 2 && hvl__tl_active()) hvl__tl_note(en->d.name, "GPU_READY", why);
+            en->gpu_pending = 0;
+        }
         en->held = en->gpu_pending != 0;
         if (en->gpu_pending == 1) {           /* held the first time */
             en->gpu_pending = 2;
