@@ -168,21 +168,31 @@ class Subject:
         return times
 
 
+ENGINE_COUNTS = ("collectives", "nccl_collectives", "tensors_held_for_gpu")
+
+
 def measure(subjects, planes, args, comm):
-    """Run the blocks; returns ({(model, plane): times}, {plane: shm data plane used})."""
+    """Run the blocks; returns ({(model, plane): times}, {plane: shm data plane used},
+    {plane: {counter: total over the blocks, "rounds": rounds run}}), the counters being this
+    rank's ENGINE_COUNTS (each restart zeroes them, so they are read at each block's end)."""
     order_rng = np.random.default_rng(args.seed)  # same seed on every rank: same order
     start = {n: v for n, v in os.environ.items() if n.startswith(("HVLITE_", "HOROVOD_"))}
     runs = {(s.name, p): [] for s in subjects for p in planes}
     shm_used = {}
+    counts = {p: dict.fromkeys(ENGINE_COUNTS + ("rounds",), 0) for p in planes}
     for _ in range(args.blocks):
         for plane in [planes[i] for i in order_rng.permutation(len(planes))]:
             restart_engine(hvd, start, PLANES[plane])
             for s in subjects:
                 s.rounds(args.warmup, order_rng)
                 runs[s.name, plane].append(s.rounds(args.per_block, order_rng))
-            shm_used[plane] = hvlite.engine_counters()["shm_collectives"] > 0
+            counters = hvlite.engine_counters()
+            shm_used[plane] = counters["shm_collectives"] > 0
+            for name in ENGINE_COUNTS:
+                counts[plane][name] += counters.get(name, 0)
+            counts[plane]["rounds"] += (args.warmup + args.per_block) * len(subjects)
     restart_engine(hvd, start, {})
-    return {k: np.concatenate(v) for k, v in runs.items()}, shm_used
+    return {k: np.concatenate(v) for k, v in runs.items()}, shm_used, counts
 
 
 def interval(values):
@@ -269,7 +279,7 @@ def ddp_row(name, plane, st):
             fmt_ci(interval(h["boot"] / d["boot"]), 1)]
 
 
-def report(subjects, planes, runs, shm_used, args, comm, load):
+def report(subjects, planes, runs, shm_used, counts, args, comm, load):
     """Print the tables (rank 0) and return them for --json. `load`: the 1-minute load
     averages before and after the measurement (the machine's other work)."""
     rng = np.random.default_rng(args.seed + 1)
@@ -296,6 +306,13 @@ def report(subjects, planes, runs, shm_used, args, comm, load):
         ["model", "plane", "plain bwd", "ovh in bwd", "95% CI", "plain step()", "ovh in step()",
          "95% CI", "+-% ovh", "step()/hvl", "95% CI"],
         [parts_row(s, label[p], st) for s, p, st in cells], key_columns=2))
+    tables.append(print_table(
+        "what rank 0's engine ran per round (warm-up rounds included; a round is one step of "
+        "each item: the DistributedOptimizer step's batches, plus 1 for the hvl allreduce; "
+        "every model of the run together)",
+        ["plane", "rounds", "collectives", "on NCCL", "CUDA tensors held for the GPU"],
+        [[label[p], c["rounds"]] + ["%.1f" % (c[n] / max(1, c["rounds"])) for n in ENGINE_COUNTS]
+         for p, c in counts.items()]))
     if len(planes) == 2:
         a, b = planes
         tables.append(print_table(
@@ -361,10 +378,10 @@ def main():
                 for m in args.models]
     torch.manual_seed(args.seed + 1 + comm.rank)  # batches: each rank its own data
     load = [os.getloadavg()[0]]
-    runs, shm_used = measure(subjects, args.planes, args, comm)
+    runs, shm_used, counts = measure(subjects, args.planes, args, comm)
     load.append(os.getloadavg()[0])
     if comm.rank == 0:
-        tables = report(subjects, args.planes, runs, shm_used, args, comm, load)
+        tables = report(subjects, args.planes, runs, shm_used, counts, args, comm, load)
         if args.json:
             write_json(args.json, tables, columns=subjects[0].columns, seconds={
                 "%s/%s" % k: v.tolist() for k, v in runs.items()})
