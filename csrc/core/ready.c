@@ -10,30 +10,42 @@
  *
  * Rules (hvl__ready_hold, once a cycle, before negotiation):
  * - only entries with a ready event (CUDA memory) are held, never after they were sent to the
- *   coordinator, and nothing else waits for them (host tensors and ops without data go on);
+ *   coordinator;
  * - a group (one burst: a grouped call, a gradient bucket) is held while any member is, so it
- *   still enters negotiation, and fuses, as one;
- * - at most HOLD_MAX_S after submit: a GPU that does not get there (a kernel that hangs) is then
- *   found by the batch's own bounded waits, with their error, as without the hold;
+ *   still enters negotiation, and fuses, as one; nothing outside the group waits for it;
+ * - nothing submitted before an op without data (barrier, join, process-set changes) is held:
+ *   that op must not overtake it (a join that completed first would leave it without the
+ *   joined ranks' stand-ins; a set removed first would fail it);
+ * - at most hold_max(): a GPU that does not get there (a kernel that hangs) is then found by the
+ *   batch's own bounded waits, with their error, as without the hold. It is half the deadlock
+ *   check's time at most: a rank that holds X and then waits on Y, while a peer waits on X
+ *   before it submits Y, is no deadlock, but looks like one while X is held;
  * - a query that fails releases the entry (the batch's own CUDA calls report the error).
  * The coordinator's deadlock check takes a tensor it has not received from a rank as in flight,
- * so a held tensor never counts as a deadlock. The timeline marks where a held tensor's hold
- * ended (GPU_READY, with why). HVLITE_GPU_READY_ONLY=0 turns holding off.
+ * so the holder's own waits never count as a deadlock. The timeline marks where a held tensor's
+ * hold ended (GPU_READY, with why). HVLITE_GPU_READY_ONLY=0 turns holding off.
  * bg thread only. */
 #include "cuda_driver.h"
 #include "cycle.h"
 #include "timeline.h"
 
 #define HOLD_MAX_S 5.0
-#define GROUPS_TRACKED 16     /* groups still held, remembered per cycle; more: hold every group */
+#define GROUPS_TRACKED 16     /* groups still held, remembered per cycle; more: not held as groups */
+
+static double hold_max(const hvl_engine *e)
+{
+    double deadlock_s = e->params.deadlock_s;
+    return deadlock_s > 0 && deadlock_s / 2 < HOLD_MAX_S ? deadlock_s / 2 : HOLD_MAX_S;
+}
 
 /* NULL while the entry stays held; else why it no longer is: the GPU is past its ready event,
- * or holding it any longer would serve nothing (sent, held too long, a failed query). */
-static const char *released(hvl_entry *en, double now)
+ * or holding it any longer would serve nothing or harm (see the rules). */
+static const char *released(const hvl_engine *e, hvl_entry *en, double now, int before_op)
 {
     int done = 0;
     if (en->sent) return "sent to the coordinator";
-    if (now - en->enqueued_at > HOLD_MAX_S) return "held for the longest time allowed: its batch waits for the GPU";
+    if (before_op) return "an op without data submitted after it must not overtake it";
+    if (now - en->enqueued_at > hold_max(e)) return "held for the longest time allowed: its batch waits for the GPU";
     if (hvl__cuda_event_reached(en->device, en->ready_event, &done) != HVL_OK) {
         hvl__log_once("gpu ready query", HVL_LOG_DEBUG, "tensor '%s': querying its ready event "
                       "failed (%s); it is negotiated without waiting for it", en->d.name, hvl_last_error());
@@ -48,8 +60,13 @@ void hvl__ready_hold(hvl_engine *e)
     int ngroups = 0, overflow = 0;
     double now = hvl__now();
     if (!hvl__cuda_loaded()) return;      /* no CUDA request yet: nothing is ever held */
+    hvl_entry *last_op = NULL;            /* the last pending op without data */
+    for (hvl_entry *en = e->pending_head; en; en = en->next_pending)
+        if (!hvl__op_is(en->d.op, HVL_OPF_DATA)) last_op = en;
+    int before_op = last_op != NULL;
     for (hvl_entry *en = e->pending_head; en; en = en->next_pending) {
-        const char *why = en->gpu_pending ? released(en, now) : NULL;
+        if (en == last_op) before_op = 0;
+        const char *why = en->gpu_pending ? released(e, en, now, before_op) : NULL;
         if (why) {
             if (en->gpu_pending == 2 && hvl__tl_active()) hvl__tl_note(en->d.name, "GPU_READY", why);
             en->gpu_pending = 0;
@@ -65,10 +82,11 @@ void hvl__ready_hold(hvl_engine *e)
         if (known) continue;
         if (ngroups < GROUPS_TRACKED) groups[ngroups++] = en->group; else overflow = 1;
     }
-    if (!ngroups) return;
+    if (!ngroups || overflow) return;     /* too many groups held at once: each goes on its own */
+    before_op = last_op != NULL;
     for (hvl_entry *en = e->pending_head; en; en = en->next_pending) {
-        if (en->held || !en->group || en->sent) continue;
+        if (en == last_op) before_op = 0;
+        if (en->held || !en->group || en->sent || before_op || now - en->enqueued_at > hold_max(e)) continue;
         for (int i = 0; i < ngroups && !en->held; i++) en->held = groups[i] == en->group;
-        en->held |= overflow;
     }
 }

@@ -78,6 +78,19 @@ def test_a_cuda_tensor_the_gpu_has_not_written_waits_out_of_negotiation_holding_
     assert waiting and host_s < 0.5, ("the host allreduce waited for the GPU", host_s)
 
 
+def test_an_op_without_data_never_overtakes_a_cuda_tensor_still_being_written():
+    """A held CUDA tensor is released when an op without data (here a barrier) is submitted
+    after it, so it runs first, as submitted: once the barrier returns, it is done."""
+    x = torch.zeros(1 << 16, device=CUDA)
+    torch.cuda.synchronize()                          # test set-up only
+    torch.cuda._sleep(1_000_000_000)                  # ~0.5 s of GPU time on the current stream
+    x.fill_(RANK + 1)
+    handle = hvd.allreduce_async(x, op=hvd.Sum, name="before.barrier")
+    hvd.barrier()
+    assert hvd.poll(handle), "the barrier overtook a tensor submitted before it"
+    assert torch.all(hvd.synchronize(handle) == SIZE * (SIZE + 1) / 2)
+
+
 def test_results_come_back_on_the_input_device_for_every_op():
     x = torch.arange(SIZE * 2, dtype=torch.float32, device=CUDA).reshape(SIZE, 2)
     results = [hvd.allreduce(x), hvd.allgather(x), hvd.broadcast(x, 0), hvd.alltoall(x),
