@@ -68,13 +68,17 @@ def test_step_overhead_bench_smoke(tmp_path):
     assert "training-step overhead of gradient communication, 2 ranks" in job.stdout, out
     assert "(unused" not in job.stdout, out      # the shm plane really ran on one host
     result = json.loads(out_json.read_text())
-    overhead, parts, planes = result["tables"]
+    overhead, parts, engine, planes = result["tables"]
     assert [tuple(r[:2]) for r in overhead["rows"]] == [
         ("mlp", "shm"), ("mlp", "mpi"), ("resnet", "shm"), ("resnet", "mpi")], out
     assert all(isinstance(r[overhead["columns"].index("overhead med")], float)
                for r in overhead["rows"]), overhead
     assert [tuple(r[:2]) for r in parts["rows"]] == [tuple(r[:2]) for r in overhead["rows"]], out
     assert [r[0] for r in planes["rows"]] == ["mlp", "resnet"], out
+    # each round: at least the step's batch and the hvl allreduce; no CUDA here, nothing held
+    assert [r[0] for r in engine["rows"]] == ["shm", "mpi"], engine
+    assert all(r[1] >= 4 and float(r[2]) >= 2 and float(r[3]) == 0 and float(r[4]) == 0
+               for r in engine["rows"]), engine
     assert result["columns"] == ["dist", "plain", "hvl", "mpi4py", "dist backward",
                                  "plain backward"]
     for cell, rounds in result["seconds"].items():
