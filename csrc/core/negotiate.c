@@ -117,7 +117,7 @@ static int mark_ready(hvl_engine *e, hvl_negotiation *n)
         if (en->sent) { need_full = 1; continue; }
         if (en->held) continue;         /* its GPU has not written it yet (ready.c) */
         int slot = n->cache && !e->cache_bypass ? hvl__cache_find(n->cache, &en->d) : -1;
-        if (slot < 0 || now - en->enqueued_at > PATIENCE_S) { need_full = 1; continue; }
+        if (slot < 0 || now - en->ready_at > PATIENCE_S) { need_full = 1; continue; }
         en->cache_slot = slot;
         n->bits_mine[1 + slot / 64] |= (uint64_t)1 << (slot % 64);
     }

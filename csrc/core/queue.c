@@ -343,6 +343,7 @@ int hvl__queue_drain(hvl_engine *e)
         if (rc == HVL_OK) rc = hvl__strmap_put(&e->pending, en->d.name, en);
         if (en->d.op == HVL_JOIN) e->joined = 1;
         en->gpu_pending = en->ready_event && e->params.gpu_ready_only;
+        en->ready_at = en->enqueued_at;
         en->prev_pending = e->pending_tail;
         en->next_pending = NULL;
         if (e->pending_tail) e->pending_tail->next_pending = en; else e->pending_head = en;

@@ -12,7 +12,8 @@
  * - only entries with a ready event (CUDA memory) are held, never after they were sent to the
  *   coordinator;
  * - a group (one burst: a grouped call, a gradient bucket) is held while any member is, so it
- *   still enters negotiation, and fuses, as one; nothing outside the group waits for it;
+ *   still enters negotiation, and fuses, as one (while at most GROUPS_TRACKED groups are held:
+ *   past that, each member goes on its own); nothing outside the group waits for it;
  * - nothing submitted before an op without data (barrier, join, process-set changes) is held:
  *   that op must not overtake it (a join that completed first would leave it without the
  *   joined ranks' stand-ins; a set removed first would fail it);
@@ -23,14 +24,16 @@
  * - a query that fails releases the entry (the batch's own CUDA calls report the error).
  * The coordinator's deadlock check takes a tensor it has not received from a rank as in flight,
  * so the holder's own waits never count as a deadlock. The timeline marks where a held tensor's
- * hold ended (GPU_READY, with why). HVLITE_GPU_READY_ONLY=0 turns holding off.
+ * own hold ended (GPU_READY, with why; its group may hold it a little longer). A held tensor's
+ * patience for the response cache (negotiate.c) starts when its hold ends (en->ready_at).
+ * HVLITE_GPU_READY_ONLY=0 turns holding off.
  * bg thread only. */
 #include "cuda_driver.h"
 #include "cycle.h"
 #include "timeline.h"
 
 #define HOLD_MAX_S 5.0
-#define GROUPS_TRACKED 16     /* groups still held, remembered per cycle; more: not held as groups */
+#define GROUPS_TRACKED 64     /* groups still held, remembered per cycle; more: not held as groups */
 
 static double hold_max(const hvl_engine *e)
 {
@@ -68,7 +71,10 @@ void hvl__ready_hold(hvl_engine *e)
         if (en == last_op) before_op = 0;
         const char *why = en->gpu_pending ? released(e, en, now, before_op) : NULL;
         if (why) {
-            if (en->gpu_pending == 2 && hvl__tl_active()) hvl__tl_note(en->d.name, "GPU_READY", why);
+            if (en->gpu_pending == 2) {
+                if (hvl__tl_active()) hvl__tl_note(en->d.name, "GPU_READY", why);
+                en->ready_at = now;         /* the response cache's patience starts now */
+            }
             en->gpu_pending = 0;
         }
         en->held = en->gpu_pending != 0;

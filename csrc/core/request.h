@@ -69,6 +69,7 @@ typedef struct hvl_entry {
                                    the CUDA input yet (ready.c) */
     int held;                   /* bg only: kept out of this cycle's negotiation (ready.c) */
     double enqueued_at;
+    double ready_at;            /* bg only: when it could first enter negotiation (its hold ended) */
     uint64_t group;             /* the burst it was submitted in, for good (0: none) */
     uint64_t burst;             /* queue_lock: its thread's open burst, 0 once that ended (queue.c) */
     double burst_began;         /* when that burst began: the queue holds it at most BURST_HOLD_S */
