@@ -8,9 +8,11 @@
 #      Horovod's suite on both paths (when HOROVOD_TEST_TORCH names its file), tests/gpu at 1
 #      rank, with NCCL batches left running (HVLITE_NCCL_OVERLAP=1) the NCCL file at 4 ranks and
 #      the torch and GPU files at 2, and tools/gpu_matrix.py (each test function of tests/gpu as
-#      its own job, 2 ranks, both paths, batches waited for); then, alone on the GPU, the test
+#      its own job, 2 ranks, both paths, batches waited for), and the staged torch and GPU files
+#      at 2 ranks in 4 KiB pieces (HVLITE_STAGED_PIECE); then, alone on the GPU, the test
 #      that fills it, the lost-rank tests (both ways) and the benchmarks (NCCL at 2 and 4
-#      ranks, ResNet-50 four ways, and a timeline of a few overlapped steps). Logs go to
+#      ranks, the staged table whole and in 4 MiB pieces, ResNet-50 four ways, and a timeline of
+#      a few overlapped steps). Logs go to
 #      OUTDIR as two tarballs (what a device call brings back is at most 8 files) and the
 #      benchmark tables to OUTDIR/bench.txt.
 # 1, 2, 3: the older three parts, each within one call: part 1 correctness on both GPU paths,
@@ -55,6 +57,10 @@ if [ "$part" = all ]; then
         tests/parallel/test_torch_training.py tests/parallel/test_torch_ops.py > "$L/np2-nccl-torch-overlap.txt" 2>&1) &
     (HVLITE_TEST_NCCL_HOSTID=per-rank HVLITE_NCCL_OVERLAP=1 timeout 100 hvlrun -np 2 $P tests/gpu/test_nccl_plane.py \
         tests/gpu/test_cuda_only.py --deselect $fill > "$L/np2-gpu-overlap.txt" 2>&1) &
+    # the staged path in pieces (HVLITE_STAGED_PIECE): 4 KiB pieces split the tests' tensors and
+    # fused batches across entries
+    (HVLITE_STAGED_PIECE=4096 HVLITE_TEST_DEVICE=cuda timeout 130 hvlrun -np 2 $P tests/parallel/test_torch_ops.py \
+        tests/parallel/test_torch_training.py tests/gpu/test_cuda_only.py > "$L/np2-staged-pieces.txt" 2>&1) &
     timeout 140 python3 tools/gpu_matrix.py --np 2 --jobs 6 --timeout 50 --files tests/gpu/test_cuda_only.py \
         tests/gpu/test_nccl_plane.py --exclude "${fill#*::}" --out "$L/matrix" > /dev/null 2>&1
     wait
@@ -78,6 +84,7 @@ if [ "$part" = all ]; then
     alone nccl-2 40 hvlrun -np 2 python3 bench/gpu_nccl.py --hostid-per-rank --iters 5
     alone nccl-4 50 hvlrun -np 4 python3 bench/gpu_nccl.py --hostid-per-rank --iters 3
     alone staged-2 30 hvlrun -np 2 python3 bench/gpu_allreduce.py --iters 5
+    alone staged-2-pieces 30 env HVLITE_STAGED_PIECE=4194304 hvlrun -np 2 python3 bench/gpu_allreduce.py --iters 5
     # ResNet-50's overhead against DDP's (on NCCL, then on gloo for the staged path): batches
     # waited for, left running (HVLITE_NCCL_OVERLAP=1), and CUDA tensors negotiated as soon as
     # submitted instead of once the GPU wrote them (HVLITE_GPU_READY_ONLY=0, as before stop 37)

@@ -22,6 +22,7 @@ typedef struct hvl_autotune hvl_autotune;         /* observe/autotune.c */
 typedef struct {
     int64_t fusion_threshold;   /* bytes; one fused collective carries at most this much */
     int64_t allreduce_piece;    /* bytes an allreduce moves per collective call (0 = all) */
+    int64_t staged_piece;       /* bytes per piece of a staged allreduce's copies (0 = whole) */
     double cycle_time_ms;       /* bg thread tick while requests are pending */
     int cache_capacity;         /* response cache entries; 0 disables the cache */
     double stall_check_s;       /* warn about tensors some ranks have not submitted; 0 = off */

@@ -252,6 +252,40 @@ static void finish_batch(hvl_engine *e, hvl_batch *b, int rc, hvl_outcome *o)
     }
 }
 
+/* Bytes per piece of a staged allreduce (HVLITE_STAGED_PIECE, a whole number of elements), or 0
+ * where the batch is staged whole: other ops, Adasum (whole tensors), one piece or less. Every
+ * member decides alike: agreed facts only. */
+static int64_t staged_piece_bytes(const hvl_engine *e, const hvl_batch *b)
+{
+    int esize = hvl_dtype_size(b->dtype);
+    int64_t piece = e->params.staged_piece / esize * esize;
+    if (b->op != HVL_ALLREDUCE || b->reduce_op == HVL_ADASUM || piece <= 0 || b->bytes <= piece) return 0;
+    return piece;
+}
+
+/* A staged allreduce in pieces (stage.h): each piece reduced in place in host memory once its
+ * copies arrived, then copied back while the next is reduced. One plane call per piece. */
+static int run_staged_pieces(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_stage *st)
+{
+    int esize = hvl_dtype_size(b->dtype), tl = hvl__tl_active();   /* timeline: piece spans */
+    double t_in = 0, t_reduce = 0, t_out = 0;
+    for (int k = 0; k < st->npieces; k++) {
+        int64_t off = k * st->piece_bytes, bytes = b->bytes - off < st->piece_bytes ? b->bytes - off : st->piece_bytes;
+        int64_t n = bytes / esize;
+        char *at = st->flat + off;
+        if (tl) t_in = hvl__now();
+        HVL_CHECK(hvl__stage_piece_wait(e, b, st, k));
+        if (tl) t_reduce = hvl__now();
+        if (b->prescale != 1.0) hvl__scale(at, at, n, b->dtype, factor_for(b, b->prescale));
+        HVL_CHECK(p->be->allreduce(e, b->ps, p->state, at, at, n, b->dtype, b->reduce_op));
+        finish_values(b, at, at, n);
+        if (tl) t_out = hvl__now();
+        HVL_CHECK(hvl__stage_piece_back(b, st, k));
+        if (tl) hvl__tl_piece(t_in, t_reduce, t_out, bytes);
+    }
+    return HVL_OK;
+}
+
 /* A batch of CUDA tensors on a host plane: on host copies of its buffers (stage.h). The set's
  * first member says once per set and op that this op's CUDA tensors take this path, and `why`
  * (NULL: no GPU plane runs it). */
@@ -264,10 +298,11 @@ static int run_staged(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hvl_outco
                       "to page-locked memory on hvlite's stream, run on the %s plane, copied back): %s",
                       b->ps->id, hvl__op_name(b->op), p->be->name, why ? why : "no GPU plane runs it here");
     hvl_stage st;
-    int rc = hvl__stage_in(e, b, &st);
-    if (rc == HVL_OK) rc = run_batch(e, p, b, o);
+    int64_t piece = staged_piece_bytes(e, b);
+    int rc = piece ? hvl__stage_in_pieces(e, b, &st, piece) : hvl__stage_in(e, b, &st);
+    if (rc == HVL_OK) rc = piece ? run_staged_pieces(e, p, b, &st) : run_batch(e, p, b, o);
     if (rc == HVL_OK) rc = hvl__stage_out(e, b, &st);
-    hvl__stage_end(b, &st);
+    hvl__stage_end(e, b, &st);
     return rc;
 }
 

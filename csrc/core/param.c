@@ -30,6 +30,9 @@ static const param_def table[] = {
      "bytes one fused collective may carry (0 disables fusion)"},
     {"ALLREDUCE_PIECE", P_INT64, RANK0, F(allreduce_piece), "1048576",
      "bytes per allreduce call; pieces stay in cache through copy-in, reduce and copy-out (0 = whole)"},
+    {"STAGED_PIECE", P_INT64, RANK0, F(staged_piece), "0",
+     "bytes per piece of a staged CUDA allreduce: copies to and from the GPU overlap the reduction "
+     "piece by piece (0 = the batch whole: copied in, reduced, copied back)"},
     {"CYCLE_TIME", P_DOUBLE, RANK0, F(cycle_time_ms), "1", "ms between engine cycles when idle"},
     {"CACHE_CAPACITY", P_INT, RANK0, F(cache_capacity), "1024", "response cache entries (0 = off)"},
     {"STALL_CHECK_TIME_SECONDS", P_DOUBLE, LOCAL, F(stall_check_s), "60",

@@ -89,21 +89,28 @@ static int reserve(hvl_engine *e, int dev, int64_t need)
     return HVL_OK;
 }
 
-/* Polls the engine stream's mark on every device in `devices` until each stream reached it,
- * bounded like every wait on peers (the peer timeout, the shutdown and fatal flags). */
-static int wait_devices(hvl_engine *e, uint64_t devices, const hvl_batch *b, const char *what)
+/* Whether the GPU got where a wait waits for: *done = 1 once it did (never waits). */
+typedef int (*reached_fn)(const void *what, int *done);
+
+static int marks_reached(const void *what, int *done)     /* what: the uint64_t devices */
 {
-    for (int d = 0; d < 64; d++)
-        if (devices >> d & 1) HVL_CHECK(hvl__cuda_mark(d));
+    uint64_t devices = *(const uint64_t *)what;
+    *done = 1;
+    for (int d = 0; d < 64 && *done; d++)
+        if (devices >> d & 1) HVL_CHECK(hvl__cuda_mark_reached(d, done));
+    return HVL_OK;
+}
+
+/* Polls `reached` until the GPU got there, bounded like every wait on peers (the peer timeout,
+ * the shutdown and fatal flags). */
+static int wait_gpu(hvl_engine *e, const hvl_batch *b, const char *what, reached_fn reached, const void *arg)
+{
     hvl_bound bound = hvl__peer_bound(e);
     double start = hvl__now(), nap_s = 2e-6;
     for (;;) {
-        int all = 1;
-        for (int d = 0; d < 64 && all; d++) {
-            if (!(devices >> d & 1)) continue;
-            HVL_CHECK(hvl__cuda_mark_reached(d, &all));
-        }
-        if (all) return HVL_OK;
+        int done = 0;
+        HVL_CHECK(reached(arg, &done));
+        if (done) return HVL_OK;
         double waited = hvl__now() - start;
         if (bound.timeout_s > 0 && waited > bound.timeout_s)
             return hvl__fail(HVL_ERR_TIMEOUT, "%s of tensor '%s': the GPU did not get there in %.0f s "
@@ -112,6 +119,14 @@ static int wait_devices(hvl_engine *e, uint64_t devices, const hvl_batch *b, con
         HVL_CHECK(hvl__bound_flags(&bound, waited, what));
         hvl__nap(&nap_s, 100e-6);    /* copies take microseconds to milliseconds: short naps */
     }
+}
+
+/* Marks the engine stream's end on every device in `devices` and waits until each reached it. */
+static int wait_devices(hvl_engine *e, uint64_t devices, const hvl_batch *b, const char *what)
+{
+    for (int d = 0; d < 64; d++)
+        if (devices >> d & 1) HVL_CHECK(hvl__cuda_mark(d));
+    return wait_gpu(e, b, what, marks_reached, &devices);
 }
 
 /* Waits for the batch's copies; if the wait gives up, they may still run: abandon the buffer. */
@@ -187,9 +202,151 @@ int hvl__stage_in(hvl_engine *e, hvl_batch *b, hvl_stage *st)
     return rc;
 }
 
+/* ---- pieces ---- */
+
+static int piece_reached(const void *what, int *done)    /* what: the hvl_stage, its next piece */
+{
+    const hvl_stage *st = what;
+    return hvl__cuda_event_reached(st->device, st->events[st->reached], done);
+}
+
+/* Records the events of the pieces that lie wholly below flat byte `upto`. */
+static int record_pieces(const hvl_batch *b, hvl_stage *st, int64_t upto, int *recorded)
+{
+    while (st->events && *recorded < st->npieces) {
+        int64_t end = (int64_t)(*recorded + 1) * st->piece_bytes;
+        if ((end < b->bytes ? end : b->bytes) > upto) break;
+        HVL_CHECK(hvl__cuda_event_record(st->device, st->events[(*recorded)++]));
+    }
+    return HVL_OK;
+}
+
+/* Packs the batch into st->flat (device inputs by copies queued on the engine's streams, a
+ * joined rank's stand-ins by memcpy), split at piece boundaries, an event after each piece
+ * where every device input is on one device (else the first wait waits for every copy). */
+static int copy_in_pieces(hvl_engine *e, hvl_batch *b, hvl_stage *st)
+{
+    int first = -1, one_device = 1, recorded = 0, rc = HVL_OK;
+    int64_t at = 0, piece = st->piece_bytes;
+    for (int i = 0; i < b->count; i++) {
+        const hvl_entry *en = b->entries[i];
+        at += hvl__desc_bytes(&en->d);
+        if (en->device < 0) continue;
+        if (first < 0) first = en->device;
+        one_device &= en->device == first;
+    }
+    if (at != b->bytes)
+        return hvl__fail(HVL_ERR_SYSTEM, "tensor '%s': the batch holds %lld bytes here, %lld agreed (an "
+                         "hvlite bug: please report it)", b->entries[0]->d.name, (long long)at, (long long)b->bytes);
+    if (first < 0) {                /* only a joined rank's stand-ins: host memory */
+        HVL_CHECK(hvl__grow(&e->fusion_buf, &e->fusion_cap, b->bytes));
+        st->flat = e->fusion_buf;
+    } else {
+        if (e->stage_stuck)
+            return hvl__fail(HVL_ERR_CUDA, "tensor '%s': CUDA tensors cannot be staged through host memory on "
+                             "this rank any more: an earlier copy on hvlite's GPU stream never finished (a kernel "
+                             "before it on the framework's stream hangs?)", b->entries[0]->d.name);
+        HVL_CHECK(reserve(e, first, b->bytes));
+        st->flat = e->stage_buf;
+    }
+    if (first >= 0 && one_device) {
+        if (!(st->events = calloc((size_t)st->npieces, sizeof(void *)))) return hvl__oom("staged pieces' events");
+        st->device = first;
+        for (int k = 0; k < st->npieces; k++) HVL_CHECK(hvl__cuda_event_new(first, 0, &st->events[k]));
+    }
+    at = 0;
+    for (int i = 0; i < b->count; i++) {
+        hvl_entry *en = b->entries[i];
+        int64_t bytes = hvl__desc_bytes(&en->d);
+        if (en->device < 0) {
+            if (bytes > 0) memcpy(st->flat + at, en->input, (size_t)bytes);
+            at += bytes;
+            continue;
+        }
+        HVL_CHECK_GOTO(en->ready_event ? hvl__cuda_wait_event(en->device, en->ready_event)
+                                       : hvl__cuda_use(en->device), rc, failed);
+        st->devices |= 1ull << en->device;      /* its stream is usable: wait for it from here on */
+        st->queued = 1;
+        for (int64_t done = 0; done < bytes;) {
+            int64_t n = (at / piece + 1) * piece - at;     /* to the end of this piece */
+            if (n > bytes - done) n = bytes - done;
+            HVL_CHECK_GOTO(hvl__cuda_copy_to_host(en->device, st->flat + at, (const char *)en->input + done, n),
+                           rc, failed);
+            done += n;
+            at += n;
+            HVL_CHECK_GOTO(record_pieces(b, st, at, &recorded), rc, failed);
+        }
+    }
+    HVL_CHECK_GOTO(record_pieces(b, st, at, &recorded), rc, failed);   /* those of stand-ins at the end */
+    return HVL_OK;
+failed:
+    rc = settle(e, st->devices, b, rc);
+    st->queued = 0;
+    return rc;
+}
+
+int hvl__stage_in_pieces(hvl_engine *e, hvl_batch *b, hvl_stage *st, int64_t piece_bytes)
+{
+    memset(st, 0, sizeof(*st));
+    st->piece_bytes = piece_bytes;
+    st->npieces = (int)((b->bytes + piece_bytes - 1) / piece_bytes);
+    int mine = copy_in_pieces(e, b, st);
+    char why[1024] = "";
+    if (mine != HVL_OK) snprintf(why, sizeof(why), "%s", hvl_last_error());
+    /* every member agrees before anyone enters the collective: on copies queued, not done */
+    int rc = hvl__agree(b->ps->comm, mine, "staging CUDA tensors through host memory",
+                        &b->failed_everywhere, hvl__peer_bound(e));
+    if (rc != HVL_OK && mine != HVL_OK && b->failed_everywhere)
+        return hvl__fail(mine, "%s", why);
+    return rc;
+}
+
+int hvl__stage_piece_wait(hvl_engine *e, const hvl_batch *b, hvl_stage *st, int k)
+{
+    if (k < st->reached) return HVL_OK;
+    int rc = HVL_OK;
+    if (!st->events) {              /* several devices, or none: every copy at the first piece */
+        rc = st->devices ? wait_devices(e, st->devices, b, "copying to host memory") : HVL_OK;
+        st->reached = st->npieces;
+    }
+    while (rc == HVL_OK && st->reached <= k) {
+        rc = wait_gpu(e, b, "copying to host memory", piece_reached, st);
+        if (rc == HVL_OK) st->reached++;
+    }
+    if (rc != HVL_OK) {             /* copies may still write the buffer: give it up to them */
+        abandon(e);
+        st->queued = 0;
+    }
+    return rc;
+}
+
+int hvl__stage_piece_back(const hvl_batch *b, hvl_stage *st, int k)
+{
+    int64_t from = (int64_t)k * st->piece_bytes, to = from + st->piece_bytes;
+    if (to > b->bytes) to = b->bytes;
+    for (; st->back_entry < b->count; st->back_entry++) {
+        const hvl_entry *en = b->entries[st->back_entry];
+        int64_t bytes = hvl__desc_bytes(&en->d), lo = st->back_at > from ? st->back_at : from;
+        int64_t hi = st->back_at + bytes < to ? st->back_at + bytes : to;
+        if (en->device >= 0 && hi > lo) {   /* a stand-in's result is dropped: nothing to copy */
+            st->queued = 1;
+            HVL_CHECK(hvl__cuda_copy_to_device(en->device, (char *)en->output + (lo - st->back_at),
+                                               st->flat + lo, hi - lo));
+        }
+        if (st->back_at + bytes > to) break;     /* the entry goes on in the next piece */
+        st->back_at += bytes;
+    }
+    return HVL_OK;
+}
+
 int hvl__stage_out(hvl_engine *e, hvl_batch *b, hvl_stage *st)
 {
     int rc = HVL_OK;
+    if (st->flat) {                 /* pieces: each queued its own copies back */
+        rc = finish_copies(e, st->devices, b, "copying back to the GPU");
+        st->queued = 0;             /* done, or given up (the buffer abandoned) */
+        return rc;
+    }
     for (int i = 0; st->saved && i < b->count; i++) {
         hvl_entry *en = b->entries[i];
         int64_t bytes = st->saved[i].staged ? result_bytes(e, b, en, &st->saved[i]) : 0;
@@ -202,13 +359,22 @@ failed:
     return settle(e, st->devices, b, rc);
 }
 
-void hvl__stage_end(hvl_batch *b, hvl_stage *st)
+void hvl__stage_end(hvl_engine *e, hvl_batch *b, hvl_stage *st)
 {
+    if (st->queued) {               /* pieces stopped by an error: copies may still run */
+        int status = hvl__last_status();
+        char why[1024];
+        snprintf(why, sizeof(why), "%s", hvl_last_error());
+        finish_copies(e, st->devices, b, "finishing the copies queued before an error");
+        hvl__fail(status, "%s", why);          /* the error the caller returns keeps its message */
+    }
     for (int i = 0; st->saved && i < b->count; i++) {
         if (!st->saved[i].staged) continue;
         b->entries[i]->input = st->saved[i].input;
         b->entries[i]->output = st->saved[i].output;
     }
+    for (int k = 0; st->events && k < st->npieces; k++) hvl__cuda_event_free(st->device, st->events[k]);
+    free(st->events);
     free(st->saved);
     memset(st, 0, sizeof(*st));
 }
