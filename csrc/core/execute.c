@@ -252,15 +252,21 @@ static void finish_batch(hvl_engine *e, hvl_batch *b, int rc, hvl_outcome *o)
     }
 }
 
-/* Bytes per piece of a staged allreduce (HVLITE_STAGED_PIECE, a whole number of elements), or 0
- * where the batch is staged whole: other ops, Adasum (whole tensors), one piece or less. Every
- * member decides alike: agreed facts only. */
+/* Bytes per piece of a staged allreduce (HVLITE_STAGED_PIECE, raised to a whole number of
+ * elements and to at most STAGED_PIECES_MAX pieces), or 0 where the batch is staged whole: other
+ * ops, Adasum (whole tensors), one piece or less. Every member decides alike: agreed facts
+ * only. */
+#define STAGED_PIECES_MAX 4096    /* larger pieces past this: an event and a plane call each */
+
 static int64_t staged_piece_bytes(const hvl_engine *e, const hvl_batch *b)
 {
     int esize = hvl_dtype_size(b->dtype);
-    int64_t piece = e->params.staged_piece / esize * esize;
-    if (b->op != HVL_ALLREDUCE || b->reduce_op == HVL_ADASUM || piece <= 0 || b->bytes <= piece) return 0;
-    return piece;
+    int64_t piece = e->params.staged_piece;
+    if (b->op != HVL_ALLREDUCE || b->reduce_op == HVL_ADASUM || piece <= 0) return 0;
+    if (piece < (b->bytes + STAGED_PIECES_MAX - 1) / STAGED_PIECES_MAX)
+        piece = (b->bytes + STAGED_PIECES_MAX - 1) / STAGED_PIECES_MAX;
+    piece = (piece + esize - 1) / esize * esize;
+    return b->bytes > piece ? piece : 0;
 }
 
 /* A staged allreduce in pieces (stage.h): each piece reduced in place in host memory once its
@@ -280,7 +286,7 @@ static int run_staged_pieces(hvl_engine *e, const hvl_plane *p, hvl_batch *b, hv
         HVL_CHECK(p->be->allreduce(e, b->ps, p->state, at, at, n, b->dtype, b->reduce_op));
         finish_values(b, at, at, n);
         if (tl) t_out = hvl__now();
-        HVL_CHECK(hvl__stage_piece_back(b, st, k));
+        hvl__stage_piece_back(b, st, k);
         if (tl) hvl__tl_piece(t_in, t_reduce, t_out, bytes);
     }
     return HVL_OK;

@@ -320,10 +320,9 @@ int hvl__stage_piece_wait(hvl_engine *e, const hvl_batch *b, hvl_stage *st, int 
     return rc;
 }
 
-int hvl__stage_piece_back(const hvl_batch *b, hvl_stage *st, int k)
+/* Queues the copies back of flat bytes [from, to), entry by entry (the cursor goes forward). */
+static int copy_back(const hvl_batch *b, hvl_stage *st, int64_t from, int64_t to)
 {
-    int64_t from = (int64_t)k * st->piece_bytes, to = from + st->piece_bytes;
-    if (to > b->bytes) to = b->bytes;
     for (; st->back_entry < b->count; st->back_entry++) {
         const hvl_entry *en = b->entries[st->back_entry];
         int64_t bytes = hvl__desc_bytes(&en->d), lo = st->back_at > from ? st->back_at : from;
@@ -339,12 +338,33 @@ int hvl__stage_piece_back(const hvl_batch *b, hvl_stage *st, int k)
     return HVL_OK;
 }
 
+/* Copies back are queued only once every copy to the host is known done: were a later piece's
+ * wait to give up, copies back already queued would write the caller's tensors after its handle
+ * failed. (On one stream they could not run before those copies anyway.) A failure to queue one
+ * is kept for hvl__stage_out, and the pieces go on, so every member still makes every call. */
+void hvl__stage_piece_back(const hvl_batch *b, hvl_stage *st, int k)
+{
+    st->reduced = k + 1;
+    if (st->reached < st->npieces && st->events) {   /* every copy to the host done? look, never wait */
+        int done = 0;
+        if (hvl__cuda_event_reached(st->device, st->events[st->npieces - 1], &done) != HVL_OK || !done) return;
+        st->reached = st->npieces;
+    }
+    if (st->back_rc != HVL_OK) return;
+    int64_t from = st->backed * st->piece_bytes, to = (int64_t)st->reduced * st->piece_bytes;
+    if (to > b->bytes) to = b->bytes;
+    st->back_rc = copy_back(b, st, from, to);
+    if (st->back_rc != HVL_OK) snprintf(st->back_why, sizeof(st->back_why), "%s", hvl_last_error());
+    st->backed = st->reduced;
+}
+
 int hvl__stage_out(hvl_engine *e, hvl_batch *b, hvl_stage *st)
 {
     int rc = HVL_OK;
-    if (st->flat) {                 /* pieces: each queued its own copies back */
+    if (st->flat) {                 /* pieces: they queued the copies back */
         rc = finish_copies(e, st->devices, b, "copying back to the GPU");
         st->queued = 0;             /* done, or given up (the buffer abandoned) */
+        if (st->back_rc != HVL_OK) return hvl__fail(st->back_rc, "%s", st->back_why);
         return rc;
     }
     for (int i = 0; st->saved && i < b->count; i++) {

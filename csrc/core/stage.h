@@ -29,8 +29,11 @@ typedef struct {
     int npieces, reached;       /* pieces; pieces known to be in host memory */
     void **events;              /* per piece: its copies to the host done; NULL: several devices */
     int device;                 /* of the events */
+    int reduced, backed;        /* pieces reduced; pieces whose copies back are queued */
     int back_entry;             /* the copies back: the entry they reached, and its flat offset */
     int64_t back_at;
+    int back_rc;                /* a copy back that could not be queued (hvl__stage_out reports it) */
+    char back_why[512];
 } hvl_stage;
 
 /* Waits (bounded) until every device input of the batch is in the pinned buffer, then agrees
@@ -38,7 +41,7 @@ typedef struct {
  * with b->failed_everywhere = 1 (every member fails the batch alike). */
 int hvl__stage_in(hvl_engine *e, hvl_batch *b, hvl_stage *st);
 /* Copies the results back to the caller's device outputs and waits (bounded) for the copies.
- * An error is this rank's own (the others finished the collective). */
+ * An error is this rank's own (the others finished the collective, or its pieces). */
 int hvl__stage_out(hvl_engine *e, hvl_batch *b, hvl_stage *st);
 /* Always, after either way of staging: the caller's pointers back; after an error with copies
  * still queued, a bounded wait for them (the error's status and message are kept). Cannot fail. */
@@ -51,14 +54,18 @@ void hvl__stage_end(hvl_engine *e, hvl_batch *b, hvl_stage *st);
  *     for each piece k, in order, while rc == HVL_OK:
  *         rc = hvl__stage_piece_wait(e, b, &st, k);   bounded: piece k is in host memory
  *         reduce st.flat's piece k in place (every member: one collective per piece)
- *         rc = hvl__stage_piece_back(b, &st, k);      its copies back to the GPU queued
- *     if (rc == HVL_OK) rc = hvl__stage_out(e, b, &st);   bounded wait for the copies back
+ *         hvl__stage_piece_back(b, &st, k);           its copies back queued, once every copy
+ *                                                     to the host is seen done (else later)
+ *     if (rc == HVL_OK) rc = hvl__stage_out(e, b, &st);   bounded wait for the copies back; a
+ *                                                     copy back that failed is this rank's error
  *     hvl__stage_end(e, b, &st);
  * The entries' pointers are not swapped. A joined rank's stand-ins are copied in by memcpy and
- * their results dropped. */
+ * their results dropped. A piece's wait that fails stops this rank's pieces: the other members
+ * then fail in their next piece by the peer timeout (a buffer the GPU may still write must not
+ * be reduced). */
 int hvl__stage_in_pieces(hvl_engine *e, hvl_batch *b, hvl_stage *st, int64_t piece_bytes);
 int hvl__stage_piece_wait(hvl_engine *e, const hvl_batch *b, hvl_stage *st, int k);
-int hvl__stage_piece_back(const hvl_batch *b, hvl_stage *st, int k);
+void hvl__stage_piece_back(const hvl_batch *b, hvl_stage *st, int k);
 /* The engine's stop: frees the pinned buffer and the CUDA streams (no-op if CUDA never loaded). */
 void hvl__stage_free(hvl_engine *e);
 
