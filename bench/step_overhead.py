@@ -19,7 +19,8 @@ with --seed, the same order on every rank, so drift falls on every item alike):
   mpi4py  mpi4py ``Allreduce`` (Sum, in place) of the same bytes: the MPI data plane's floor;
   ddp     (with --ddp) the same step on a third copy under torch DistributedDataParallel: gloo
           on the CPU, NCCL on CUDA (--hostid-per-rank: each rank its own NCCL_HOSTID, for ranks
-          sharing a GPU; hvlite's NCCL plane then runs too), so the two overheads are paired.
+          sharing a GPU; hvlite's NCCL plane then runs too; or --ddp-backend gloo, against
+          hvlite's staged path), so the two overheads are paired.
 Models and step are examples/pytorch_synthetic_benchmark.py's (``build``: the MLP, 4.2 M
 parameters in 10 tensors, and the ResNet-34 layout, 1.3 M in 110), as in bench/torch_training.py:
 SGD (lr 0.01, momentum 0.9), --batch-size per rank, one thread per process. Every item starts
@@ -325,7 +326,7 @@ def report(subjects, planes, runs, shm_used, counts, args, comm, load):
         tables.append(print_table(
             "hvlite DistributedOptimizer vs torch DDP (%s), the same step and batches: median "
             "overhead over the plain step, and their ratio (95%% CI: the same resampled rounds for "
-            "both; times in ms)" % ("NCCL" if args.device == "cuda" else "gloo"),
+            "both; times in ms)" % ("NCCL" if args.ddp_backend == "nccl" else "gloo"),
             ["model", "plane", "plain step", "hvlite ovh", "95% CI", "DDP ovh", "95% CI",
              "hvlite/DDP", "95% CI"],
             [ddp_row(s.name, label[p], st) for s, p, st in cells], key_columns=2))
@@ -353,7 +354,11 @@ def main():
                    help="null run: the 'dist' copy steps with the plain optimizer too, so every "
                         "overhead CI should hold 0 (checks the pairing)")
     p.add_argument("--ddp", action="store_true",
-                   help="also time the step under torch DDP (gloo on the CPU, NCCL on CUDA), paired")
+                   help="also time the step under torch DDP (see --ddp-backend), paired")
+    p.add_argument("--ddp-backend", choices=["gloo", "nccl"],
+                   help="DDP's backend (default: gloo on the CPU, NCCL on CUDA); gloo on CUDA for "
+                        "ranks that share a GPU without --hostid-per-rank (NCCL refuses them), "
+                        "against hvlite's staged path")
     p.add_argument("--hostid-per-rank", action="store_true",
                    help="give each rank its own NCCL_HOSTID (ranks sharing one GPU), for NCCL")
     add_json_arg(p)
@@ -373,7 +378,8 @@ def main():
     if args.device == "cuda":
         torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
-    dist = init_torch_distributed(comm, "nccl" if device.type == "cuda" else "gloo") if args.ddp else None
+    args.ddp_backend = args.ddp_backend or ("nccl" if device.type == "cuda" else "gloo")
+    dist = init_torch_distributed(comm, args.ddp_backend) if args.ddp else None
     subjects = [Subject(m, args.batch_size, args.seed, comm, args.null, device, args.ddp)
                 for m in args.models]
     torch.manual_seed(args.seed + 1 + comm.rank)  # batches: each rank its own data

@@ -4,7 +4,7 @@
 # .whl/ carried along), e.g. with Horovod's test_torch.py carried as a git-ignored file:
 #     source .whl/setup.sh && HOROVOD_TEST_TORCH=.hvd/test_torch.py tools/gpu_check.sh all "$OUT"
 # all: everything below in one call (269 s on an H200, 2026-11-28, before the overlap runs were
-#      added: about 500 s now, so timeout_s 580): first, at once on the machine's cores,
+#      added: about 530 s now, by estimate, so timeout_s 580): first, at once on the machine's cores,
 #      Horovod's suite on both paths (when HOROVOD_TEST_TORCH names its file), tests/gpu at 1
 #      rank, with NCCL batches left running (HVLITE_NCCL_OVERLAP=1) the NCCL file at 4 ranks and
 #      the torch and GPU files at 2, and tools/gpu_matrix.py (each test function of tests/gpu as
@@ -93,7 +93,7 @@ if [ "$part" = all ]; then
     alone resnet50-2-nccl 75 hvlrun -np 2 python3 $resnet --hostid-per-rank
     alone resnet50-2-overlap 75 env HVLITE_NCCL_OVERLAP=1 hvlrun -np 2 python3 $resnet --hostid-per-rank
     alone resnet50-2-nccl-unheld 75 env HVLITE_GPU_READY_ONLY=0 hvlrun -np 2 python3 $resnet --hostid-per-rank
-    alone resnet50-2-staged 75 hvlrun -np 2 python3 $resnet
+    alone resnet50-2-staged 75 hvlrun -np 2 python3 $resnet --ddp-backend gloo
     # where a step's time goes with overlap: rank 0's timeline of a few steps (in logs-alone.tgz)
     alone resnet50-2-timeline 60 env HVLITE_NCCL_OVERLAP=1 HVLITE_TIMELINE="$L/resnet50-overlap-timeline.json" \
         hvlrun -np 2 python3 bench/step_overhead.py --device cuda --models resnet50 --batch-size 64 \
