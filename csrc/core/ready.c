@@ -42,11 +42,11 @@ static double hold_max(const hvl_engine *e)
 }
 
 /* NULL while the entry stays held; else why it no longer is: the GPU is past its ready event,
- * or holding it any longer would serve nothing or harm (see the rules). */
+ * or holding it any longer would serve nothing or harm (see the rules). A held entry is never
+ * sent to the coordinator, so `sent` needs no look here. */
 static const char *released(const hvl_engine *e, hvl_entry *en, double now, int before_op)
 {
     int done = 0;
-    if (en->sent) return "sent to the coordinator";
     if (before_op) return "an op without data submitted after it must not overtake it";
     if (now - en->enqueued_at > hold_max(e)) return "held for the longest time allowed: its batch waits for the GPU";
     if (hvl__cuda_event_reached(en->device, en->ready_event, &done) != HVL_OK) {

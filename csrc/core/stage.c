@@ -147,6 +147,27 @@ static int settle(hvl_engine *e, uint64_t devices, const hvl_batch *b, int rc)
     return hvl__fail(rc, "%s", why);
 }
 
+/* The rank's stream is stuck behind copies that never finished (abandon): nothing more is staged. */
+static int refuse_stuck(const hvl_batch *b)
+{
+    return hvl__fail(HVL_ERR_CUDA, "tensor '%s': CUDA tensors cannot be staged through host memory on "
+                     "this rank any more: an earlier copy on hvlite's GPU stream never finished (a kernel "
+                     "before it on the framework's stream hangs?)", b->entries[0]->d.name);
+}
+
+/* Every member agrees on the stage-in before anyone enters the collective; a failure fails the
+ * batch on every member, this rank keeping its own error (mine, with its message) where it had one. */
+static int agree(hvl_engine *e, hvl_batch *b, int mine)
+{
+    char why[1024] = "";
+    if (mine != HVL_OK) snprintf(why, sizeof(why), "%s", hvl_last_error());
+    int rc = hvl__agree(b->ps->comm, mine, "staging CUDA tensors through host memory",
+                        &b->failed_everywhere, hvl__peer_bound(e));
+    if (rc != HVL_OK && mine != HVL_OK && b->failed_everywhere)
+        return hvl__fail(mine, "%s", why);             /* this rank's own error, as it was */
+    return rc;
+}
+
 /* Copies this rank's device inputs into the pinned buffer and points the entries at the copies
  * (the caller's pointers are kept in st). */
 static int copy_in(hvl_engine *e, hvl_batch *b, hvl_stage *st)
@@ -160,10 +181,7 @@ static int copy_in(hvl_engine *e, hvl_batch *b, hvl_stage *st)
         if (first < 0) first = en->device;
     }
     if (need == 0) return HVL_OK;
-    if (e->stage_stuck)
-        return hvl__fail(HVL_ERR_CUDA, "tensor '%s': CUDA tensors cannot be staged through host memory on "
-                         "this rank any more: an earlier copy on hvlite's GPU stream never finished (a kernel "
-                         "before it on the framework's stream hangs?)", b->entries[0]->d.name);
+    if (e->stage_stuck) return refuse_stuck(b);
     HVL_CHECK(reserve(e, first, need));
     char *at = e->stage_buf;
     for (int i = 0; i < b->count; i++) {
@@ -191,15 +209,7 @@ int hvl__stage_in(hvl_engine *e, hvl_batch *b, hvl_stage *st)
 {
     memset(st, 0, sizeof(*st));
     st->saved = calloc((size_t)b->count, sizeof(*st->saved));
-    int mine = st->saved ? copy_in(e, b, st) : hvl__oom("staging pointers");
-    char why[1024] = "";
-    if (mine != HVL_OK) snprintf(why, sizeof(why), "%s", hvl_last_error());
-    /* every member agrees before anyone enters the collective */
-    int rc = hvl__agree(b->ps->comm, mine, "staging CUDA tensors through host memory",
-                        &b->failed_everywhere, hvl__peer_bound(e));
-    if (rc != HVL_OK && mine != HVL_OK && b->failed_everywhere)
-        return hvl__fail(mine, "%s", why);             /* this rank's own error, as it was */
-    return rc;
+    return agree(e, b, st->saved ? copy_in(e, b, st) : hvl__oom("staging pointers"));
 }
 
 /* ---- pieces ---- */
@@ -242,10 +252,7 @@ static int copy_in_pieces(hvl_engine *e, hvl_batch *b, hvl_stage *st)
         HVL_CHECK(hvl__grow(&e->fusion_buf, &e->fusion_cap, b->bytes));
         st->flat = e->fusion_buf;
     } else {
-        if (e->stage_stuck)
-            return hvl__fail(HVL_ERR_CUDA, "tensor '%s': CUDA tensors cannot be staged through host memory on "
-                             "this rank any more: an earlier copy on hvlite's GPU stream never finished (a kernel "
-                             "before it on the framework's stream hangs?)", b->entries[0]->d.name);
+        if (e->stage_stuck) return refuse_stuck(b);
         HVL_CHECK(reserve(e, first, b->bytes));
         st->flat = e->stage_buf;
     }
@@ -290,15 +297,7 @@ int hvl__stage_in_pieces(hvl_engine *e, hvl_batch *b, hvl_stage *st, int64_t pie
     memset(st, 0, sizeof(*st));
     st->piece_bytes = piece_bytes;
     st->npieces = (int)((b->bytes + piece_bytes - 1) / piece_bytes);
-    int mine = copy_in_pieces(e, b, st);
-    char why[1024] = "";
-    if (mine != HVL_OK) snprintf(why, sizeof(why), "%s", hvl_last_error());
-    /* every member agrees before anyone enters the collective: on copies queued, not done */
-    int rc = hvl__agree(b->ps->comm, mine, "staging CUDA tensors through host memory",
-                        &b->failed_everywhere, hvl__peer_bound(e));
-    if (rc != HVL_OK && mine != HVL_OK && b->failed_everywhere)
-        return hvl__fail(mine, "%s", why);
-    return rc;
+    return agree(e, b, copy_in_pieces(e, b, st));     /* on copies queued, not done */
 }
 
 int hvl__stage_piece_wait(hvl_engine *e, const hvl_batch *b, hvl_stage *st, int k)
@@ -381,13 +380,8 @@ failed:
 
 void hvl__stage_end(hvl_engine *e, hvl_batch *b, hvl_stage *st)
 {
-    if (st->queued) {               /* pieces stopped by an error: copies may still run */
-        int status = hvl__last_status();
-        char why[1024];
-        snprintf(why, sizeof(why), "%s", hvl_last_error());
-        finish_copies(e, st->devices, b, "finishing the copies queued before an error");
-        hvl__fail(status, "%s", why);          /* the error the caller returns keeps its message */
-    }
+    if (st->queued)                 /* pieces stopped by an error: copies may still run */
+        settle(e, st->devices, b, hvl__last_status());   /* the caller's error keeps its message */
     for (int i = 0; st->saved && i < b->count; i++) {
         if (!st->saved[i].staged) continue;
         b->entries[i]->input = st->saved[i].input;
