@@ -9,10 +9,11 @@
 #      rank, with NCCL batches left running (HVLITE_NCCL_OVERLAP=1) the NCCL file at 4 ranks and
 #      the torch and GPU files at 2, and tools/gpu_matrix.py (each test function of tests/gpu as
 #      its own job, 2 ranks, both paths, batches waited for), and the staged torch and GPU files
-#      at 2 ranks in 4 KiB pieces (HVLITE_STAGED_PIECE); then, alone on the GPU, the test
-#      that fills it, the lost-rank tests (both ways) and the benchmarks (NCCL at 2 and 4
-#      ranks, the staged table whole and in 4 MiB pieces, ResNet-50 four ways, and a timeline of
-#      a few overlapped steps). Logs go to
+#      at 2 ranks in 4 KiB pieces (HVLITE_STAGED_PIECE); then, alone on the GPU, first what
+#      the defaults are decided on (ResNet-50 four ways, the staged table whole and in 4 MiB
+#      pieces), then the NCCL table at 2 ranks, the test that fills the GPU, the lost-rank tests
+#      (both ways), the NCCL table at 4 ranks, a timeline of a few overlapped steps and the
+#      staged table at 4 ranks. Logs go to
 #      OUTDIR as two tarballs (what a device call brings back is at most 8 files) and the
 #      benchmark tables to OUTDIR/bench.txt.
 # 1, 2, 3: the older three parts, each within one call: part 1 correctness on both GPU paths,
@@ -79,12 +80,8 @@ if [ "$part" = all ]; then
         grep -v WARNING "$L/$name.log" >> "$out/bench.txt"
     }
     : > "$out/bench.txt"
-    alone no-room 40 env HVLITE_TEST_NCCL_HOSTID=per-rank hvlrun -np 2 $P $fill
-    alone lost 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "lost_inside or killed_rank"
-    alone nccl-2 40 hvlrun -np 2 python3 bench/gpu_nccl.py --hostid-per-rank --iters 5
-    alone nccl-4 50 hvlrun -np 4 python3 bench/gpu_nccl.py --hostid-per-rank --iters 3
-    alone staged-2 30 hvlrun -np 2 python3 bench/gpu_allreduce.py --iters 5
-    alone staged-2-pieces 30 env HVLITE_STAGED_PIECE=4194304 hvlrun -np 2 python3 bench/gpu_allreduce.py --iters 5
+    # first what this stop's defaults are decided on (a call cut short by its limit keeps what
+    # bench.txt holds so far): ResNet-50 four ways, the staged table whole and in pieces
     # ResNet-50's overhead against DDP's (on NCCL, then on gloo for the staged path): batches
     # waited for, left running (HVLITE_NCCL_OVERLAP=1), and CUDA tensors negotiated as soon as
     # submitted instead of once the GPU wrote them (HVLITE_GPU_READY_ONLY=0, as before stop 37)
@@ -94,6 +91,12 @@ if [ "$part" = all ]; then
     alone resnet50-2-overlap 75 env HVLITE_NCCL_OVERLAP=1 hvlrun -np 2 python3 $resnet --hostid-per-rank
     alone resnet50-2-nccl-unheld 75 env HVLITE_GPU_READY_ONLY=0 hvlrun -np 2 python3 $resnet --hostid-per-rank
     alone resnet50-2-staged 75 hvlrun -np 2 python3 $resnet --ddp-backend gloo
+    alone staged-2 30 hvlrun -np 2 python3 bench/gpu_allreduce.py --iters 5
+    alone staged-2-pieces 30 env HVLITE_STAGED_PIECE=4194304 hvlrun -np 2 python3 bench/gpu_allreduce.py --iters 5
+    alone nccl-2 40 hvlrun -np 2 python3 bench/gpu_nccl.py --hostid-per-rank --iters 5
+    alone no-room 40 env HVLITE_TEST_NCCL_HOSTID=per-rank hvlrun -np 2 $P $fill
+    alone lost 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "lost_inside or killed_rank"
+    alone nccl-4 50 hvlrun -np 4 python3 bench/gpu_nccl.py --hostid-per-rank --iters 3
     # where a step's time goes with overlap: rank 0's timeline of a few steps (in logs-alone.tgz)
     alone resnet50-2-timeline 60 env HVLITE_NCCL_OVERLAP=1 HVLITE_TIMELINE="$L/resnet50-overlap-timeline.json" \
         hvlrun -np 2 python3 bench/step_overhead.py --device cuda --models resnet50 --batch-size 64 \
