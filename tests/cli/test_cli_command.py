@@ -238,7 +238,7 @@ def test_check_build_asks_the_engines_registry():
     report = build_info.check_build_report(build_info.load_build_info(), None, "not found", {},
                                            engine)
     assert "[X] MPI" in report and "[X] NCCL" in report and "[X] shared memory" in report
-    assert "    1. NCCL: CUDA allreduce, broadcast and reducescatter" in report
+    assert "    1. NCCL: CUDA allreduce, allgather, broadcast, alltoall and reducescatter" in report
     assert "CUDA tensors: on NCCL where it runs them; otherwise" in report
     assert "\nNCCL library: " in report          # where it would come from, or what was tried
 

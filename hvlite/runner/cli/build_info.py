@@ -199,8 +199,8 @@ def check_build_report(info: Optional[Mapping], mpiexec: Optional[str], how: str
                          "(no plane of this build runs them on the GPU)")
         elif engine.get("cuda"):
             lines.append("    CUDA tensors: on NCCL where it runs them; otherwise (ranks sharing "
-                         "a GPU, no NCCL, allgather, alltoall) staged through host memory to the "
-                         "host planes")
+                         "a GPU, no NCCL, Adasum, scale factors NCCL cannot fold: README, \"Which "
+                         "path runs where\") staged through host memory to the host planes")
     return "\n".join(lines) + "\n"
 
 
@@ -225,8 +225,8 @@ def _describe_plane(name: str, environ: Optional[Mapping[str, str]]) -> str:
     shm_off = _setting(environ, "SHM_DISABLE") not in ("", "0")
     hier_on = _setting(environ, "HIERARCHICAL_ALLREDUCE") not in ("", "0")
     if name == "nccl":
-        return ("NCCL: CUDA allreduce, broadcast and reducescatter of sets whose ranks each have "
-                "their own GPU (%s)" % ("OFF: HVLITE_NCCL_DISABLE is set"
+        return ("NCCL: CUDA allreduce, allgather, broadcast, alltoall and reducescatter of sets "
+                "whose ranks each have their own GPU (%s)" % ("OFF: HVLITE_NCCL_DISABLE is set"
                                         if _setting(environ, "NCCL_DISABLE") not in ("", "0")
                                         else "on; HVLITE_NCCL_DISABLE=1 turns it off"))
     if name == "shm":
