@@ -64,7 +64,7 @@ test: setup system-deps
 # (../shared/tools/gpu-prep writes the setup); without a GPU every test skips, saying why.
 TEST_GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 test-gpu:
-	$(TEST_GPU_PY) -m pytest -q tests/test_gpu.py
+	$(TEST_GPU_PY) -m pytest -q -rs tests/test_gpu.py
 
 # The sanitizer runs build their own engine in a copy of the tree; they need only the venv.
 test-asan: $(STAMP)
