@@ -86,7 +86,8 @@ typedef enum {
  * splits (alltoall only, may be NULL = equal split): nsplits == size entries, rows of dim 0
  * sent to each rank.
  * memory, device: where input and output live (hvl_memory; device: the CUDA device's ordinal,
- *   ignored for host memory). Engine-owned results (allgather, alltoall) are host memory.
+ *   ignored for host memory). Engine-owned results (allgather, alltoall) are host memory, or
+ *   GPU memory where NCCL ran them (hvl_result_memory).
  * ready_event: CUDA memory only, may be NULL: a CUDA event (CUevent / cudaEvent_t) the caller
  *   recorded on its stream after the work that writes `input`; the engine's copies wait for it
  *   on the engine's own stream. It must stay valid until the handle completes. When the handle

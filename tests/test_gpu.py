@@ -1,6 +1,8 @@
 """The GPU suite (``make test-gpu``): on a machine with a CUDA GPU, hvlite.torch on CUDA tensors
 under hvlrun at 1, 2 and 4 ranks, all ranks sharing the machine's GPUs (local rank modulo the
-devices: on one GPU every rank shares it, which the staged path serves and NCCL refuses):
+devices), three ways: as they are (NCCL refuses ranks sharing a GPU: the staged path serves
+them), with an NCCL_HOSTID per rank (NCCL then runs them over sockets: the NCCL plane), and so
+with NCCL batches left running (HVLITE_NCCL_OVERLAP=1):
 - every collective x dtype x in-place and out-of-place form, DistributedOptimizer,
   broadcast_parameters/_optimizer_state, SyncBatchNorm and join on CUDA models, against the same
   references as on the CPU (tests/parallel/test_torch_ops.py, test_torch_training.py with
@@ -8,7 +10,8 @@ devices: on one GPU every rank shares it, which the staged path serves and NCCL 
 - what only CUDA tensors have (tests/gpu/test_cuda_only.py): the host/CUDA mismatch error on
   every rank, stream order, results on the input's device, join(device), Adasum, elastic state,
   float16/bfloat16 on the device;
-- a rank killed in the middle of a CUDA allreduce ends the job within the usual bounds.
+- a rank killed in the middle of a staged CUDA allreduce, and one killed or frozen (SIGSTOP)
+  in the middle of an NCCL allreduce, ends the job within the usual bounds, naming the rank.
 Without a GPU every test here skips and says why (CI has none)."""
 import time
 

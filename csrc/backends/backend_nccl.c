@@ -24,8 +24,8 @@
  * - Running (run_device): on the engine's stream of the device, after each input's ready event;
  *   a fused allreduce is one NCCL call on a device fusion buffer, the tensors copied in and out
  *   on that stream (HVLITE_NCCL_GROUPED=1: one group of per-tensor calls, no buffer; see
- *   fused_copies for why the buffer won), other batches one group of per-tensor calls. A set of
- *   one rank calls no NCCL at all (one_rank_copies). Scale factors fold into ncclAvg or
+ *   fused_copies for why the buffer won), other batches one group of per-tensor calls. In a set
+ *   of one rank, allreduce, broadcast and reducescatter call no NCCL (one_rank_copies). Scale factors fold into ncclAvg or
  *   ncclRedOpCreatePreMulSum where the op is linear (Sum, Average on floating types) and the type
  *   holds the folded factor (factor_fits); Min, Max, Product, scaled integer reductions and
  *   out-of-range factors stay staged (no kernel of ours scales on the GPU). Allgather and
