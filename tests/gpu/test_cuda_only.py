@@ -7,7 +7,6 @@ SPMD: run by hvlrun, on a machine with a GPU."""
 import os
 import time
 
-import numpy as np
 import pytest
 import torch
 
