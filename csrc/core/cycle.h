@@ -71,6 +71,9 @@ void hvl__queue_fail_all(hvl_engine *e, int status, const char *message);  /* st
 /* Marks the pending entries kept out of this cycle's negotiation (en->held): CUDA tensors the
  * GPU has not written yet, and the groups they belong to (see ready.c). Cannot fail. */
 void hvl__ready_hold(hvl_engine *e);
+/* 1 once the GPU has written every entry held for itself at the last hvl__ready_hold (then a
+ * cycle need not wait for the cycle time); 0 while one is not written, or none was held. */
+int hvl__ready_all_written(hvl_engine *e);
 
 /* ---- negotiation (negotiate.c with cache.c and coordinator.c): agree with every rank on
  * what runs this cycle, in order ---- */

@@ -210,15 +210,21 @@ static int sleep_until(hvl_engine *e, double deadline)
  * their handles complete when they are seen to end. */
 #define IN_FLIGHT_LOOK_S 50e-6
 
+/* While CUDA tensors are held for the GPU (ready.c), the wait looks this often whether the GPU
+ * has written all of them: then the cycle starts without waiting out the cycle time. */
+#define HELD_LOOK_S 100e-6
+
 /* Waits for work (sleep_until) up to `deadline`, finishing the device batches that end
- * meanwhile; non-OK if one failed (fatal). */
+ * meanwhile; non-OK if one failed (fatal). Returns early once every held tensor is written. */
 static int wait_for_work(hvl_engine *e, double deadline)
 {
     for (;;) {
         HVL_CHECK(hvl__execute_settle(e, HVL_SETTLE_LOOK));
-        double until = deadline, look = hvl__now() + IN_FLIGHT_LOOK_S;
-        if (e->nin_flight && look < until) until = look;
+        double until = deadline, now = hvl__now();
+        if (e->nin_flight && now + IN_FLIGHT_LOOK_S < until) until = now + IN_FLIGHT_LOOK_S;
+        if (e->held_for_gpu && now + HELD_LOOK_S < until) until = now + HELD_LOOK_S;
         if (sleep_until(e, until) || hvl__now() >= deadline) return HVL_OK;
+        if (hvl__ready_all_written(e)) return HVL_OK;
     }
 }
 

@@ -137,6 +137,7 @@ struct hvl_engine {
     int stage_stuck;            /* a staged copy never finished: stage nothing more (stage.c) */
     struct hvl_in_flight *in_flight;   /* device batches left running on the GPU, oldest first */
     int nin_flight, in_flight_cap;     /* (execute.c; HVLITE_NCCL_OVERLAP) */
+    int held_for_gpu;           /* bg only: pending entries held for their own ready event (ready.c) */
 
     hvl_counters counters;      /* written by bg with relaxed atomics, read by anyone */
     struct { int64_t collectives, bytes; } plane_counts[HVL_MAX_BACKENDS];   /* the same; by registry slot */

@@ -26,6 +26,13 @@
  * so the holder's own waits never count as a deadlock. The timeline marks where a held tensor's
  * own hold ended (GPU_READY, with why; its group may hold it a little longer). A held tensor's
  * patience for the response cache (negotiate.c) starts when its hold ends (en->ready_at).
+ * Between cycles the engine asks hvl__ready_all_written (engine.c's wait, every HELD_LOOK_S):
+ * once the GPU has written everything held, the next cycle starts at once instead of at the
+ * cycle time. Those are the last gradients of a backward pass, whose exchange is what the step
+ * waits for, or a lone tensor whose caller waits for it: without this, holding would add up to
+ * a cycle time to them (negotiated at submit, the batch would wait on the GPU with no delay).
+ * While other held tensors are still being written, the cycle time stands: what the GPU writes
+ * meanwhile fuses into one batch.
  * HVLITE_GPU_READY_ONLY=0 turns holding off.
  * bg thread only. */
 #include "cuda_driver.h"
@@ -62,6 +69,7 @@ void hvl__ready_hold(hvl_engine *e)
     uint64_t groups[GROUPS_TRACKED];
     int ngroups = 0, overflow = 0;
     double now = hvl__now();
+    e->held_for_gpu = 0;
     if (!hvl__cuda_loaded()) return;      /* no CUDA request yet: nothing is ever held */
     hvl_entry *last_op = NULL;            /* the last pending op without data */
     for (hvl_entry *en = e->pending_head; en; en = en->next_pending)
@@ -82,6 +90,7 @@ void hvl__ready_hold(hvl_engine *e)
             en->gpu_pending = 2;
             hvl__count(&e->counters.tensors_held_for_gpu, 1);
         }
+        e->held_for_gpu += en->gpu_pending != 0;
         if (!en->held || !en->group) continue;
         int known = 0;
         for (int i = 0; i < ngroups && !known; i++) known = groups[i] == en->group;
@@ -95,4 +104,18 @@ void hvl__ready_hold(hvl_engine *e)
         if (en->held || !en->group || en->sent || before_op || now - en->enqueued_at > hold_max(e)) continue;
         for (int i = 0; i < ngroups && !en->held; i++) en->held = groups[i] == en->group;
     }
+}
+
+/* Newest first, stopping at the first not written: while the GPU is still writing a backward
+ * pass's gradients that is one query. A query that fails counts as written (the next cycle's
+ * hvl__ready_hold releases the entry). */
+int hvl__ready_all_written(hvl_engine *e)
+{
+    if (!e->held_for_gpu) return 0;
+    for (hvl_entry *en = e->pending_tail; en; en = en->prev_pending) {
+        int done = 0;
+        if (en->gpu_pending && hvl__cuda_event_reached(en->device, en->ready_event, &done) == HVL_OK && !done)
+            return 0;
+    }
+    return 1;
 }

@@ -8,11 +8,12 @@
 #include <stdio.h>
 #include <string.h>
 
-/* ready.c's own calls to these go to the probe's answers below; its hvl__ready_hold is compiled
- * here under another name, so the engine's stays untouched */
+/* ready.c's own calls to these go to the probe's answers below; its functions are compiled here
+ * under other names, so the engine's stay untouched */
 #define hvl__cuda_loaded probe_cuda_loaded
 #define hvl__cuda_event_reached probe_event_reached
 #define hvl__ready_hold probe_ready_hold
+#define hvl__ready_all_written probe_ready_all_written
 #include "../../csrc/core/ready.c"
 
 #define MAX_ENTRIES 200
@@ -74,6 +75,8 @@ int probe_add(int op, int on_gpu, uint64_t group, double age_s, int sent)
 
 void probe_gpu(int i, int state) { gpu_state[i] = state; }
 void probe_hold(void) { probe_ready_hold(&engine); }
+int probe_all_written(void) { return probe_ready_all_written(&engine); }
+int probe_held_for_gpu(void) { return engine.held_for_gpu; }
 int probe_held(int i) { return entries[i].held; }
 int probe_gpu_pending(int i) { return entries[i].gpu_pending; }
 double probe_ready_delay(int i) { return entries[i].ready_at - entries[i].enqueued_at; }

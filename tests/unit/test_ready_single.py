@@ -135,3 +135,25 @@ def test_past_the_groups_tracked_each_member_goes_on_its_own(probe, groups_held,
     p.hold()
     assert all(p.held(*waiting))                    # each holds for itself either way
     assert p.held(written_member) == [group_holds]
+
+
+def test_the_wait_ends_once_every_tensor_held_is_written(probe):
+    """Between cycles the engine asks hvl__ready_all_written: once the GPU wrote everything held
+    (the last gradients of a backward pass, a lone tensor a caller waits for), the next cycle
+    starts at once instead of at the cycle time."""
+    p = Pending(probe)
+    p.hold()
+    assert probe.probe_all_written() == 0           # nothing held: nothing to end the wait for
+    older, host, newer = p.add(), p.add(on_gpu=False), p.add()
+    member, waiting_member = p.add(gpu=WRITTEN, group=2), p.add(gpu=NOT_YET, group=2)
+    p.hold()
+    assert probe.probe_held_for_gpu() == 3          # held for its own event: not the group's member
+    assert probe.probe_all_written() == 0
+    probe.probe_gpu(newer, WRITTEN)
+    probe.probe_gpu(waiting_member, WRITTEN)
+    assert probe.probe_all_written() == 0           # the older one still not written
+    probe.probe_gpu(older, QUERY_FAILS)             # a failed query counts as written
+    assert probe.probe_all_written() == 1
+    p.hold()                                        # every hold ended: none left to wait for
+    assert probe.probe_held_for_gpu() == 0 and probe.probe_all_written() == 0
+    assert p.held(older, host, newer, member, waiting_member) == [False] * 5
