@@ -50,6 +50,14 @@ def test_gpu_spmd_file(path, plane, np_):
     run_spmd(np_, path, timeout=600, env=dict(SPMD_FILES[path], **PLANES[plane]))
 
 
+@pytest.mark.parametrize("plane", ["shared-gpu", "nccl-hostid"])
+def test_a_held_tensor_is_negotiated_once_written_not_a_cycle_time_later(plane):
+    """Long cycles (500 ms) make a cycle's wait visible: the tensor held for the GPU must not
+    wait for it once written (tests/gpu/test_cuda_only.py, the test of the same name)."""
+    run_spmd(2, "tests/gpu/test_cuda_only.py", timeout=300, select="once_written",
+             env=dict(PLANES[plane], HVLITE_CYCLE_TIME="500"))
+
+
 @pytest.mark.skipif(GPUS > 1, reason="needs ranks that share a GPU")
 def test_ranks_sharing_the_gpu_are_staged_with_a_one_line_notice():
     job = run_spmd(2, "tests/gpu/test_nccl_plane.py", timeout=600)

@@ -12,7 +12,7 @@
 #      at 2 ranks in 4 KiB pieces (HVLITE_STAGED_PIECE); then, alone on the GPU, first what
 #      the defaults are decided on (ResNet-50 four ways, the staged table whole and in 4 MiB
 #      pieces), then the NCCL table at 2 ranks, the test that fills the GPU, the lost-rank tests
-#      (both ways), the NCCL table at 4 ranks, a timeline of a few overlapped steps and the
+#      (both ways) and the held tensor's wake-up (long cycles), the NCCL table at 4 ranks, a timeline of a few overlapped steps and the
 #      staged table at 4 ranks. Logs go to
 #      OUTDIR as two tarballs (what a device call brings back is at most 8 files) and the
 #      benchmark tables to OUTDIR/bench.txt.
@@ -95,7 +95,7 @@ if [ "$part" = all ]; then
     alone staged-2-pieces 30 env HVLITE_STAGED_PIECE=4194304 hvlrun -np 2 python3 bench/gpu_allreduce.py --iters 5
     alone nccl-2 40 hvlrun -np 2 python3 bench/gpu_nccl.py --hostid-per-rank --iters 5
     alone no-room 40 env HVLITE_TEST_NCCL_HOSTID=per-rank hvlrun -np 2 $P $fill
-    alone lost 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "lost_inside or killed_rank"
+    alone lost 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "lost_inside or killed_rank or once_written"
     alone nccl-4 50 hvlrun -np 4 python3 bench/gpu_nccl.py --hostid-per-rank --iters 3
     # where a step's time goes with overlap: rank 0's timeline of a few steps (in logs-alone.tgz)
     alone resnet50-2-timeline 60 env HVLITE_NCCL_OVERLAP=1 HVLITE_TIMELINE="$L/resnet50-overlap-timeline.json" \

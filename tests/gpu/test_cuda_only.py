@@ -5,6 +5,7 @@ tensors: tests/parallel/test_torch_ops.py and test_torch_training.py with
 HVLITE_TEST_DEVICE=cuda, which tests/test_gpu.py also runs.)
 SPMD: run by hvlrun, on a machine with a GPU."""
 import os
+import threading
 import time
 
 import pytest
@@ -17,6 +18,7 @@ from adasum_reference import adasum, assert_close
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA GPU here (torch.cuda.is_available() is False)")
 RANK, SIZE = hvd.rank(), hvd.size()
+CYCLE_S = float(os.environ.get("HVLITE_CYCLE_TIME", os.environ.get("HOROVOD_CYCLE_TIME", "1"))) / 1000
 CUDA = torch.device("cuda", hvd.local_rank() % max(1, torch.cuda.device_count()))
 if torch.cuda.is_available():
     torch.cuda.set_device(CUDA)
@@ -75,6 +77,33 @@ def test_a_cuda_tensor_the_gpu_has_not_written_waits_out_of_negotiation_holding_
     assert torch.all(host == total) and torch.all(out == total), (host, out[:4])
     assert hvlite.engine_counters()["tensors_held_for_gpu"] > held
     assert waiting and host_s < 0.5, ("the host allreduce waited for the GPU", host_s)
+
+
+@pytest.mark.skipif(os.environ.get("HVLITE_GPU_READY_ONLY") == "0", reason="holding is off")
+@pytest.mark.skipif(CYCLE_S < 0.3, reason="a cycle time of 300 ms or more tells a cycle's wait apart "
+                    "(tests/test_gpu.py runs this with HVLITE_CYCLE_TIME=500)")
+def test_a_held_tensor_is_negotiated_once_written_not_a_cycle_time_later():
+    """Once the GPU has written every tensor held, the engine starts its next cycle at once
+    (ready.c, hvl__ready_all_written): the time from the write to the result is far below the
+    cycle time. Without that the held tensor would wait for the end of the cycle's wait."""
+    hvd.allreduce(torch.ones(4, device=CUDA), name="held.warm-up")   # NCCL's communicator, buffers
+    delays = []
+    for trial in range(3):
+        x = torch.zeros(1 << 10, device=CUDA)
+        hvd.barrier()
+        torch.cuda.synchronize()                      # test set-up only
+        torch.cuda._sleep(200_000_000)                # ~0.1 s of GPU time before the write
+        x.fill_(RANK + 1)
+        written, seen = torch.cuda.Event(), []
+        written.record()
+        watcher = threading.Thread(target=lambda: (written.synchronize(), seen.append(time.monotonic())))
+        watcher.start()
+        out = hvd.allreduce(x, op=hvd.Sum, name="held.once.written.%d" % trial)
+        done = time.monotonic()
+        watcher.join(timeout=60)
+        assert torch.all(out == SIZE * (SIZE + 1) / 2), (trial, out[:4])
+        delays.append(done - seen[0])
+    assert max(delays) < CYCLE_S / 3, ("seconds from the write to the result", delays, CYCLE_S)
 
 
 def test_an_op_without_data_never_overtakes_a_cuda_tensor_still_being_written():
