@@ -50,7 +50,7 @@ def test_gpu_spmd_file(path, plane, np_):
     run_spmd(np_, path, timeout=600, env=dict(SPMD_FILES[path], **PLANES[plane]))
 
 
-@pytest.mark.parametrize("plane", ["shared-gpu", "nccl-hostid"])
+@pytest.mark.parametrize("plane", sorted(PLANES))
 def test_a_held_tensor_is_negotiated_once_written_not_a_cycle_time_later(plane):
     """Long cycles (500 ms) make a cycle's wait visible: the tensor held for the GPU must not
     wait for it once written (tests/gpu/test_cuda_only.py, the test of the same name)."""

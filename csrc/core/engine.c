@@ -210,21 +210,31 @@ static int sleep_until(hvl_engine *e, double deadline)
  * their handles complete when they are seen to end. */
 #define IN_FLIGHT_LOOK_S 50e-6
 
-/* While CUDA tensors are held for the GPU (ready.c), the wait looks this often whether the GPU
- * has written all of them: then the cycle starts without waiting out the cycle time. */
+/* While CUDA tensors are held for the GPU (ready.c), the wait looks whether the GPU has written
+ * all of them, first after this long, then twice as long each time up to a quarter of the wait:
+ * once it has, the cycle starts without waiting out the cycle time. (Something is held during
+ * most of a backward pass: the looks back off so as not to vie with the framework's launches.) */
 #define HELD_LOOK_S 100e-6
 
 /* Waits for work (sleep_until) up to `deadline`, finishing the device batches that end
- * meanwhile; non-OK if one failed (fatal). Returns early once every held tensor is written. */
+ * meanwhile; non-OK if one failed (fatal). Returns early once every held tensor is written,
+ * unless device batches run (HVLITE_NCCL_OVERLAP): a cycle started early waits in negotiation
+ * for the peers' cycles, and this rank's batches would be finished only after it. */
 static int wait_for_work(hvl_engine *e, double deadline)
 {
+    double held_look = HELD_LOOK_S, held_look_max = (deadline - hvl__now()) / 4;
     for (;;) {
         HVL_CHECK(hvl__execute_settle(e, HVL_SETTLE_LOOK));
         double until = deadline, now = hvl__now();
+        int look_held = e->held_for_gpu && !e->nin_flight;
         if (e->nin_flight && now + IN_FLIGHT_LOOK_S < until) until = now + IN_FLIGHT_LOOK_S;
-        if (e->held_for_gpu && now + HELD_LOOK_S < until) until = now + HELD_LOOK_S;
+        if (look_held && now + held_look < until) until = now + held_look;
         if (sleep_until(e, until) || hvl__now() >= deadline) return HVL_OK;
-        if (hvl__ready_all_written(e)) return HVL_OK;
+        if (look_held && hvl__now() >= until) {
+            if (hvl__ready_all_written(e)) return HVL_OK;
+            held_look = held_look * 2 < held_look_max ? held_look * 2 : held_look_max;
+            if (held_look < HELD_LOOK_S) held_look = HELD_LOOK_S;
+        }
     }
 }
 

@@ -26,7 +26,8 @@
  * so the holder's own waits never count as a deadlock. The timeline marks where a held tensor's
  * own hold ended (GPU_READY, with why; its group may hold it a little longer). A held tensor's
  * patience for the response cache (negotiate.c) starts when its hold ends (en->ready_at).
- * Between cycles the engine asks hvl__ready_all_written (engine.c's wait, every HELD_LOOK_S):
+ * Between cycles the engine asks hvl__ready_all_written (engine.c's wait, from HELD_LOOK_S on,
+ * backing off; not while NCCL batches are left running):
  * once the GPU has written everything held, the next cycle starts at once instead of at the
  * cycle time. Those are the last gradients of a backward pass, whose exchange is what the step
  * waits for, or a lone tensor whose caller waits for it: without this, holding would add up to

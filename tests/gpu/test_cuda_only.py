@@ -87,12 +87,13 @@ def test_a_held_tensor_is_negotiated_once_written_not_a_cycle_time_later():
     (ready.c, hvl__ready_all_written): the time from the write to the result is far below the
     cycle time. Without that the held tensor would wait for the end of the cycle's wait."""
     hvd.allreduce(torch.ones(4, device=CUDA), name="held.warm-up")   # NCCL's communicator, buffers
+    held = hvlite.engine_counters()["tensors_held_for_gpu"]
     delays = []
     for trial in range(3):
         x = torch.zeros(1 << 10, device=CUDA)
         hvd.barrier()
         torch.cuda.synchronize()                      # test set-up only
-        torch.cuda._sleep(200_000_000)                # ~0.1 s of GPU time before the write
+        torch.cuda._sleep(40_000_000)                 # ~20 ms of GPU time before the write
         x.fill_(RANK + 1)
         written, seen = torch.cuda.Event(), []
         written.record()
@@ -103,6 +104,7 @@ def test_a_held_tensor_is_negotiated_once_written_not_a_cycle_time_later():
         watcher.join(timeout=60)
         assert torch.all(out == SIZE * (SIZE + 1) / 2), (trial, out[:4])
         delays.append(done - seen[0])
+    assert hvlite.engine_counters()["tensors_held_for_gpu"] > held, "never held: nothing tested"
     assert max(delays) < CYCLE_S / 3, ("seconds from the write to the result", delays, CYCLE_S)
 
 

@@ -76,6 +76,15 @@ int probe_add(int op, int on_gpu, uint64_t group, double age_s, int sent)
 void probe_gpu(int i, int state) { gpu_state[i] = state; }
 void probe_hold(void) { probe_ready_hold(&engine); }
 int probe_all_written(void) { return probe_ready_all_written(&engine); }
+
+/* Takes entry i off the pending list, as a failure or completion does. */
+void probe_unlink(int i)
+{
+    hvl_entry *en = &entries[i];
+    if (en->prev_pending) en->prev_pending->next_pending = en->next_pending; else engine.pending_head = en->next_pending;
+    if (en->next_pending) en->next_pending->prev_pending = en->prev_pending; else engine.pending_tail = en->prev_pending;
+    en->prev_pending = en->next_pending = NULL;
+}
 int probe_held_for_gpu(void) { return engine.held_for_gpu; }
 int probe_held(int i) { return entries[i].held; }
 int probe_gpu_pending(int i) { return entries[i].gpu_pending; }

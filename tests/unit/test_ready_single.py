@@ -157,3 +157,16 @@ def test_the_wait_ends_once_every_tensor_held_is_written(probe):
     p.hold()                                        # every hold ended: none left to wait for
     assert probe.probe_held_for_gpu() == 0 and probe.probe_all_written() == 0
     assert p.held(older, host, newer, member, waiting_member) == [False] * 5
+
+
+def test_entries_gone_since_the_hold_end_the_wait_once(probe):
+    """Held entries that left the pending list since the hold (failed with their set, say) end
+    the wait at once; the next cycle's hold counts none, so it happens once."""
+    p = Pending(probe)
+    gone = p.add()
+    p.hold()
+    assert probe.probe_all_written() == 0
+    probe.probe_unlink(gone)
+    assert probe.probe_all_written() == 1
+    p.hold()
+    assert probe.probe_held_for_gpu() == 0 and probe.probe_all_written() == 0
