@@ -4,7 +4,8 @@
 # .whl/ carried along), e.g. with Horovod's test_torch.py carried as a git-ignored file:
 #     source .whl/setup.sh && HOROVOD_TEST_TORCH=.hvd/test_torch.py tools/gpu_check.sh all "$OUT"
 # all: everything below in one call (269 s on an H200, 2026-11-28, before the overlap runs were
-#      added: about 530 s now, by estimate, so timeout_s 580): first, at once on the machine's cores,
+#      added: about 570 s now, by estimate, so timeout_s 600; the steps that decide defaults come
+#      first, so a call cut short loses only the last ones): first, at once on the machine's cores,
 #      Horovod's suite on both paths (when HOROVOD_TEST_TORCH names its file), tests/gpu at 1
 #      rank, with NCCL batches left running (HVLITE_NCCL_OVERLAP=1) the NCCL file at 4 ranks and
 #      the torch and GPU files at 2, and tools/gpu_matrix.py (each test function of tests/gpu as
