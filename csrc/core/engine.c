@@ -223,6 +223,7 @@ static int sleep_until(hvl_engine *e, double deadline)
 static int wait_for_work(hvl_engine *e, double deadline)
 {
     double held_look = HELD_LOOK_S, held_look_max = (deadline - hvl__now()) / 4;
+    if (held_look_max < HELD_LOOK_S) held_look_max = HELD_LOOK_S;
     for (;;) {
         HVL_CHECK(hvl__execute_settle(e, HVL_SETTLE_LOOK));
         double until = deadline, now = hvl__now();
@@ -233,7 +234,6 @@ static int wait_for_work(hvl_engine *e, double deadline)
         if (look_held && hvl__now() >= until) {
             if (hvl__ready_all_written(e)) return HVL_OK;
             held_look = held_look * 2 < held_look_max ? held_look * 2 : held_look_max;
-            if (held_look < HELD_LOOK_S) held_look = HELD_LOOK_S;
         }
     }
 }
