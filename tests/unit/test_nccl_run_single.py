@@ -1,0 +1,496 @@
+"""How the NCCL plane runs and ends batches (csrc/backends/backend_nccl.c, with
+csrc/util/nccl_lib.c), checked on a machine without a GPU through a probe
+(tests/unit/nccl_run_probe.c) that compiles both files with NCCL, CUDA and MPI answered by the
+test: each call is logged, events and NCCL's asynchronous state answer as the test says, and
+ncclCommAbort can hang. Nothing runs on a device; the checks read the calls from the log.
+
+What it shows:
+- a fused allreduce is one ncclAllReduce over the device fusion buffer, each tensor copied into
+  its 256-byte slot after its ready event and out after the collective, a joined rank's slot
+  zeroed; grouped, one call per tensor, a stand-in reading zeros into scratch;
+- the reduction: ncclAvg, or the scale folded into ncclRedOpCreatePreMulSum (in the tensor's
+  type, destroyed once the calls settled), Min/Max/Product as NCCL's;
+- a set of one rank calls no NCCL; allgather and alltoall as NCCL calls;
+- never hanging: a batch whose end never comes, or NCCL's asynchronous error, fails after the
+  peer timeout (or at once), naming the tensor; the communicator is aborted and the set's other
+  batches fail; an abort that hangs is left behind after its bound; a batch left running is
+  looked at without waiting; the shutdown flag ends a blocking wait, not an agreed stop's;
+- the set's decision: the communicator made from rank 0's id, nonblocking, its set-up bounded,
+  and every failure agreed so the set stays staged everywhere.
+The plane on a real GPU and NCCL is tests/gpu/test_nccl_plane.py's (make test-gpu)."""
+import ctypes
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from hvlite._lib import ffi, lib as engine
+
+from c_check import load_probe  # tests/unit, beside this file
+
+ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER = 0, 1, 2, 3, 4    # csrc/hvlite.h
+SUM, AVERAGE, MIN, MAX, PRODUCT = 0, 1, 2, 3, 4
+UINT8, FLOAT16, BFLOAT16, FLOAT32, FLOAT64 = 0, 6, 7, 8, 9
+OK, INVALID_ARG, TIMEOUT, NCCL, SHUT_DOWN = 0, 1, 3, 5, 8
+NC_FLOAT16, NC_FLOAT32, NC_FLOAT64, NC_BFLOAT16 = 6, 7, 8, 9                # nccl_lib.h
+NC_SUM, NC_PROD, NC_MAX, NC_MIN, NC_AVG = 0, 1, 2, 3, 4
+NC_REMOTE_ERROR, NC_IN_PROGRESS = 6, 7
+LOOK, WAIT, STOPPING = 0, 1, 2                                              # engine.h
+UNDECIDED, USE_NCCL, STAGED = 0, 1, 2                                       # backend_nccl.c
+HOST = -1                                                                   # a joined rank's stand-in
+NEVER = -1
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory):
+    lib = load_probe("nccl_run_probe", tmp_path_factory.mktemp("nccl_run_probe"))
+    lib.probe_reset.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_double]
+    lib.probe_settings.argtypes = [ctypes.c_int, ctypes.c_double]
+    lib.probe_batch.argtypes = [ctypes.c_int] * 3 + [ctypes.c_double] * 2 + [ctypes.c_int]
+    lib.probe_tensor.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+    lib.probe_counts.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
+    lib.probe_fail.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    lib.probe_ticket.restype = ctypes.c_void_p
+    lib.probe_settle.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+    lib.probe_state.restype = ctypes.c_int64
+    lib.probe_state.argtypes = [ctypes.c_char_p]
+    lib.probe_log_name.restype = ctypes.c_char_p
+    lib.probe_log_arg.restype = ctypes.c_int64
+    lib.probe_phase.restype = ctypes.c_double
+    yield lib
+    lib.probe_abort_hangs(0)          # a hung abort's helper thread may finish
+
+
+CALL_LIMIT_S = 20      # a call of the plane that takes longer hangs: the test fails, never hangs
+
+
+def bounded(fn, *args):
+    """fn(*args) on a thread of its own, waited for CALL_LIMIT_S: (its result, the engine's
+    last error message on that thread). A call still running then fails the test (its thread is
+    left behind, a daemon)."""
+    out = []
+    thread = threading.Thread(target=lambda: out.append((fn(*args), ffi.string(engine.hvl_last_error()).decode())),
+                              daemon=True)
+    thread.start()
+    thread.join(CALL_LIMIT_S)
+    assert out, f"{fn.__name__} did not return in {CALL_LIMIT_S} s: the plane hangs"
+    return out[0]
+
+
+class Call(tuple):
+    @property
+    def name(self):
+        return self[0]
+
+    @property
+    def args(self):
+        return self[1]
+
+
+class Plane:
+    """The NCCL plane's state for one set, driven through the probe; batches as the engine hands
+    them over; the calls read back from the log."""
+
+    def __init__(self, lib, rank=0, size=2, timeout_s=30.0, grouped=False, nccl=True):
+        self.lib = lib
+        lib.probe_reset(rank, size, timeout_s)
+        lib.probe_settings(int(grouped), timeout_s)
+        if nccl:
+            lib.probe_use_nccl(0)
+        self.inputs, self.outputs, self.counts, self.devices = [], [], [], []
+
+    def batch(self, op=ALLREDUCE, reduce_op=SUM, dtype=FLOAT32, prescale=1.0, postscale=1.0, root=0):
+        self.lib.probe_batch(op, reduce_op, dtype, prescale, postscale, root)
+        self.inputs, self.outputs, self.counts, self.devices = [], [], [], []
+        return self
+
+    def tensor(self, count, device=0, in_place=False, event=True):
+        i = len(self.inputs)
+        address = 0x100000000000 + i * 0x10000000
+        self.inputs.append(address)
+        self.outputs.append(address if in_place else address + 0x8000000)
+        self.counts.append(count)
+        self.devices.append(device)
+        self.lib.probe_tensor(count, device, self.inputs[-1], self.outputs[-1], int(event and device != HOST))
+        return self
+
+    def run(self, left_running=False, timed=False):
+        """run_device's rc; its message, if any, in self.error."""
+        rc, self.error = bounded(self.lib.probe_run, int(left_running), int(timed))
+        return rc
+
+    def settle(self, ticket, how):
+        done = ctypes.c_int()
+        rc, self.error = bounded(self.lib.probe_settle, ticket, how, ctypes.byref(done))
+        return rc, done.value
+
+    def prepare(self, device=0):
+        rc, self.error = bounded(self.lib.probe_prepare, device)
+        return rc
+
+    def state(self, what):
+        return self.lib.probe_state(what.encode())
+
+    def log(self, *names):
+        calls = []
+        for i in range(self.lib.probe_log_count()):
+            name = self.lib.probe_log_name(i).decode()
+            if not names or name in names:
+                calls.append(Call((name, tuple(self.lib.probe_log_arg(i, j) for j in range(5)))))
+        return calls
+
+    def ended_clean(self):
+        """No ticket out and every event freed."""
+        return self.state("tickets") == 0 and self.state("live_events") == 0
+
+    def aborted(self):
+        """The communicator was aborted (on the helper thread) and the set fell back to staged."""
+        names = [c.name for c in self.log()]
+        return "abort" in names and self.state("comm") == 0 and self.state("mode") == STAGED
+
+
+def slot(nbytes):
+    return (nbytes + 255) // 256 * 256
+
+
+# ---- running ----
+
+def test_a_fused_allreduce_is_one_nccl_call_on_the_fusion_buffer(probe):
+    p = Plane(probe).batch()
+    for count, device in [(100, 0), (1000, 0), (3, 0), (50, HOST)]:
+        p.tensor(count, device)
+    assert p.run() == OK, p.error
+    calls = p.log()
+    fusion = p.state("fusion")
+    sizes = [4 * n for n in p.counts]
+    offsets = np.cumsum([0] + [slot(s) for s in sizes])[:-1]
+    alloc = [c.args for c in calls if c.name == "device_alloc"]
+    assert alloc == [(0, sum(slot(s) for s in sizes), fusion, 0, 0)]
+    copies = [c.args[1:4] for c in calls if c.name == "copy"]
+    device_ones = [i for i, d in enumerate(p.devices) if d != HOST]
+    copies_in = [(fusion + offsets[i], p.inputs[i], sizes[i]) for i in device_ones]
+    copies_out = [(p.outputs[i], fusion + offsets[i], sizes[i]) for i in device_ones]
+    assert copies == copies_in + copies_out
+    assert [c.args[1:3] for c in calls if c.name == "zero"] == [(fusion + offsets[3], sizes[3])]
+    reduces = [c.args for c in calls if c.name == "all_reduce"]
+    assert reduces == [(fusion, fusion, sum(slot(s) for s in sizes) // 4, NC_FLOAT32, NC_SUM)]
+    names = [c.name for c in calls]
+    order = [names.index("wait_event"), names.index("copy"), names.index("group_start"),
+             names.index("all_reduce"), names.index("group_end")]
+    assert order == sorted(order), names
+    # each input's ready event is waited on, before anything runs on the stream
+    assert len([c for c in calls if c.name == "wait_event"]) == 3
+    # the copies out follow the collective's settling (its calls queued), the end's event last
+    settled = max(i for i, c in enumerate(calls) if c.name == "async_look" and i < names.index("record"))
+    first_out = [i for i, c in enumerate(calls) if c.name == "copy"][len(device_ones)]
+    assert names.index("group_end") < settled < first_out < names.index("record")
+    assert "event_look" in names[names.index("record"):]    # waited for: not left running
+    assert p.ended_clean()
+
+
+def test_grouped_calls_one_per_tensor_and_a_stand_in_reads_zeros(probe):
+    p = Plane(probe, grouped=True).batch(dtype=FLOAT64)
+    p.tensor(10).tensor(7, HOST).tensor(5, in_place=True)
+    assert p.run() == OK, p.error
+    calls = p.log()
+    assert not [c for c in calls if c.name == "copy"]
+    zeros, scratch = [c.args[2] for c in calls if c.name == "device_alloc"]
+    assert [c.args[1:3] for c in calls if c.name == "zero"] == [(zeros, 7 * 8)]
+    reduces = [c.args[:3] for c in calls if c.name == "all_reduce"]
+    assert reduces == [(p.inputs[0], p.outputs[0], 10), (zeros, scratch, 7), (p.inputs[2], p.inputs[2], 5)]
+    names = [c.name for c in calls]
+    assert names.index("group_start") < names.index("all_reduce") and \
+        max(i for i, n in enumerate(names) if n == "all_reduce") < names.index("group_end")
+    assert p.ended_clean()
+
+
+def test_a_timed_batch_gives_its_phases_in_order(probe):
+    p = Plane(probe).batch()
+    p.tensor(100).tensor(200)
+    assert p.run(timed=True) == OK, p.error
+    records = [c.args[1] for c in p.log("record")]
+    assert len(records) == 4 and records == sorted(records)          # in_ready .. ended, in order
+    phases = [probe.probe_phase(i) for i in range(4)]
+    assert 0 < phases[0] < phases[1] < phases[2] < phases[3], phases
+
+
+@pytest.mark.parametrize("reduce_op, dtype, prescale, postscale, nccl_op, scalar", [
+    (SUM, FLOAT32, 1.0, 1.0, NC_SUM, None),
+    (AVERAGE, FLOAT32, 1.0, 1.0, NC_AVG, None),
+    (MIN, FLOAT32, 1.0, 1.0, NC_MIN, None),
+    (MAX, FLOAT64, 1.0, 1.0, NC_MAX, None),
+    (PRODUCT, FLOAT32, 1.0, 1.0, NC_PROD, None),
+    (SUM, FLOAT32, 0.5, 3.0, 100, struct.unpack("<I", struct.pack("<f", 1.5))[0]),
+    (AVERAGE, FLOAT64, 2.0, 1.0, 100, struct.unpack("<Q", struct.pack("<d", 1.0))[0]),   # 2 / 2 ranks
+    (AVERAGE, FLOAT16, 1.0, 0.1, 100, int(np.float16(0.05).view(np.uint16))),   # rounded to float16
+    (SUM, BFLOAT16, 3.0, 1.0, 100, 0x4040),                                      # 3.0 in bfloat16
+])
+def test_the_reduction_and_its_scale_fold_into_one_nccl_op(probe, reduce_op, dtype, prescale, postscale,
+                                                          nccl_op, scalar):
+    p = Plane(probe, grouped=True).batch(reduce_op=reduce_op, dtype=dtype, prescale=prescale,
+                                         postscale=postscale)
+    p.tensor(64)
+    assert p.run() == OK, p.error
+    calls = p.log()
+    assert [c.args[4] for c in calls if c.name == "all_reduce"] == [nccl_op]
+    made = [c.args[0] for c in calls if c.name == "premulsum"]
+    assert made == ([] if scalar is None else [scalar])
+    destroyed = [i for i, c in enumerate(calls) if c.name == "red_op_destroy"]
+    if scalar is None:
+        assert destroyed == []
+    else:      # once the calls settled (NCCL said success), not before
+        assert len(destroyed) == 1
+        settled = [i for i, c in enumerate(calls) if c.name == "async_look" and c.args[0] == 0]
+        assert settled and settled[0] < destroyed[0]
+
+
+def test_a_set_of_one_rank_calls_no_nccl(probe):
+    p = Plane(probe, size=1).batch(reduce_op=AVERAGE)
+    p.tensor(10).tensor(20, in_place=True).tensor(30)
+    assert p.run() == OK, p.error
+    calls = p.log()
+    nccl_calls = {"group_start", "all_reduce", "group_end", "premulsum", "device_alloc"}
+    assert not [c for c in calls if c.name in nccl_calls]
+    assert [c.args[1:4] for c in calls if c.name == "copy"] == [
+        (p.outputs[0], p.inputs[0], 40), (p.outputs[2], p.inputs[2], 120)]
+    assert p.ended_clean()
+
+
+def test_allgather_is_one_call_when_even_else_a_broadcast_per_member(probe):
+    p = Plane(probe, size=3).batch(op=ALLGATHER, dtype=FLOAT32)
+    p.tensor(4)
+    counts = (ctypes.c_int64 * 3)(4, 4, 4)
+    probe.probe_counts(3, counts)
+    assert p.run() == OK, p.error
+    assert [c.args[:3] for c in p.log("all_gather", "broadcast")] == [(p.inputs[0], p.outputs[0], 16)]
+    p.batch(op=ALLGATHER, dtype=FLOAT32).tensor(2)
+    probe.probe_counts(3, (ctypes.c_int64 * 3)(2, 0, 5))
+    before = len(p.log("all_gather", "broadcast"))
+    assert p.run() == OK, p.error
+    calls = p.log("all_gather", "broadcast")[before:]
+    # member by member, into its place; the empty one skipped alike everywhere
+    assert [c.args[:4] for c in calls] == [(p.inputs[0], p.outputs[0], 8, 0),
+                                           (p.inputs[0], p.outputs[0] + 8, 20, 2)]
+
+
+def test_alltoall_is_grouped_sends_and_receives_skipping_empty_pairs(probe):
+    p = Plane(probe, rank=1, size=3).batch(op=ALLTOALL, dtype=UINT8)
+    p.tensor(10)
+    probe.probe_counts(6, (ctypes.c_int64 * 6)(3, 0, 7, 0, 5, 1))   # sent to 0,1,2; received from 0,1,2
+    assert p.run() == OK, p.error
+    calls = p.log("send", "recv", "group_start", "group_end")
+    assert [(c.name, c.args[:3]) for c in calls] == [
+        ("group_start", (0, 0, 0)),
+        ("send", (p.inputs[0], 3, 0)),
+        ("recv", (p.outputs[0], 5, 1)),
+        ("send", (p.inputs[0] + 3, 7, 2)), ("recv", (p.outputs[0] + 5, 1, 2)),
+        ("group_end", (0, 0, 0))]
+
+
+def test_a_tensor_on_another_gpu_than_the_sets_is_refused_naming_both(probe):
+    p = Plane(probe).batch()
+    p.tensor(10, device=1)
+    assert p.run() == INVALID_ARG
+    assert "cuda:1" in p.error and "cuda:0" in p.error and "'t0'" in p.error
+    assert p.state("comm") == 1 and p.state("mode") == USE_NCCL      # the set goes on
+
+
+# ---- never hanging ----
+
+def test_a_batch_whose_end_never_comes_fails_after_the_peer_timeout_and_aborts(probe):
+    p = Plane(probe, timeout_s=0.3).batch()
+    p.tensor(100).tensor(100)
+    probe.probe_pace(NEVER, NEVER)           # a peer never joins: the stream never passes the end
+    start = time.monotonic()
+    assert p.run() == TIMEOUT
+    took = time.monotonic() - start
+    assert 0.3 <= took < 3.0, took
+    message = p.error
+    assert "NCCL allreduce of tensor 't0'" in message and "HVLITE_PEER_TIMEOUT_SECONDS" in message, message
+    assert p.aborted() and p.ended_clean()
+    assert [c.name for c in p.log("adopt", "abort")] == ["adopt", "abort"]   # in the comm's context
+    assert p.state("abort_stuck") == 0
+
+
+def test_ncccls_asynchronous_error_fails_the_batch_at_once_with_ncclss_words(probe):
+    p = Plane(probe, timeout_s=30).batch()
+    p.tensor(100).tensor(100)
+    probe.probe_pace(NEVER, NEVER)
+    probe.probe_async(5, NC_REMOTE_ERROR)    # a peer died: NCCL says so after a few looks
+    start = time.monotonic()
+    assert p.run() == NCCL
+    assert time.monotonic() - start < 3.0
+    message = p.error
+    assert "remote process exited" in message and "the probe's last error" in message, message
+    assert p.aborted() and p.ended_clean()
+
+
+def test_a_failed_nccl_call_aborts_the_communicator(probe):
+    p = Plane(probe, grouped=True).batch()
+    p.tensor(100).tensor(100)
+    probe.probe_fail(b"all_reduce", 2)
+    assert p.run() == NCCL
+    assert "ncclAllReduce failed" in p.error
+    assert "group_end" in [c.name for c in p.log()]     # the group is closed before the abort
+    assert p.aborted() and p.ended_clean()
+
+
+def test_a_batch_left_running_is_looked_at_without_waiting_and_ends_its_ticket(probe):
+    p = Plane(probe).batch()
+    p.tensor(100).tensor(50)
+    probe.probe_pace(NEVER, 0)
+    assert p.run(left_running=True) == OK, p.error
+    ticket = probe.probe_ticket()
+    assert ticket and p.state("tickets") == 1
+    assert not p.log("event_look")                       # run_device did not wait
+    assert p.settle(ticket, LOOK) == (OK, 0)
+    assert len(p.log("event_look")) == 1                 # one look
+    probe.probe_pace(0, 0)
+    assert p.settle(ticket, LOOK) == (OK, 1)
+    assert p.ended_clean()
+
+
+def test_a_look_past_the_timeout_fails_and_the_sets_other_batches_fail_with_it(probe):
+    p = Plane(probe, timeout_s=0.2).batch()
+    p.tensor(100).tensor(50)
+    probe.probe_pace(NEVER, NEVER)
+    assert p.run(left_running=True) == OK
+    first = probe.probe_ticket()
+    assert p.run(left_running=True) == OK
+    second = probe.probe_ticket()
+    assert p.settle(first, LOOK) == (OK, 0)
+    time.sleep(0.3)
+    assert p.settle(first, LOOK)[0] == TIMEOUT
+    assert "HVLITE_PEER_TIMEOUT_SECONDS" in p.error
+    assert p.aborted()
+    assert p.settle(second, WAIT)[0] == NCCL             # at once: its communicator is gone
+    assert "failed before it ended" in p.error
+    assert p.ended_clean()
+
+
+def test_abandon_aborts_and_frees_every_ticket(probe):
+    p = Plane(probe).batch()
+    p.tensor(100).tensor(50)
+    probe.probe_pace(NEVER, NEVER)
+    for _ in range(3):
+        assert p.run(left_running=True) == OK
+    assert p.state("tickets") == 3
+    probe.probe_abandon()
+    assert p.aborted() and p.ended_clean()
+
+
+def test_an_abort_that_hangs_is_left_behind_after_its_bound(probe):
+    p = Plane(probe, timeout_s=0.3).batch()
+    p.tensor(100).tensor(100)
+    probe.probe_pace(NEVER, NEVER)
+    probe.probe_abort_hangs(1)               # ncclCommAbort waits on a stopped peer's proxy
+    start = time.monotonic()
+    assert p.run() == TIMEOUT
+    took = time.monotonic() - start
+    assert 0.6 <= took < 4.0, took           # the batch's bound, then the abort's
+    assert p.state("abort_stuck") == 1
+    assert "cuda_stuck" in [c.name for c in p.log()]
+    probe.probe_close()                      # its buffers may still be NCCL's: never freed
+    assert not p.log("device_free")
+    probe.probe_abort_hangs(0)
+    deadline = time.monotonic() + 5
+    while not probe.probe_abort_returned() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert probe.probe_abort_returned()
+
+
+def test_the_shutdown_flag_ends_a_blocking_wait_but_not_an_agreed_stops(probe):
+    p = Plane(probe, timeout_s=0).batch()     # no peer timeout: only the flags bound the wait
+    p.tensor(100).tensor(100)
+    probe.probe_pace(NEVER, NEVER)
+    probe.probe_shutdown(1)
+    start = time.monotonic()
+    assert p.run() == SHUT_DOWN
+    assert 1.0 <= time.monotonic() - start < 4.0          # after the grace every wait has
+    p = Plane(probe, timeout_s=1.5).batch()
+    p.tensor(100).tensor(100)
+    probe.probe_pace(NEVER, NEVER)
+    assert p.run(left_running=True) == OK
+    probe.probe_shutdown(1)
+    assert p.settle(probe.probe_ticket(), STOPPING)[0] == TIMEOUT    # the peer bound, not the flag
+    probe.probe_shutdown(0)
+
+
+def test_a_buffer_grows_only_once_the_batches_left_running_passed(probe):
+    p = Plane(probe).batch()
+    p.tensor(100).tensor(50)
+    probe.probe_pace(NEVER, 2)
+    assert p.run(left_running=True) == OK
+    old = p.state("fusion")
+    p.batch().tensor(10000).tensor(5000)       # needs a larger fusion buffer
+    assert p.run(left_running=True) == OK
+    calls = p.log()
+    names = [c.name for c in calls]
+    freed = names.index("device_free")
+    assert calls[freed].args[1] == old
+    marks = [i for i, c in enumerate(calls) if c.name == "mark_look" and c.args[1]]
+    assert marks and names.index("mark") < marks[0] < freed
+    assert p.state("fusion") != old
+
+
+@pytest.mark.parametrize("where", ["here", "elsewhere"])
+def test_no_room_for_the_fusion_buffer_on_a_member_runs_fused_batches_grouped_everywhere(probe, where):
+    p = Plane(probe).batch()
+    p.tensor(100).tensor(50)
+    if where == "here":
+        probe.probe_fail(b"device_alloc", 1)
+    else:
+        probe.probe_peers(0, 1)
+    assert p.run() == OK, p.error
+    assert p.state("fusion_off") == 1
+    assert [c.args[:3] for c in p.log("all_reduce")] == [
+        (p.inputs[0], p.outputs[0], 100), (p.inputs[1], p.outputs[1], 50)]
+    assert not p.log("copy")
+
+
+# ---- the set's decision ----
+
+def test_a_set_of_ranks_on_their_own_gpus_makes_its_communicator_from_rank_0s_id(probe):
+    for rank in (0, 1):
+        p = Plane(probe, rank=rank, size=2, nccl=False).batch()
+        probe.probe_async(3, 0)                 # the nonblocking init goes on for a few looks
+        assert p.prepare() == OK, p.error
+        assert p.state("mode") == USE_NCCL and probe.probe_can_run() == 1
+        names = [c.name for c in p.log()]
+        assert ("get_unique_id" in names) == (rank == 0)
+        init = p.log("init")[0].args
+        assert init[:3] == (2, rank, 0)        # 2 ranks, this one, blocking off
+        assert names.index("bcast") < names.index("init")
+        looks = [c.args[0] for c in p.log("async_look")]
+        assert looks[-1] == 0 and NC_IN_PROGRESS in looks      # polled until it settled
+        agree = p.log("agree")[0].args
+        assert agree[0] == OK and agree[1] == 3 * 30_000        # the agreement's bound: 3x the peer timeout
+
+
+def test_ranks_sharing_a_gpu_stay_staged_without_calling_nccl(probe):
+    p = Plane(probe, nccl=False).batch()
+    probe.probe_peers(1, 0)
+    assert p.prepare() == OK
+    assert p.state("mode") == STAGED and probe.probe_can_run() == 0
+    assert not p.log("init", "get_unique_id")
+
+
+def test_a_set_up_that_never_finishes_is_given_up_and_the_set_stays_staged_everywhere(probe):
+    p = Plane(probe, timeout_s=0.3, nccl=False).batch()
+    probe.probe_async(10 ** 9, 0)             # a peer never joins the bootstrap
+    start = time.monotonic()
+    assert p.prepare() == OK       # not fatal: agreed, staged everywhere
+    assert time.monotonic() - start < 3.0
+    assert p.state("mode") == STAGED and p.state("comm") == 0
+    assert p.log("agree")[0].args[0] == TIMEOUT
+    assert "abort" in [c.name for c in p.log()]
+
+
+def test_a_set_up_that_failed_on_another_member_leaves_the_set_staged_here_too(probe):
+    p = Plane(probe, nccl=False).batch()
+    probe.probe_peers(0, 1)
+    assert p.prepare() == OK
+    assert p.state("mode") == STAGED and p.state("comm") == 0
+    assert "abort" in [c.name for c in p.log()]     # its own communicator, made, is let go
