@@ -1,12 +1,14 @@
 """Compiling engine files by themselves, for the unit tests that check them without a GPU:
 the CUDA toolkit's include folder, the build's MPI include flags, a syntax-only compile, and
-test probes (small C files that call the engine's internal functions) loaded beside the engine."""
+test probes (small C files that call the engine's internal functions) loaded beside the engine,
+called with a bound so that a wait that never ends fails its test instead of hanging it."""
 import ctypes
 import glob
 import os
 import shutil
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -61,3 +63,20 @@ def load_probe(name, folder):
     compile_c(["-shared", "-fPIC", "-o", out, os.path.join(ROOT, "tests", "unit", name + ".c")])
     ctypes.CDLL(_core.__file__, mode=ctypes.RTLD_GLOBAL)
     return ctypes.CDLL(out)
+
+
+CALL_LIMIT_S = 20
+
+
+def bounded(fn, *args):
+    """fn(*args) on a thread of its own, waited for CALL_LIMIT_S: (its result, the engine's last
+    error message on that thread, which is per thread). Still running then: the test fails, and
+    the thread is left behind (a daemon, stuck in C)."""
+    from hvlite._lib import ffi, lib
+    out = []
+    thread = threading.Thread(target=lambda: out.append((fn(*args), ffi.string(lib.hvl_last_error()).decode())),
+                              daemon=True)
+    thread.start()
+    thread.join(CALL_LIMIT_S)
+    assert out, f"{getattr(fn, '__name__', fn)} did not return in {CALL_LIMIT_S} s: it hangs"
+    return out[0]

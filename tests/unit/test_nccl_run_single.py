@@ -20,15 +20,12 @@ What it shows:
 The plane on a real GPU and NCCL is tests/gpu/test_nccl_plane.py's (make test-gpu)."""
 import ctypes
 import struct
-import threading
 import time
 
 import numpy as np
 import pytest
 
-from hvlite._lib import ffi, lib as engine
-
-from c_check import load_probe  # tests/unit, beside this file
+from c_check import bounded, load_probe  # tests/unit, beside this file
 
 ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER = 0, 1, 2, 3, 4    # csrc/hvlite.h
 SUM, AVERAGE, MIN, MAX, PRODUCT = 0, 1, 2, 3, 4
@@ -61,22 +58,6 @@ def probe(tmp_path_factory):
     lib.probe_phase.restype = ctypes.c_double
     yield lib
     lib.probe_abort_hangs(0)          # a hung abort's helper thread may finish
-
-
-CALL_LIMIT_S = 20      # a call of the plane that takes longer hangs: the test fails, never hangs
-
-
-def bounded(fn, *args):
-    """fn(*args) on a thread of its own, waited for CALL_LIMIT_S: (its result, the engine's
-    last error message on that thread). A call still running then fails the test (its thread is
-    left behind, a daemon)."""
-    out = []
-    thread = threading.Thread(target=lambda: out.append((fn(*args), ffi.string(engine.hvl_last_error()).decode())),
-                              daemon=True)
-    thread.start()
-    thread.join(CALL_LIMIT_S)
-    assert out, f"{fn.__name__} did not return in {CALL_LIMIT_S} s: the plane hangs"
-    return out[0]
 
 
 class Call(tuple):

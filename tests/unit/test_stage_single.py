@@ -20,9 +20,7 @@ from collections import namedtuple
 
 import pytest
 
-from hvlite._lib import ffi, lib
-
-from c_check import load_probe  # tests/unit, beside this file
+from c_check import bounded, load_probe  # tests/unit, beside this file
 
 (USE, WAIT_EVENT, COPY_TO_HOST, COPY_TO_DEVICE, MARK, MARK_LOOK, HOST_ALLOC, HOST_FREE,
  EVENT_NEW, EVENT_RECORD, EVENT_LOOK, EVENT_FREE, STUCK, AGREE, NOTE) = range(15)   # stage_probe.c
@@ -89,7 +87,12 @@ class Batch:
 
     def run_pieces(self, piece):
         """execute.c's run_staged_pieces, the reduction left out: (rc of the stage-in, of the
-        first failed piece wait or None, of stage_out or None). stage_end always."""
+        first failed piece wait or None, of stage_out or None). stage_end always. Bounded; the
+        last error's message in self.error."""
+        result, self.error = bounded(self._pieces, piece)
+        return result
+
+    def _pieces(self, piece):
         lib, rc_wait, rc_out = self.lib, None, None
         rc_in = lib.probe_stage_in_pieces(piece)
         self.flat = self.state("flat")
@@ -104,11 +107,6 @@ class Batch:
                 rc_out = lib.probe_stage_out()
         lib.probe_stage_end()
         return rc_in, rc_wait, rc_out
-
-
-def error():
-    """The engine's last error message on this thread (stage.c's, through the probe)."""
-    return ffi.string(lib.hvl_last_error()).decode()
 
 
 def copies_in(calls, flat):
@@ -206,7 +204,7 @@ def test_pieces_copy_every_byte_once_and_back_only_after_every_copy_in(probe, la
         b.add(size, dev)
     probe.probe_pace(lag, lag)        # lag: events and marks seen reached only after `lag` looks
     piece = MiB
-    assert b.run_pieces(piece) == (OK, None, OK), error()
+    assert b.run_pieces(piece) == (OK, None, OK), b.error
     check_pieces(b, b.log(), piece)
     assert b.state("queued") == 0
     assert b.state("stuck") == 0
@@ -220,7 +218,7 @@ def test_pieces_copy_the_stand_ins_into_the_flat_buffer(probe):
     b.add(1000, 0)
     stand_in = b.add(5000, HOST)
     b.add(3000, 0)
-    assert b.run_pieces(2048) == (OK, None, OK), error()
+    assert b.run_pieces(2048) == (OK, None, OK), b.error
     flat = (ctypes.c_ubyte * 9000).from_address(b.flat)
     assert bytes(flat[1000:6000]) == bytes([stand_in + 1]) * 5000
 
@@ -228,7 +226,7 @@ def test_pieces_copy_the_stand_ins_into_the_flat_buffer(probe):
 def test_pieces_of_stand_ins_only_use_host_memory(probe):
     b = Batch(probe)
     b.add(3 * MiB, HOST)
-    assert b.run_pieces(MiB) == (OK, None, OK), error()
+    assert b.run_pieces(MiB) == (OK, None, OK), b.error
     calls = b.log()
     assert b.flat == b.state("fusion_buf")
     assert not [c for c in calls if c.kind in (COPY_TO_HOST, COPY_TO_DEVICE, HOST_ALLOC, EVENT_NEW, MARK)]
@@ -241,7 +239,7 @@ def test_copies_back_wait_for_the_last_copy_in_even_when_reduced_pieces_are_read
     b = Batch(probe)
     b.add(4 * MiB, 0)
     probe.probe_pace(5, 0)
-    assert b.run_pieces(MiB) == (OK, None, OK), error()
+    assert b.run_pieces(MiB) == (OK, None, OK), b.error
     calls = b.log()
     notes = {c.n: c.at for c in calls if c.kind == NOTE}
     first_back = min(c.at for c in calls if c.kind == COPY_TO_DEVICE)
@@ -255,7 +253,7 @@ def test_a_piece_the_gpu_never_copies_fails_after_the_peer_timeout_and_stops_sta
     probe.probe_pace(-1, -1)          # the GPU never gets there (a kernel before the copies hangs)
     rc_in, rc_wait, rc_out = b.run_pieces(MiB)
     assert (rc_in, rc_wait, rc_out) == (OK, TIMEOUT, None)
-    message = error()
+    message = b.error
     assert "'t0'" in message and "HVLITE_PEER_TIMEOUT_SECONDS" in message, message
     calls = b.log()
     buffer = next(c.dst for c in calls if c.kind == HOST_ALLOC)
@@ -269,7 +267,7 @@ def test_a_piece_the_gpu_never_copies_fails_after_the_peer_timeout_and_stops_sta
     again = Batch(probe, reset=False)
     again.add(1000, 0)
     assert again.run_pieces(256)[0] == CUDA
-    assert "cannot be staged" in error()
+    assert "cannot be staged" in again.error
     assert again.state("failed_everywhere") == 1
     probe.probe_stage_free()
     assert not [c for c in b.log() if c.kind == HOST_FREE and c.dst == buffer]   # never freed
@@ -282,7 +280,7 @@ def test_a_copy_in_that_cannot_be_queued_fails_everywhere_after_the_queued_copie
     probe.probe_fail(COPY_TO_HOST, nth)
     rc_in, _, _ = b.run_pieces(MiB)
     assert rc_in == CUDA, "this rank keeps its own error"
-    assert "the probe refuses" in error()
+    assert "the probe refuses" in b.error
     assert b.state("failed_everywhere") == 1
     calls = b.log()
     failed_at = [c.at for c in calls if c.kind == COPY_TO_HOST][nth - 1]
@@ -300,7 +298,7 @@ def test_a_copy_back_that_cannot_be_queued_is_this_ranks_error_and_the_pieces_go
     probe.probe_fail(COPY_TO_DEVICE, 2)
     rc_in, rc_wait, rc_out = b.run_pieces(MiB)
     assert (rc_in, rc_wait) == (OK, None)
-    assert rc_out == CUDA and "the probe refuses" in error()
+    assert rc_out == CUDA and "the probe refuses" in b.error
     calls = b.log()
     assert [c.n for c in calls if c.kind == NOTE] == [0, 1, 2, 3]    # every piece still reduced
     assert len([c for c in calls if c.kind == COPY_TO_DEVICE]) == 2   # none after the failure
@@ -311,6 +309,13 @@ def test_a_copy_back_that_cannot_be_queued_is_this_ranks_error_and_the_pieces_go
 # ---- whole batches (hvl__stage_in / _out) ----
 
 def run_whole(b):
+    """hvl__stage_in, _out and _end: (rc, the staged input and output pointers). Bounded; the
+    last error's message in b.error."""
+    result, b.error = bounded(_whole, b)
+    return result
+
+
+def _whole(b):
     lib = b.lib
     rc = lib.probe_stage_in()
     staged = [lib.probe_entry_input(i) for i in range(len(b.sizes))]
@@ -334,7 +339,7 @@ def test_whole_batches_copy_what_each_op_needs(probe, op, rank, in_place, copied
     b.add(3001, 0, in_place=in_place)
     b.add(64, 0, event=False, in_place=in_place)
     rc, staged, staged_out = run_whole(b)
-    assert rc == OK, error()
+    assert rc == OK, b.error
     calls = b.log()
     ins = [(c.src, c.n, c.dst) for c in calls if c.kind == COPY_TO_HOST]
     backs = [(c.dst, c.n, c.src) for c in calls if c.kind == COPY_TO_DEVICE]
@@ -363,7 +368,7 @@ def test_the_pinned_buffer_grows_by_powers_of_two_and_old_ones_are_freed_at_the_
     for n, size in enumerate([1000, 3 * MiB // 2, MiB, 5 * MiB]):
         b = Batch(probe, reset=n == 0)
         b.add(size, 0)
-        assert run_whole(b)[0] == OK, error()
+        assert run_whole(b)[0] == OK, b.error
         caps.append(b.state("stage_cap"))
     assert caps == [MiB, 2 * MiB, 2 * MiB, 8 * MiB]
     assert b.state("retired") == 2
