@@ -45,14 +45,34 @@ def mpi_include_args():
     return [arg for folder in _mpi_find.find_mpi().include_dirs for arg in ("-I", folder)]
 
 
+def sanitize_args():
+    """The sanitizer flags of the engine's build when HVLITE_SANITIZE is set (a sanitizer run,
+    tools/sanitizers/run.py, sets it): a probe compiled beside an instrumented engine is
+    instrumented alike, so the engine files it includes run under the sanitizer too."""
+    sys.path.insert(0, os.path.join(ROOT, "hvlite"))
+    try:
+        import _build
+    finally:
+        sys.path.pop(0)
+    compile_args, link_args = _build.sanitize_flags()
+    return compile_args + link_args
+
+
 def compile_c(args, timeout=120):
     """Runs the compiler with the engine's warnings as errors; the test fails with its output."""
-    command = [compiler(), "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror"]
-    for folder in ENGINE_INCLUDES:
-        command += ["-I", folder]
-    done = subprocess.run(command + mpi_include_args() + list(args), capture_output=True,
-                          text=True, timeout=timeout)
-    assert done.returncode == 0, " ".join(command + list(args)) + "\n" + done.stderr
+    # A sanitizer run's preloaded runtime is for the tests, not for the compiler or the mpicc
+    # script asked for MPI's flags (their own leaks would be reported as the run's).
+    preload = os.environ.pop("LD_PRELOAD", None)
+    try:
+        command = [compiler(), "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror"] + sanitize_args()
+        for folder in ENGINE_INCLUDES:
+            command += ["-I", folder]
+        command += mpi_include_args() + list(args)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    finally:
+        if preload is not None:
+            os.environ["LD_PRELOAD"] = preload
+    assert done.returncode == 0, " ".join(command) + "\n" + done.stderr
 
 
 def load_probe(name, folder):

@@ -42,14 +42,17 @@ import _mpi_find  # noqa: E402  (stdlib only; finds the mpicc the build uses)
 SUITES = ["tests/test_spmd.py", "tests/test_failures.py", "tests/test_deadlock.py",
           "tests/test_shm.py", "tests/test_fuzz.py"]
 # Every collective and its errors, in place and out of place, at 2 ranks; a deadlock and a
-# stopped peer; the killed-rank cleanup; the fuzzer on shared memory.
+# stopped peer; the killed-rank cleanup; the fuzzer on shared memory; the GPU code that can run
+# without a GPU (holding, staging and the NCCL plane, through their unit probes).
 SMOKE = ["tests/test_spmd.py::test_spmd_file[tests/parallel/test_collectives.py-2]",
          "tests/test_spmd.py::test_spmd_file[tests/parallel/test_errors.py-2]",
          "tests/test_spmd.py::test_spmd_file[tests/parallel/test_out_of_place.py-2]",
          "tests/test_deadlock.py::test_desync_ends_every_rank_naming_each_side[ops-sides0-2]",
          "tests/test_deadlock.py::test_stopped_peer_ends_the_others_naming_it[mpi-env1]",
          "tests/test_failures.py::test_signal_to_hvlrun_leaves_nothing_behind",
-         "tests/test_fuzz.py::test_fuzz[shm-2]"]
+         "tests/test_fuzz.py::test_fuzz[shm-2]",
+         "tests/unit/test_ready_single.py", "tests/unit/test_stage_single.py",
+         "tests/unit/test_nccl_run_single.py"]
 RUNTIME = {"address": "libasan.so", "thread": "libtsan.so"}
 MULTIPLIER = {"address": "4", "thread": "6"}
 # Not copied into the tree: version control, environments, build outputs, caches.
@@ -100,6 +103,7 @@ def sanitizer_env(mode, reports):
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)       # the tests put the tree first themselves
     env["LD_PRELOAD"] = preload(mode)
+    env["HVLITE_SANITIZE"] = mode     # C the tests compile beside the engine (unit probes) alike
     env.setdefault("HVLITE_TEST_TIMEOUT_MULTIPLIER", MULTIPLIER[mode])
     if mode == "address":
         # Python objects from malloc, not from pymalloc's mmap'ed arenas, which LeakSanitizer
