@@ -746,11 +746,15 @@ static int run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device
 {
     nccl_set *s = state;
     int reduces = b->kind.op == HVL_ALLREDUCE || b->kind.op == HVL_REDUCESCATTER;
+    /* Another GPU than the communicator's: the peers are entering this batch's NCCL calls, so
+     * the communicator is aborted (fail_set), which ends theirs at once instead of after the
+     * peer timeout. */
     for (int i = 0; i < b->ntensors; i++)
         if (b->tensors[i].device >= 0 && b->tensors[i].device != s->device)
-            return hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s' is on cuda:%d, but this rank's NCCL communicator "
-                             "for process set %d is on cuda:%d (its first CUDA tensor's): one GPU per rank",
-                             b->name, b->tensors[i].device, ps->id, s->device);
+            return fail_set(s, hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s' is on cuda:%d, but this rank's NCCL "
+                                         "communicator for process set %d is on cuda:%d (its first CUDA "
+                                         "tensor's): one GPU per rank", b->name, b->tensors[i].device, ps->id,
+                                         s->device));
     void *stream;
     nccl_ticket *t = NULL;
     int rc = hvl__cuda_stream(s->device, &stream);

@@ -306,7 +306,7 @@ int hvl__stage_piece_wait(hvl_engine *e, const hvl_batch *b, hvl_stage *st, int 
     int rc = HVL_OK;
     if (!st->events) {              /* several devices, or none: every copy at the first piece */
         rc = st->devices ? wait_devices(e, st->devices, b, "copying to host memory") : HVL_OK;
-        st->reached = st->npieces;
+        if (rc == HVL_OK) st->reached = st->npieces;
     }
     while (rc == HVL_OK && st->reached <= k) {
         rc = wait_gpu(e, b, "copying to host memory", piece_reached, st);

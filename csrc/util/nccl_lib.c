@@ -77,7 +77,9 @@ typedef struct {
     ncclComm_t comm;
     int device;
     int refs;                   /* atomic: the waiter's and the helper's */
-    int done;                   /* atomic: the abort returned */
+    int done;                   /* atomic: the helper finished */
+    int aborted;                /* written before done: ncclCommAbort ran (its device's context
+                                   could be made current) */
 } abort_call;
 
 static void abort_release(abort_call *a)
@@ -88,7 +90,10 @@ static void abort_release(abort_call *a)
 static void *abort_helper(void *arg)
 {
     abort_call *a = arg;
-    if (hvl__cuda_adopt(a->device) == HVL_OK) hvl__nccl.comm_abort(a->comm);   /* the comm's context */
+    if (hvl__cuda_adopt(a->device) == HVL_OK) {   /* the comm's context */
+        hvl__nccl.comm_abort(a->comm);
+        a->aborted = 1;
+    }
     __atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
     abort_release(a);
     return NULL;
@@ -99,7 +104,7 @@ int hvl__nccl_abort(ncclComm_t comm, int dev, double limit_s)
     abort_call *a = calloc(1, sizeof(*a));
     pthread_t thread;
     if (!a) return 0;                       /* out of memory: the communicator leaks */
-    *a = (abort_call){comm, dev, 2, 0};
+    *a = (abort_call){comm, dev, 2, 0, 0};
     if (pthread_create(&thread, NULL, abort_helper, a) != 0) {
         free(a);                            /* no thread to bound it: leaked, not aborted */
         return 0;
@@ -108,14 +113,17 @@ int hvl__nccl_abort(ncclComm_t comm, int dev, double limit_s)
     double start = hvl__now(), nap_s = 1e-4;
     while (!__atomic_load_n(&a->done, __ATOMIC_ACQUIRE) && hvl__now() - start < limit_s)
         hvl__nap(&nap_s, 1e-3);
-    int returned = __atomic_load_n(&a->done, __ATOMIC_ACQUIRE);
+    int returned = __atomic_load_n(&a->done, __ATOMIC_ACQUIRE), aborted = returned && a->aborted;
     if (!returned) {
         hvl__log(HVL_LOG_WARNING, "ncclCommAbort did not return in %.0f s (a peer on this host is "
                  "stopped?): its communicator is left behind", limit_s);
         hvl__cuda_stuck();                  /* its kernels may hold the device for good */
+    } else if (!aborted) {                  /* NCCL may still use its buffers: the caller keeps them */
+        hvl__log(HVL_LOG_WARNING, "ncclCommAbort could not run (no context for cuda:%d on its thread): "
+                 "its communicator is left behind", dev);
     }
     abort_release(a);
-    return returned;
+    return aborted;
 }
 
 #ifdef NCCL_MAJOR

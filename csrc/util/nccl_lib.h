@@ -99,7 +99,7 @@ int hvl__nccl_check(ncclResult_t rc, ncclComm_t comm, const char *what);
 /* ncclCommAbort of `comm`, a communicator on device `dev`, on a helper thread that the caller
  * waits for up to limit_s: 1 if the abort returned; 0 if it is still stuck then (left to its
  * thread, and the device marked stuck: hvl__cuda_stuck) or could not be started (no memory, no
- * thread), and the communicator leaks. */
+ * thread, no context for `dev` on the helper), and the communicator leaks. */
 int hvl__nccl_abort(ncclComm_t comm, int dev, double limit_s);
 
 #endif /* HVLITE_NCCL_LIB_H */

@@ -56,16 +56,17 @@ typedef struct {
     int64_t a[5];
 } log_record;
 
-#define LOG_MAX 20000
+#define LOG_MAX 300000             /* a wait of a second or two looks tens of thousands of times */
 #define EVENTS_MAX 1024
 static log_record records[LOG_MAX];
-static int nrecords;
+static int nrecords, dropped;
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;   /* the abort's helper thread logs too */
 
 static void note(const char *name, int64_t a0, int64_t a1, int64_t a2, int64_t a3, int64_t a4)
 {
     pthread_mutex_lock(&log_lock);
     if (nrecords < LOG_MAX) records[nrecords++] = (log_record){name, {a0, a1, a2, a3, a4}};
+    else dropped++;
     pthread_mutex_unlock(&log_lock);
 }
 
@@ -73,10 +74,12 @@ static void note(const char *name, int64_t a0, int64_t a1, int64_t a2, int64_t a
 static int event_looks, mark_looks;    /* looks until reached; -1: never */
 static int event_seen[EVENTS_MAX], event_ids[EVENTS_MAX], nevents;
 static int mark_seen;
-static int async_pending, async_result;   /* "in progress" this many looks more, then this */
+static int async_pending, async_ok, async_result;   /* "in progress" this many looks more, then
+                                                      success this many, then this for good */
 static int abort_hangs, abort_returned;   /* atomic: ncclCommAbort waits until abort_hangs is 0 */
+static int aborts_running;                /* atomic: helper threads inside ncclCommAbort */
 static int fail_name_nth;                 /* the nth call of fail_name fails */
-static const char *fail_name;
+static char fail_name[32];
 static int agree_fails_elsewhere;         /* another member failed the agreement */
 static int peers_share_gpu;               /* the other members report this rank's host and GPU */
 static int64_t next_address = 0x700000000000;
@@ -84,7 +87,7 @@ static int live_events;
 
 static int refused(const char *name)
 {
-    return fail_name && !strcmp(fail_name, name) && --fail_name_nth == 0;
+    return fail_name[0] && !strcmp(fail_name, name) && --fail_name_nth == 0;
 }
 static int cuda_call(const char *name, int64_t a0, int64_t a1, int64_t a2, int64_t a3)
 {
@@ -139,7 +142,7 @@ void probe_cuda_device_free(int dev, void *p) { if (p) note("device_free", dev, 
 /* An event is a slot of event_ids; the log shows its index. */
 int probe_cuda_event_new(int dev, int timed, void **event)
 {
-    *event = NULL;
+    *event = NULL;                  /* as the driver's, where making it fails */
     if (nevents == EVENTS_MAX) return hvl__fail(HVL_ERR_SYSTEM, "the probe's events ran out");
     HVL_CHECK(cuda_call("event_new", dev, nevents, timed, 0));
     event_ids[nevents] = nevents;
@@ -187,16 +190,19 @@ static ncclResult_t p_init(ncclComm_t *comm, int nranks, ncclUniqueId id, int ra
 }
 static ncclResult_t p_abort(ncclComm_t comm)
 {
+    __atomic_add_fetch(&aborts_running, 1, __ATOMIC_ACQ_REL);
     note("abort_begins", (intptr_t)comm, 0, 0, 0, 0);
     while (__atomic_load_n(&abort_hangs, __ATOMIC_ACQUIRE)) usleep(1000);
     note("abort", (intptr_t)comm, 0, 0, 0, 0);
     __atomic_store_n(&abort_returned, 1, __ATOMIC_RELEASE);
+    __atomic_sub_fetch(&aborts_running, 1, __ATOMIC_ACQ_REL);
     return NC_SUCCESS;
 }
 static ncclResult_t p_async(ncclComm_t comm, ncclResult_t *state)
 {
     (void)comm;
-    *state = async_pending > 0 ? (async_pending--, NC_IN_PROGRESS) : async_result;
+    *state = async_pending > 0 ? (async_pending--, NC_IN_PROGRESS)
+           : async_ok > 0 ? (async_ok--, NC_SUCCESS) : async_result;
     note("async_look", *state, 0, 0, 0, 0);
     return NC_SUCCESS;
 }
@@ -252,10 +258,16 @@ static ncclResult_t p_premulsum(ncclRedOp_t *op, void *scalar, ncclDataType_t ty
 static ncclResult_t p_red_op_destroy(ncclRedOp_t op, ncclComm_t comm) { (void)comm; return nccl_call("red_op_destroy", op, 0, 0, 0, 0); }
 
 /* ---- MPI, as one member sees it ---- */
+/* The root's bytes: on the root, its own; elsewhere, the root's status (OK) and then 0x42s (the
+ * unique id the root made: create_comm's layout). */
 int probe_bcast_bytes(MPI_Comm comm, void *buf, int bytes, int root, hvl_bound bound, const char *what)
 {
-    (void)comm, (void)buf, (void)bound, (void)what;
+    (void)comm, (void)bound, (void)what;
     note("bcast", bytes, root, 0, 0, 0);
+    if (probe_engine.rank != root) {
+        memset(buf, 0, sizeof(int32_t));
+        memset((char *)buf + sizeof(int32_t), 0x42, (size_t)bytes - sizeof(int32_t));
+    }
     return HVL_OK;
 }
 /* Every member's words: this rank's; the others' the same, but for their host (unless they
@@ -305,22 +317,26 @@ static hvl_device_batch batch;
  * peer timeout timeout_s. The set's plane state is opened. */
 void probe_reset(int rank, int size, double timeout_s)
 {
+    __atomic_store_n(&abort_hangs, 0, __ATOMIC_RELEASE);      /* a hung abort left by a test ends */
+    for (int i = 0; i < 5000 && __atomic_load_n(&aborts_running, __ATOMIC_ACQUIRE); i++) usleep(1000);
     if (state) probe_backend_nccl.close(state, 1);
     state = NULL;
-    __atomic_store_n(&abort_hangs, 0, __ATOMIC_RELEASE);
     memset(&probe_engine, 0, sizeof(probe_engine));
     probe_engine.rank = rank;
     probe_engine.size = size;
     probe_engine.params.peer_timeout_s = timeout_s;
     for (int i = 0; i < size && i < 8; i++) members[i] = i;
     pset = (hvl_pset){.id = 0, .size = size, .rank = rank, .ranks = members};
-    nrecords = nevents = live_events = 0;
+    pthread_mutex_lock(&log_lock);
+    nrecords = dropped = 0;
+    pthread_mutex_unlock(&log_lock);
+    nevents = live_events = 0;
     event_looks = mark_looks = 0;
-    async_pending = 0;
+    async_pending = async_ok = 0;
     async_result = NC_SUCCESS;
-    fail_name = NULL;
+    fail_name[0] = '\0';
     agree_fails_elsewhere = peers_share_gpu = 0;
-    abort_returned = 0;
+    __atomic_store_n(&abort_returned, 0, __ATOMIC_RELEASE);
     probe_nccl = (hvl_nccl_api){p_version, p_unique_id, p_init, p_abort, p_async, p_error_string, p_last_error,
                                 p_all_reduce, p_broadcast, p_reduce_scatter, p_all_gather, p_send, p_recv,
                                 p_group_start, p_group_end, p_premulsum, p_red_op_destroy};
@@ -340,8 +356,10 @@ void probe_use_nccl(int dev)
 
 void probe_settings(int grouped, double timeout_s) { probe_engine.params.nccl_grouped = grouped, probe_engine.params.peer_timeout_s = timeout_s; }
 void probe_pace(int events, int marks) { event_looks = events, mark_looks = marks; }
-void probe_async(int pending, int result) { async_pending = pending, async_result = result; }
-void probe_fail(const char *name, int nth) { fail_name = name, fail_name_nth = nth; }
+void probe_async(int pending, int ok, int result) { async_pending = pending, async_ok = ok, async_result = result; }
+void probe_fail(const char *name, int nth) { snprintf(fail_name, sizeof(fail_name), "%s", name), fail_name_nth = nth; }
+void probe_disable_nccl(int disable) { probe_engine.params.nccl_disable = disable; }
+void probe_pools(int pools) { ((nccl_set *)state)->pools = pools; }
 void probe_abort_hangs(int hangs) { __atomic_store_n(&abort_hangs, hangs, __ATOMIC_RELEASE); }
 int probe_abort_returned(void) { return __atomic_load_n(&abort_returned, __ATOMIC_ACQUIRE); }
 void probe_shutdown(int requested) { probe_engine.shutdown_requested = requested; }
@@ -362,8 +380,9 @@ void probe_batch(int op, int reduce_op, int dtype, double prescale, double posts
  * output at the given addresses, with a ready event if `event`. */
 void probe_tensor(int64_t count, int dev, int64_t input, int64_t output, int event)
 {
-    tensors[ntensors++] = (hvl_device_tensor){(const void *)(intptr_t)input, (void *)(intptr_t)output, count, dev,
-                                              event ? (void *)(intptr_t)(0xe000 + ntensors) : NULL};
+    int i = ntensors++;
+    tensors[i] = (hvl_device_tensor){(const void *)(intptr_t)input, (void *)(intptr_t)output, count, dev,
+                                     event ? (void *)(intptr_t)(0xe000 + i) : NULL};   /* its address: 0xe000 + i */
     batch.ntensors = ntensors;
     batch.kind.bytes += count * hvl_dtype_size(batch.kind.dtype);
 }
@@ -416,5 +435,6 @@ int64_t probe_state(const char *what)
 }
 
 int probe_log_count(void) { return nrecords; }
+int probe_log_dropped(void) { return dropped; }
 const char *probe_log_name(int i) { return records[i].name; }
 int64_t probe_log_arg(int i, int j) { return records[i].a[j]; }

@@ -58,7 +58,7 @@ typedef struct {
 #define ENTRIES_MAX 64
 
 static log_record log_records[LOG_MAX];
-static int log_count;
+static int log_count, log_dropped;
 static int calls[LOG_KINDS], fail_kind = -1, fail_at;     /* the fail_at-th call of fail_kind fails */
 static int event_looks, mark_looks;                      /* looks until reached (-1: never) */
 static int event_seen[EVENTS_MAX], event_number[EVENTS_MAX], events_made;
@@ -69,12 +69,14 @@ static int members[2];
 static hvl_entry entries[ENTRIES_MAX], *entry_list[ENTRIES_MAX];
 static char names[ENTRIES_MAX][16];
 static char *stand_ins[ENTRIES_MAX];
+static int entry_events[ENTRIES_MAX];     /* the entries' ready events: their addresses */
 static hvl_batch batch;
 static hvl_stage stage;
 
 static int note(int kind, int dev, uint64_t dst, uint64_t src, int64_t n)
 {
     if (log_count < LOG_MAX) log_records[log_count++] = (log_record){kind, dev, dst, src, n};
+    else log_dropped++;
     if (kind == fail_kind && ++calls[kind] == fail_at)
         return hvl__fail(HVL_ERR_CUDA, "the probe refuses call %d of kind %d", fail_at, kind);
     return HVL_OK;
@@ -110,10 +112,14 @@ int probe_host_alloc(int dev, void **out, int64_t bytes)
     int slot = 0;
     while (slot < HOST_ALLOCS_MAX && host_allocs[slot]) slot++;
     if (slot == HOST_ALLOCS_MAX) return hvl__fail(HVL_ERR_SYSTEM, "the probe's host allocations ran out");
-    HVL_CHECK(note(LOG_HOST_ALLOC, dev, 0, 0, bytes));
-    if (posix_memalign(out, 4096, (size_t)bytes)) return hvl__oom("probe host memory");   /* page-aligned, as CUDA's */
-    host_allocs[slot] = *out;
-    log_records[log_count - 1].dst = (uintptr_t)*out;
+    void *p = NULL;
+    *out = NULL;
+    if (posix_memalign(&p, 4096, (size_t)bytes)) return hvl__oom("probe host memory");   /* page-aligned, as CUDA's */
+    if (note(LOG_HOST_ALLOC, dev, (uintptr_t)p, 0, bytes) != HVL_OK) {
+        free(p);
+        return hvl__last_status();
+    }
+    host_allocs[slot] = *out = p;
     return HVL_OK;
 }
 void probe_host_free(void *p)
@@ -123,15 +129,18 @@ void probe_host_free(void *p)
         if (host_allocs[i] == p) host_allocs[i] = NULL;
     free(p);
 }
-/* An event is an index into event_seen; its number is the order it was made in this batch. */
+/* An event is an index into event_seen; its number is the order it was made in this batch.
+ * NULL where making it failed, as the driver's; freeing NULL does nothing. */
 int probe_event_new(int dev, int timed, void **event)
 {
     (void)timed;
+    *event = NULL;
     if (events_made == EVENTS_MAX) return hvl__fail(HVL_ERR_SYSTEM, "the probe's events ran out");
+    HVL_CHECK(note(LOG_EVENT_NEW, dev, 0, 0, events_made));
     int i = events_made++;
     event_number[i] = i;
     *event = &event_number[i];
-    return note(LOG_EVENT_NEW, dev, 0, 0, i);
+    return HVL_OK;
 }
 int probe_event_record(int dev, void *event)
 {
@@ -145,19 +154,22 @@ int probe_event_reached(int dev, void *event, int *done)
     *done = event_looks >= 0 && ++event_seen[i] > event_looks;
     return note(LOG_EVENT_LOOK, dev, (uint64_t)*done, 0, i);
 }
-void probe_event_free(int dev, void *event) { note(LOG_EVENT_FREE, dev, 0, 0, *(int *)event); }
+void probe_event_free(int dev, void *event) { if (event) note(LOG_EVENT_FREE, dev, 0, 0, *(int *)event); }
 void probe_stuck(void) { note(LOG_STUCK, -1, 0, 0, 0); }
 void probe_release(void) {}
 int probe_cuda_loaded(void) { return 1; }
 
-/* One member's view of the agreement: it fails alike everywhere when this rank failed (as
- * hvl__agree does when any member did). */
+/* One member's view of the agreement: it fails alike everywhere when this rank failed, or
+ * when the test says another member did (as hvl__agree does when any member did). */
+static int peer_fails;
+
 int probe_agree(MPI_Comm comm, int local_rc, const char *what, int *everywhere, hvl_bound bound)
 {
     (void)comm, (void)bound;
     note(LOG_AGREE, -1, (uint64_t)local_rc, 0, 0);
-    *everywhere = local_rc != HVL_OK;
-    return local_rc == HVL_OK ? HVL_OK : hvl__fail(HVL_ERR_INVALID_ARG, "%s: %s", what, hvl_last_error());
+    *everywhere = local_rc != HVL_OK || peer_fails;
+    if (local_rc != HVL_OK) return hvl__fail(HVL_ERR_INVALID_ARG, "%s: %s", what, hvl_last_error());
+    return peer_fails ? hvl__fail(HVL_ERR_INVALID_ARG, "%s failed on another rank", what) : HVL_OK;
 }
 
 /* ---- the test's side ---- */
@@ -170,7 +182,7 @@ void probe_reset(double timeout_s)
     free(engine.fusion_buf);
     memset(&engine, 0, sizeof(engine));
     engine.params.peer_timeout_s = timeout_s;
-    log_count = events_made = 0;
+    log_count = log_dropped = events_made = peer_fails = 0;
     memset(calls, 0, sizeof(calls));
     fail_kind = -1;
     event_looks = mark_looks = 0;
@@ -180,6 +192,7 @@ void probe_reset(double timeout_s)
  * since it was recorded; -1: never. */
 void probe_pace(int events, int marks) { event_looks = events, mark_looks = marks; }
 void probe_fail(int kind, int nth) { fail_kind = kind, fail_at = nth, calls[kind] = 0; }
+void probe_peer_fails(int fails) { peer_fails = fails; }
 
 /* A new batch of op `op` on a set of `size` members where this process is member `rank`
  * (global ranks 0..size-1), broadcast root `root`. */
@@ -213,7 +226,7 @@ int probe_entry(int64_t bytes, int device, int event, int in_place)
         en->output = batch.op == HVL_ALLGATHER || batch.op == HVL_ALLTOALL ? NULL   /* the engine's */
                      : in_place ? (void *)en->input
                      : (void *)(uintptr_t)(0x10000000000ull * (uint64_t)(i + 1) + 0x8000000000ull);
-        en->ready_event = event ? &event_number[0] : NULL;   /* only logged: its address */
+        en->ready_event = event ? &entry_events[i] : NULL;   /* only logged: its address */
     } else {
         stand_ins[i] = malloc(bytes > 0 ? (size_t)bytes : 1);
         memset(stand_ins[i], i + 1, (size_t)bytes);
@@ -226,6 +239,7 @@ int probe_entry(int64_t bytes, int device, int event, int in_place)
 }
 
 uint64_t probe_entry_input(int i) { return (uintptr_t)entries[i].input; }
+uint64_t probe_entry_event(int i) { return (uintptr_t)entries[i].ready_event; }
 uint64_t probe_entry_output(int i) { return (uintptr_t)entries[i].output; }
 uint64_t probe_saved_output(int i) { return stage.saved ? (uintptr_t)stage.saved[i].output : 0; }
 
@@ -266,6 +280,7 @@ int64_t probe_state(const char *what)
 }
 
 int probe_log_count(void) { return log_count; }
+int probe_log_dropped(void) { return log_dropped; }
 void probe_log_get(int i, int *kind, int *dev, uint64_t *dst, uint64_t *src, int64_t *n)
 {
     *kind = log_records[i].kind, *dev = log_records[i].dev;

@@ -49,6 +49,7 @@ def probe(tmp_path_factory):
     lib.probe_tensor.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
     lib.probe_counts.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
     lib.probe_fail.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    lib.probe_async.argtypes = [ctypes.c_int] * 3
     lib.probe_ticket.restype = ctypes.c_void_p
     lib.probe_settle.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
     lib.probe_state.restype = ctypes.c_int64
@@ -115,6 +116,7 @@ class Plane:
         return self.lib.probe_state(what.encode())
 
     def log(self, *names):
+        assert self.lib.probe_log_dropped() == 0, "the probe's log overflowed"
         calls = []
         for i in range(self.lib.probe_log_count()):
             name = self.lib.probe_log_name(i).decode()
@@ -134,6 +136,17 @@ class Plane:
 
 def slot(nbytes):
     return (nbytes + 255) // 256 * 256
+
+
+def check_ready_events(p, calls):
+    """Each device tensor's ready event (at 0xe000 + its index) is waited on once, on the set's
+    GPU, before anything reads an input: a copy, an NCCL call, the batch's first point. (Zeroing
+    the plane's own stand-in buffer may come before.)"""
+    names = [c.name for c in calls]
+    waits = [c.args[:2] for c in calls if c.name == "wait_event"]
+    assert waits == [(0, 0xe000 + i) for i, d in enumerate(p.devices) if d != HOST]
+    first_work = min(names.index(n) for n in ("copy", "group_start", "record") if n in names)
+    assert max(i for i, n in enumerate(names) if n == "wait_event") < first_work
 
 
 # ---- running ----
@@ -162,7 +175,7 @@ def test_a_fused_allreduce_is_one_nccl_call_on_the_fusion_buffer(probe):
              names.index("all_reduce"), names.index("group_end")]
     assert order == sorted(order), names
     # each input's ready event is waited on, before anything runs on the stream
-    assert len([c for c in calls if c.name == "wait_event"]) == 3
+    check_ready_events(p, calls)
     # the copies out follow the collective's settling (its calls queued), the end's event last
     settled = max(i for i, c in enumerate(calls) if c.name == "async_look" and i < names.index("record"))
     first_out = [i for i, c in enumerate(calls) if c.name == "copy"][len(device_ones)]
@@ -181,6 +194,7 @@ def test_grouped_calls_one_per_tensor_and_a_stand_in_reads_zeros(probe):
     assert [c.args[1:3] for c in calls if c.name == "zero"] == [(zeros, 7 * 8)]
     reduces = [c.args[:3] for c in calls if c.name == "all_reduce"]
     assert reduces == [(p.inputs[0], p.outputs[0], 10), (zeros, scratch, 7), (p.inputs[2], p.inputs[2], 5)]
+    check_ready_events(p, calls)
     names = [c.name for c in calls]
     assert names.index("group_start") < names.index("all_reduce") and \
         max(i for i, n in enumerate(names) if n == "all_reduce") < names.index("group_end")
@@ -270,12 +284,13 @@ def test_alltoall_is_grouped_sends_and_receives_skipping_empty_pairs(probe):
         ("group_end", (0, 0, 0))]
 
 
-def test_a_tensor_on_another_gpu_than_the_sets_is_refused_naming_both(probe):
+def test_a_tensor_on_another_gpu_than_the_sets_is_refused_naming_both_and_the_peers_released(probe):
     p = Plane(probe).batch()
     p.tensor(10, device=1)
     assert p.run() == INVALID_ARG
     assert "cuda:1" in p.error and "cuda:0" in p.error and "'t0'" in p.error
-    assert p.state("comm") == 1 and p.state("mode") == USE_NCCL      # the set goes on
+    # the peers are in this batch's NCCL calls: the abort ends them, not their peer timeout
+    assert p.aborted() and not p.log("all_reduce", "group_start")
 
 
 # ---- never hanging ----
@@ -299,7 +314,7 @@ def test_ncccls_asynchronous_error_fails_the_batch_at_once_with_ncclss_words(pro
     p = Plane(probe, timeout_s=30).batch()
     p.tensor(100).tensor(100)
     probe.probe_pace(NEVER, NEVER)
-    probe.probe_async(5, NC_REMOTE_ERROR)    # a peer died: NCCL says so after a few looks
+    probe.probe_async(5, 0, NC_REMOTE_ERROR)  # a peer died: NCCL says so after a few looks
     start = time.monotonic()
     assert p.run() == NCCL
     assert time.monotonic() - start < 3.0
@@ -436,13 +451,14 @@ def test_no_room_for_the_fusion_buffer_on_a_member_runs_fused_batches_grouped_ev
 def test_a_set_of_ranks_on_their_own_gpus_makes_its_communicator_from_rank_0s_id(probe):
     for rank in (0, 1):
         p = Plane(probe, rank=rank, size=2, nccl=False).batch()
-        probe.probe_async(3, 0)                 # the nonblocking init goes on for a few looks
+        probe.probe_async(3, 0, 0)              # the nonblocking init goes on for a few looks
         assert p.prepare() == OK, p.error
         assert p.state("mode") == USE_NCCL and probe.probe_can_run() == 1
         names = [c.name for c in p.log()]
         assert ("get_unique_id" in names) == (rank == 0)
         init = p.log("init")[0].args
         assert init[:3] == (2, rank, 0)        # 2 ranks, this one, blocking off
+        assert init[3] == (7 if rank == 0 else 0x42)   # rank 0's own id; elsewhere, the one it sent
         assert names.index("bcast") < names.index("init")
         looks = [c.args[0] for c in p.log("async_look")]
         assert looks[-1] == 0 and NC_IN_PROGRESS in looks      # polled until it settled
@@ -460,7 +476,7 @@ def test_ranks_sharing_a_gpu_stay_staged_without_calling_nccl(probe):
 
 def test_a_set_up_that_never_finishes_is_given_up_and_the_set_stays_staged_everywhere(probe):
     p = Plane(probe, timeout_s=0.3, nccl=False).batch()
-    probe.probe_async(10 ** 9, 0)             # a peer never joins the bootstrap
+    probe.probe_async(10 ** 9, 0, 0)          # a peer never joins the bootstrap
     start = time.monotonic()
     assert p.prepare() == OK       # not fatal: agreed, staged everywhere
     assert time.monotonic() - start < 3.0
@@ -475,3 +491,79 @@ def test_a_set_up_that_failed_on_another_member_leaves_the_set_staged_here_too(p
     assert p.prepare() == OK
     assert p.state("mode") == STAGED and p.state("comm") == 0
     assert "abort" in [c.name for c in p.log()]     # its own communicator, made, is let go
+
+
+def test_broadcast_and_reducescatter_as_nccl_calls(probe):
+    p = Plane(probe, rank=1, size=3, grouped=True).batch(op=BROADCAST, dtype=FLOAT32, root=2)
+    p.tensor(10).tensor(3, HOST)
+    assert p.run() == OK, p.error
+    zeros, scratch = [c.args[2] for c in p.log("device_alloc")]
+    assert [c.args[:4] for c in p.log("broadcast")] == [(p.inputs[0], p.outputs[0], 40, 2), (zeros, scratch, 12, 2)]
+    p.batch(op=REDUCESCATTER, reduce_op=SUM, dtype=FLOAT32).tensor(9)
+    probe.probe_counts(3, (ctypes.c_int64 * 3)(4, 3, 2))    # this rank (1) gets 3 elements
+    assert p.run() == OK, p.error
+    assert [c.args[:3] for c in p.log("reduce_scatter")] == [(p.inputs[0], p.outputs[0], 3)]
+
+
+def test_a_set_of_one_rank_copies_its_reducescatter_rows(probe):
+    p = Plane(probe, size=1).batch(op=REDUCESCATTER, dtype=FLOAT64)
+    p.tensor(6)
+    probe.probe_counts(1, (ctypes.c_int64 * 1)(6))
+    assert p.run() == OK, p.error
+    assert [c.args[1:4] for c in p.log("copy")] == [(p.outputs[0], p.inputs[0], 48)]
+    assert not p.log("reduce_scatter", "group_start")
+
+
+def test_a_fused_allgather_of_uneven_tensors_places_each_members_rows(probe):
+    p = Plane(probe, rank=0, size=2).batch(op=ALLGATHER, dtype=UINT8)
+    p.tensor(3).tensor(5)
+    # tensor t from member r at counts[r * 2 + t]: tensor 0 is even (3, 3), tensor 1 uneven (5, 1)
+    probe.probe_counts(4, (ctypes.c_int64 * 4)(3, 5, 3, 1))
+    assert p.run() == OK, p.error
+    calls = p.log("all_gather", "broadcast")
+    assert [(c.name, c.args[:3]) for c in calls] == [
+        ("all_gather", (p.inputs[0], p.outputs[0], 3)),
+        ("broadcast", (p.inputs[1], p.outputs[1], 5)), ("broadcast", (p.inputs[1], p.outputs[1] + 5, 1))]
+    assert [c.args[3] for c in calls if c.name == "broadcast"] == [0, 1]   # each member its own root
+
+
+def test_ncccls_error_while_waiting_for_a_batchs_end_fails_it(probe):
+    p = Plane(probe).batch()
+    p.tensor(100).tensor(100)
+    probe.probe_pace(NEVER, NEVER)
+    probe.probe_async(0, 1, NC_REMOTE_ERROR)     # the calls settle, then a peer dies mid-collective
+    assert p.run() == NCCL
+    assert "remote process exited" in p.error
+    assert p.log("event_look")                   # it failed in the wait for the end
+    assert p.aborted() and p.ended_clean()
+
+
+def test_an_abort_that_could_not_run_keeps_the_sets_buffers(probe):
+    p = Plane(probe, timeout_s=0.3).batch()
+    p.tensor(100).tensor(100)
+    probe.probe_pace(NEVER, NEVER)
+    probe.probe_fail(b"adopt", 1)               # no context for the GPU on the abort's thread
+    assert p.run() == TIMEOUT
+    assert "abort" not in [c.name for c in p.log()]
+    assert p.state("abort_stuck") == 1          # NCCL may still use them
+    probe.probe_close()
+    assert not p.log("device_free")
+
+
+def test_the_sets_decision_without_nccl_or_a_device(probe):
+    p = Plane(probe, nccl=False).batch()
+    probe.probe_disable_nccl(1)
+    assert p.prepare() == OK
+    assert p.state("mode") == STAGED and not p.log("allgather", "init")      # no exchange at all
+    p = Plane(probe, nccl=False).batch()
+    assert p.prepare(-1) == OK                  # a member joined before its first CUDA tensor
+    assert p.state("mode") == UNDECIDED and not p.log("init")
+
+
+def test_without_memory_pools_allgather_and_alltoall_stay_staged(probe):
+    p = Plane(probe).batch()
+    probe.probe_pools(0)
+    assert probe.probe_can_run() == 1
+    for op in (ALLGATHER, ALLTOALL):
+        p.batch(op=op)
+        assert probe.probe_can_run() == 0

@@ -16,6 +16,7 @@ What it shows:
 - the page-locked buffer grows by powers of two and the outgrown ones are freed at the end.
 Staging on a real GPU, against NumPy, is tests/gpu/test_cuda_only.py's (make test-gpu)."""
 import ctypes
+import time
 from collections import namedtuple
 
 import pytest
@@ -25,7 +26,7 @@ from c_check import bounded, load_probe  # tests/unit, beside this file
 (USE, WAIT_EVENT, COPY_TO_HOST, COPY_TO_DEVICE, MARK, MARK_LOOK, HOST_ALLOC, HOST_FREE,
  EVENT_NEW, EVENT_RECORD, EVENT_LOOK, EVENT_FREE, STUCK, AGREE, NOTE) = range(15)   # stage_probe.c
 ALLREDUCE, ALLGATHER, BROADCAST, REDUCESCATTER = 0, 1, 2, 4     # csrc/hvlite.h
-OK, TIMEOUT, CUDA = 0, 3, 13
+OK, INVALID_ARG, TIMEOUT, CUDA = 0, 1, 3, 13
 HOST = -1                                                       # a joined rank's stand-in
 MiB = 1 << 20
 
@@ -38,7 +39,7 @@ def probe(tmp_path_factory):
     lib.probe_reset.argtypes = [ctypes.c_double]
     lib.probe_entry.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     lib.probe_stage_in_pieces.argtypes = [ctypes.c_int64]
-    for name in ("probe_entry_input", "probe_entry_output", "probe_saved_output"):
+    for name in ("probe_entry_input", "probe_entry_output", "probe_saved_output", "probe_entry_event"):
         getattr(lib, name).restype = ctypes.c_uint64
     lib.probe_state.restype = ctypes.c_int64
     lib.probe_state.argtypes = [ctypes.c_char_p]
@@ -55,7 +56,7 @@ class Batch:
         if reset:
             lib.probe_reset(timeout_s)
         lib.probe_batch(op, rank, size, root)
-        self.sizes, self.devices, self.inputs, self.outputs = [], [], [], []
+        self.sizes, self.devices, self.inputs, self.outputs, self.events = [], [], [], [], []
 
     def add(self, nbytes, device=0, event=True, in_place=False):
         i = self.lib.probe_entry(nbytes, device, int(event), int(in_place))
@@ -63,6 +64,7 @@ class Batch:
         self.devices.append(device)
         self.inputs.append(self.lib.probe_entry_input(i))
         self.outputs.append(self.lib.probe_entry_output(i))
+        self.events.append(self.lib.probe_entry_event(i))
         return i
 
     def state(self, what):
@@ -71,6 +73,7 @@ class Batch:
     def log(self):
         kind, dev, n = ctypes.c_int(), ctypes.c_int(), ctypes.c_int64()
         dst, src = ctypes.c_uint64(), ctypes.c_uint64()
+        assert self.lib.probe_log_dropped() == 0, "the probe's log overflowed"
         calls = []
         for i in range(self.lib.probe_log_count()):
             self.lib.probe_log_get(i, kind, dev, dst, src, n)
@@ -85,26 +88,31 @@ class Batch:
             at += size
         return out
 
-    def run_pieces(self, piece):
+    def run_pieces(self, piece, reduce_fails_at=None):
         """execute.c's run_staged_pieces, the reduction left out: (rc of the stage-in, of the
-        first failed piece wait or None, of stage_out or None). stage_end always. Bounded; the
-        last error's message in self.error."""
-        result, self.error = bounded(self._pieces, piece)
+        first failed piece wait or None, of stage_out or None). reduce_fails_at: the piece whose
+        reduction fails (the loop stops there, as execute.c's does). stage_end always. Bounded;
+        the last error's message in self.error."""
+        result, self.error = bounded(self._pieces, piece, reduce_fails_at)
         return result
 
-    def _pieces(self, piece):
+    def _pieces(self, piece, reduce_fails_at):
         lib, rc_wait, rc_out = self.lib, None, None
         rc_in = lib.probe_stage_in_pieces(piece)
         self.flat = self.state("flat")
+        self.end_at = None
         if rc_in == OK:
             for k in range(self.state("npieces")):
                 rc = lib.probe_piece_wait(k)
                 if rc != OK:
                     rc_wait = rc
                     break
+                if k == reduce_fails_at:
+                    break
                 lib.probe_piece_back(k)
-            if rc_wait is None:
+            if rc_wait is None and reduce_fails_at is None:
                 rc_out = lib.probe_stage_out()
+        self.end_at = lib.probe_log_count()          # stage_end's calls come after this
         lib.probe_stage_end()
         return rc_in, rc_wait, rc_out
 
@@ -160,6 +168,13 @@ def check_pieces(b, calls, piece):
     # no copy in crosses a piece boundary (copies back may: those deferred go as one)
     for off, _, n in ins:
         assert off // piece == (off + n - 1) // piece, f"a copy in crosses a piece: [{off}, {off + n})"
+    # each device entry's ready event is waited on (stream order) before its first copy in
+    for i, dev in enumerate(b.devices):
+        if dev == HOST or b.sizes[i] == 0:
+            continue
+        first_copy = min(c.at for c in calls if c.kind == COPY_TO_HOST and b.inputs[i] <= c.src < b.inputs[i] + b.sizes[i])
+        waits = [c.at for c in calls if c.kind == WAIT_EVENT and c.dst == b.events[i] and c.dev == dev]
+        assert waits and waits[0] < first_copy, f"entry {i} copied before its ready event was waited on"
     one_device = len({d for d in b.devices if d != HOST}) == 1
     if one_device:
         # piece k's event is recorded once, after every copy into pieces 0..k
@@ -173,7 +188,8 @@ def check_pieces(b, calls, piece):
         last_done = min(c.at for c in calls if c.kind == EVENT_LOOK and c.n == npieces - 1 and c.dst)
     else:
         assert not any(c.kind == EVENT_RECORD for c in calls)
-        last_done = min(c.at for c in calls if c.kind == MARK_LOOK and c.n)
+        last_done = max(min(c.at for c in calls if c.kind == MARK_LOOK and c.n and c.dev == dev)
+                        for dev in {d for d in b.devices if d != HOST})
     assert all(c.at > last_done for c in calls if c.kind == COPY_TO_DEVICE)
     # a copy back is queued only after the piece_back call of the last piece it reads
     notes = {c.n: c.at for c in calls if c.kind == NOTE}
@@ -251,7 +267,9 @@ def test_a_piece_the_gpu_never_copies_fails_after_the_peer_timeout_and_stops_sta
     b = Batch(probe, timeout_s=0.2)
     b.add(3 * MiB, 0)
     probe.probe_pace(-1, -1)          # the GPU never gets there (a kernel before the copies hangs)
+    start = time.monotonic()
     rc_in, rc_wait, rc_out = b.run_pieces(MiB)
+    assert 0.2 <= time.monotonic() - start < 5.0      # the peer timeout, not at once, not never
     assert (rc_in, rc_wait, rc_out) == (OK, TIMEOUT, None)
     message = b.error
     assert "'t0'" in message and "HVLITE_PEER_TIMEOUT_SECONDS" in message, message
@@ -349,13 +367,29 @@ def test_whole_batches_copy_what_each_op_needs(probe, op, rank, in_place, copied
         assert ins == []
     if copied_back == "all":
         assert backs == [(b.outputs[i], b.sizes[i], staged_out[i]) for i in range(2)]
-    elif copied_back == "rows":          # rank 1 of 2 holds rows [dim0 // 2 + ...): dim0 - dim0 // 2
+    elif copied_back == "rows":          # rank 1 of 2: dim0 // 2 rows (hvl_reducescatter_rows)
         assert backs == [(b.outputs[i], b.sizes[i] // 2, staged_out[i]) for i in range(2)]
         assert staged_out[0] != staged[0]                            # apart from the input
     else:
         assert backs == []
     # the ready event is waited on before the copies (stream order); without one, the stream is used
-    assert [c.kind for c in calls if c.kind in (WAIT_EVENT, USE)] == [WAIT_EVENT, USE]
+    assert [(c.kind, c.dst) for c in calls if c.kind in (WAIT_EVENT, USE)] == [(WAIT_EVENT, b.events[0]), (USE, 0)]
+    ins_at = [c.at for c in calls if c.kind == COPY_TO_HOST]
+    if ins_at:
+        assert next(c.at for c in calls if c.kind == WAIT_EVENT) < ins_at[0]
+    # the copies in are seen done before the members agree (the collective reads them)...
+    agreed = next(c.at for c in calls if c.kind == AGREE)
+    assert any(c.kind == MARK_LOOK and c.n and c.at < agreed and c.at > max(ins_at, default=-1) for c in calls)
+    # ...and the copies back before the caller hears of its result
+    backs_at = [c.at for c in calls if c.kind == COPY_TO_DEVICE]
+    assert any(c.kind == MARK_LOOK and c.n and c.at > max(backs_at, default=agreed) for c in calls)
+    # each entry has its own room in the pinned buffer (input, and reducescatter's output)
+    buf, cap = b.state("stage_buf"), b.state("stage_cap")
+    rooms = [(staged[i], staged[i] + b.sizes[i]) for i in range(2)]
+    if op == REDUCESCATTER:
+        rooms += [(staged_out[i], staged_out[i] + b.sizes[i] // 2) for i in range(2)]
+    covered(rooms)
+    assert all(buf <= lo and hi <= buf + cap for lo, hi in rooms)
     # the caller's pointers are back
     assert [probe.probe_entry_input(i) for i in range(2)] == b.inputs
     assert [probe.probe_entry_output(i) for i in range(2)] == b.outputs
@@ -377,3 +411,68 @@ def test_the_pinned_buffer_grows_by_powers_of_two_and_old_ones_are_freed_at_the_
     assert not [c for c in calls if c.kind == HOST_FREE]           # never while the engine runs
     probe.probe_stage_free()
     assert sorted(c.dst for c in b.log() if c.kind == HOST_FREE) == sorted(allocated)
+
+
+@pytest.mark.parametrize("gpu", ["finishes", "never finishes"])
+def test_an_error_after_the_copies_were_queued_waits_for_them_before_letting_go(probe, gpu):
+    """A reduction that fails at piece 1 leaves copies queued: stage_end waits for them (the
+    buffer is reused next batch), bounded; if they never finish, the buffer is given up."""
+    b = Batch(probe, timeout_s=0.2)
+    b.add(4 * MiB, 0)
+    probe.probe_pace(0, 0 if gpu == "finishes" else -1)
+    assert b.run_pieces(MiB, reduce_fails_at=1)[:2] == (OK, None)
+    ended = [c for c in b.log() if c.at >= b.end_at]
+    assert any(c.kind == MARK for c in ended)
+    assert any(c.kind == MARK_LOOK and c.n for c in ended) == (gpu == "finishes")
+    assert b.state("queued") == 0
+    assert b.state("stuck") == (gpu == "never finishes")
+    assert not [c for c in b.log() if c.kind == COPY_TO_DEVICE and c.at > b.end_at]
+
+
+def test_another_member_failing_the_stage_in_fails_this_one_too_after_its_copies(probe):
+    for pieces in (True, False):
+        b = Batch(probe)
+        b.add(3 * MiB, 0)
+        probe.probe_peer_fails(1)
+        rc = b.run_pieces(MiB)[0] if pieces else run_whole(b)[0]
+        assert rc == INVALID_ARG and "failed on another rank" in b.error
+        assert b.state("failed_everywhere") == 1
+        calls = b.log()
+        agreed = next(c.at for c in calls if c.kind == AGREE)
+        # every copy queued here is seen done before the buffer is let go
+        last_in = max(c.at for c in calls if c.kind == COPY_TO_HOST)
+        assert any(c.kind == MARK_LOOK and c.n and c.at > last_in for c in calls)
+        assert not [c for c in calls if c.kind == COPY_TO_DEVICE]
+        assert b.state("queued") == 0
+        assert probe.probe_entry_input(0) == b.inputs[0]            # the caller's pointer back
+        assert agreed < len(calls)
+
+
+@pytest.mark.parametrize("failing", [COPY_TO_HOST, COPY_TO_DEVICE, HOST_ALLOC])
+def test_a_whole_batch_whose_copy_fails_waits_for_the_queued_copies_and_keeps_its_message(probe, failing):
+    b = Batch(probe)
+    b.add(1000, 0)
+    b.add(2000, 0)
+    probe.probe_fail(failing, 2 if failing != HOST_ALLOC else 1)
+    rc = run_whole(b)[0]
+    assert rc != OK
+    calls = b.log()
+    assert rc == CUDA and "the probe refuses" in b.error              # this rank's own error
+    # before the collective, agreed by every member; a copy back is this rank's alone
+    assert b.state("failed_everywhere") == (failing != COPY_TO_DEVICE)
+    queued = [c.at for c in calls if c.kind in (COPY_TO_HOST, COPY_TO_DEVICE)]
+    if queued:
+        assert any(c.kind == MARK_LOOK and c.n and c.at > queued[-1] for c in calls)
+    assert [probe.probe_entry_input(i) for i in range(2)] == b.inputs   # the caller's pointers back
+    assert [probe.probe_entry_output(i) for i in range(2)] == b.outputs
+
+
+def test_a_stuck_rank_refuses_whole_batches_too(probe):
+    b = Batch(probe, timeout_s=0.2)
+    b.add(1000, 0)
+    probe.probe_pace(0, -1)                  # the copies in never finish
+    assert run_whole(b)[0] == TIMEOUT
+    assert b.state("stuck") == 1
+    again = Batch(probe, reset=False)
+    again.add(1000, 0)
+    assert run_whole(again)[0] == CUDA and "cannot be staged" in again.error
