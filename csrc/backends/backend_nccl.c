@@ -40,7 +40,8 @@
  * - Never hanging: every wait polls the ticket's end (or the stream's mark) and
  *   ncclCommGetAsyncError, bounded by the peer timeout (from the batch's queueing or the set's
  *   previous batch's end) and the engine's flags; on an NCCL error or a timeout the communicator
- *   is aborted and the error is fatal to this engine (the set's other tickets fail with it).
+ *   is aborted and the error is fatal to this engine (the set's other tickets fail with it);
+ *   so is a tensor on another GPU than the communicator's (its peers are in the NCCL calls).
  * bg thread only. */
 #include <float.h>
 #include <limits.h>
