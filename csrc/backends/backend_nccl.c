@@ -41,7 +41,7 @@
  *   ncclCommGetAsyncError, bounded by the peer timeout (from the batch's queueing or the set's
  *   previous batch's end) and the engine's flags; on an NCCL error or a timeout the communicator
  *   is aborted and the error is fatal to this engine (the set's other tickets fail with it);
- *   so is a tensor on another GPU than the communicator's (its peers are in the NCCL calls).
+ *   so is a tensor on another GPU than the communicator's (aborted before its handles fail).
  * bg thread only. */
 #include <float.h>
 #include <limits.h>
@@ -747,9 +747,9 @@ static int run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device
 {
     nccl_set *s = state;
     int reduces = b->kind.op == HVL_ALLREDUCE || b->kind.op == HVL_REDUCESCATTER;
-    /* Another GPU than the communicator's: the peers are entering this batch's NCCL calls, so
-     * the communicator is aborted (fail_set), which ends theirs at once instead of after the
-     * peer timeout. */
+    /* Another GPU than the communicator's: fatal to this rank's engine, and the peers are
+     * entering this batch's NCCL calls, so the communicator is aborted now (fail_set), before
+     * this rank's handles fail, not at the engine's stop. */
     for (int i = 0; i < b->ntensors; i++)
         if (b->tensors[i].device >= 0 && b->tensors[i].device != s->device)
             return fail_set(s, hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s' is on cuda:%d, but this rank's NCCL "

@@ -515,6 +515,14 @@ static int execute_one(hvl_engine *e, hvl_batch *b)
         free(o);
         return keep_running(e, b, &p, ticket, t0);
     }
+    if (rc != HVL_OK && !b->failed_everywhere && e->nin_flight) {
+        /* fatal, with older batches of the set left running (their plane failed the set too):
+         * they fail first, with this error, so handles still fail oldest first */
+        char message[1024];
+        snprintf(message, sizeof(message), "%s", hvl_last_error());
+        hvl__execute_abandon(e, rc, message);
+        hvl__fail(rc, "%s", message);
+    }
     conclude(e, b, t0, rc, o);
     free(o);
     return b->failed_everywhere ? HVL_OK : rc;   /* an error every member agreed on is not fatal */

@@ -182,18 +182,12 @@ static int device_result(int dev, hvl_outcome *o, const char *what, const char *
 enum { VERDICT_OK, VERDICT_NO_ROOM, VERDICT_FAILED };
 static int agree_device(hvl_engine *e, hvl_batch *b, int local, const char *what, int *restage)
 {
-    hvl_pset *ps = b->ps;
-    int64_t mine = local == HVL_OK ? VERDICT_OK : local == HVL_ERR_NO_MEMORY ? VERDICT_NO_ROOM : VERDICT_FAILED;
-    int64_t small[64], *all = ps->size <= 64 ? small : malloc(sizeof(int64_t) * (size_t)ps->size);
-    int64_t worst = VERDICT_OK;
+    int mine = local == HVL_OK ? VERDICT_OK : local == HVL_ERR_NO_MEMORY ? VERDICT_NO_ROOM : VERDICT_FAILED;
+    int worst = mine;
     char why[1024];
     snprintf(why, sizeof(why), "%s", local == HVL_OK ? "" : hvl_last_error());
     *restage = 0;
-    if (!all) return hvl__oom("a device batch's agreement");   /* only past 64 ranks */
-    int rc = hvl__allgather_i64(ps->comm, &mine, 1, all, hvl__peer_bound(e), what);
-    for (int r = 0; r < ps->size && rc == HVL_OK; r++) worst = all[r] > worst ? all[r] : worst;
-    if (all != small) free(all);
-    HVL_CHECK(rc);
+    HVL_CHECK(hvl__allreduce_ints(b->ps->comm, &worst, 1, MPI_MAX, hvl__peer_bound(e), what));
     if (worst == VERDICT_FAILED) {
         b->failed_everywhere = 1;
         return mine == VERDICT_FAILED ? hvl__fail(HVL_ERR_INVALID_ARG, "%s", why)

@@ -121,6 +121,7 @@ int hvl__nccl_abort(ncclComm_t comm, int dev, double limit_s)
     } else if (!aborted) {                  /* NCCL may still use its buffers: the caller keeps them */
         hvl__log(HVL_LOG_WARNING, "ncclCommAbort could not run (no context for cuda:%d on its thread): "
                  "its communicator is left behind", dev);
+        hvl__cuda_stuck();                  /* its kernels may never end */
     }
     abort_release(a);
     return aborted;

@@ -97,9 +97,10 @@ int hvl__nccl_version(void);          /* e.g. 22809 for 2.28.9; 0 until loaded *
  * words and `comm`'s last error (comm may be NULL). */
 int hvl__nccl_check(ncclResult_t rc, ncclComm_t comm, const char *what);
 /* ncclCommAbort of `comm`, a communicator on device `dev`, on a helper thread that the caller
- * waits for up to limit_s: 1 if the abort returned; 0 if it is still stuck then (left to its
- * thread, and the device marked stuck: hvl__cuda_stuck) or could not be started (no memory, no
- * thread, no context for `dev` on the helper), and the communicator leaks. */
+ * waits for up to limit_s: 1 if the abort ran and returned; 0 if it is still stuck then (left to
+ * its thread) or could not run (no context for `dev` on the helper: the device is then marked
+ * stuck too, hvl__cuda_stuck) or could not be started (no memory, no thread), and the
+ * communicator leaks (its device buffers must not be freed). */
 int hvl__nccl_abort(ncclComm_t comm, int dev, double limit_s);
 
 #endif /* HVLITE_NCCL_LIB_H */

@@ -39,11 +39,14 @@ typedef struct {
 #define ENTRIES_MAX 256
 #define BATCHES_MAX 128
 static log_record records[LOG_MAX];
-static int nrecords;
+static int nrecords, dropped;
 
 static void note(const char *what, int a, int b, int c, const char *message)
 {
-    if (nrecords == LOG_MAX) return;
+    if (nrecords == LOG_MAX) {
+        dropped++;
+        return;
+    }
     log_record *r = &records[nrecords++];
     *r = (log_record){what, a, b, c, ""};
     if (message) snprintf(r->message, sizeof(r->message), "%s", message);
@@ -154,13 +157,14 @@ void probe_reset(int overlap)
     for (int i = 0; i < 4; i++) psets[i] = (hvl_pset){.id = i, .size = 2, .rank = 0, .ranks = members};
     memset(batch_state, 0, sizeof(batch_state));
     memset(run_fails, 0, sizeof(run_fails));
-    nrecords = nentries = nbatches = 0;
+    nrecords = dropped = nentries = nbatches = 0;
 }
 
 /* Adds a batch of `count` tensors to this cycle's list: op (HVL_ALLREDUCE, HVL_BARRIER...),
  * on CUDA (else host memory), of process set `set`. Returns its id (its first entry's index). */
 int probe_batch(int op, int cuda, int set, int count)
 {
+    if (nbatches == BATCHES_MAX || count > 8 || nentries + count > ENTRIES_MAX || set < 0 || set > 3) return -1;
     int id = nentries;
     hvl_batch *b = &batches[nbatches];
     memset(b, 0, sizeof(*b));
@@ -209,6 +213,7 @@ void probe_abandon(int status, const char *message) { probe_execute_abandon_(&en
 int probe_in_flight(void) { return engine.nin_flight; }
 
 int probe_log_count(void) { return nrecords; }
+int probe_log_dropped(void) { return dropped; }
 const char *probe_log_what(int i) { return records[i].what; }
 int probe_log_arg(int i, int j) { return j == 0 ? records[i].a : j == 1 ? records[i].b : records[i].c; }
 const char *probe_log_message(int i) { return records[i].message; }

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #define hvl__allgather_i64 probe_allgather_i64
+#define hvl__allreduce_ints probe_allreduce_ints
 #define hvl__alltoall_i64 probe_alltoall_i64
 #define hvl__cuda_result_alloc probe_result_alloc
 #define hvl__cuda_result_free probe_result_free
@@ -27,10 +28,11 @@ typedef struct {
 } log_record;
 #define LOG_MAX 1024
 static log_record records[LOG_MAX];
-static int nrecords;
+static int nrecords, dropped;
 static void note(const char *what, int64_t a0, int64_t a1, int64_t a2, int64_t a3)
 {
     if (nrecords < LOG_MAX) records[nrecords++] = (log_record){what, {a0, a1, a2, a3}};
+    else dropped++;
 }
 
 /* ---- the test's answers (other members: sizes, splits, verdicts) ---- */
@@ -46,12 +48,19 @@ static hvl_pset probe_pset;               /* the batch's set */
 int probe_allgather_i64(MPI_Comm comm, const int64_t *mine, int count, int64_t *all, hvl_bound bound,
                         const char *what)
 {
-    (void)comm, (void)bound;
+    (void)comm, (void)bound, (void)what;
     note("exchange", count, 0, 0, 0);
     for (int r = 0; r < probe_pset.size; r++)
         for (int i = 0; i < count; i++)
-            all[r * count + i] = r == probe_pset.rank ? mine[i]
-                               : strcmp(what, "exchanging sizes") ? peer_verdict : peer_rows[r][i];
+            all[r * count + i] = r == probe_pset.rank ? mine[i] : peer_rows[r][i];
+    return HVL_OK;
+}
+/* The members' verdicts: MPI_MAX of this rank's and the others' worst. */
+int probe_allreduce_ints(MPI_Comm comm, int *values, int n, MPI_Op op, hvl_bound bound, const char *what)
+{
+    (void)comm, (void)bound, (void)what, (void)op;
+    note("agree", values[0], n, 0, 0);
+    if (peer_verdict > values[0]) values[0] = peer_verdict;
     return HVL_OK;
 }
 int probe_alltoall_i64(MPI_Comm comm, const int64_t *mine, int64_t *theirs, hvl_bound bound)
@@ -85,7 +94,7 @@ static int plane_run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_
 {
     (void)e, (void)state;
     int ncounts = b->kind.op == HVL_ALLTOALL ? 2 * ps->size : ps->size * b->ntensors;
-    last = *b;
+    last = (hvl_device_batch){.kind = b->kind, .ntensors = b->ntensors, .phases = b->phases, .ticket = b->ticket};
     memcpy(last_counts, b->counts, sizeof(int64_t) * (size_t)ncounts);
     memcpy(last_tensors, b->tensors, sizeof(hvl_device_tensor) * (size_t)b->ntensors);
     note("run", b->ntensors, ncounts, 0, 0);
@@ -107,6 +116,9 @@ static hvl_outcome outcomes[ENTRIES_MAX];
 void probe_reset(int op, int rank, int size)
 {
     for (int i = 0; i < ENTRIES_MAX; i++) free(outcomes[i].recv_splits);
+    memset(&last, 0, sizeof(last));
+    memset(last_counts, 0, sizeof(last_counts));
+    memset(last_tensors, 0, sizeof(last_tensors));
     memset(outcomes, 0, sizeof(outcomes));
     memset(&batch, 0, sizeof(batch));
     memset(peer_rows, 0, sizeof(peer_rows));
@@ -116,12 +128,13 @@ void probe_reset(int op, int rank, int size)
     engine.rank = rank;
     batch = (hvl_batch){.op = op, .dtype = HVL_FLOAT32, .memory = HVL_MEMORY_CUDA, .ps = &probe_pset,
                         .entries = entry_list};
-    nrecords = allocs = no_room_at = run_fails = peer_verdict = 0;
+    nrecords = dropped = allocs = no_room_at = run_fails = peer_verdict = 0;
 }
 
 /* Adds a tensor of rows x cols float32 on device `dev`; alltoall: its splits (size members). */
 int probe_tensor(int64_t rows, int64_t cols, int dev, const int64_t *send_splits)
 {
+    if (batch.count == ENTRIES_MAX) return -1;
     int i = batch.count++;
     hvl_entry *en = &entries[i];
     memset(en, 0, sizeof(*en));
@@ -154,7 +167,8 @@ int probe_run(int *restage)
 }
 
 int probe_failed_everywhere(void) { return batch.failed_everywhere; }
-/* Outcome i: 0 result, 1 bytes, 2 memory, 3 device, 4 ndim, 5.. shape; 9: recv_splits[0..] from 10. */
+/* Outcome i: 0 result, 1 bytes, 2 memory, 3 device, 4 ndim, 5..7 shape, 8 nsplits, 10 + r:
+ * recv_splits[r]; -1 for anything else. */
 int64_t probe_outcome(int i, int field)
 {
     const hvl_outcome *o = &outcomes[i];
@@ -166,7 +180,7 @@ int64_t probe_outcome(int i, int field)
     case 4: return o->ndim;
     case 5: case 6: case 7: return o->shape[field - 5];
     case 8: return o->nsplits;
-    default: return o->recv_splits && field - 10 < o->nsplits ? o->recv_splits[field - 10] : -1;
+    default: return o->recv_splits && field >= 10 && field - 10 < o->nsplits ? o->recv_splits[field - 10] : -1;
     }
 }
 /* The plane's last batch: tensor i's (input, output, count, device, event), counts[j]. */
@@ -174,9 +188,12 @@ int64_t probe_last_tensor(int i, int field)
 {
     const hvl_device_tensor *t = &last_tensors[i];
     int64_t f[5] = {(intptr_t)t->input, (intptr_t)t->output, t->count, t->device, (intptr_t)t->ready_event};
-    return f[field];
+    return i >= 0 && i < ENTRIES_MAX && field >= 0 && field < 5 ? f[field] : -1;
 }
 int64_t probe_last_count(int j) { return last_counts[j]; }
 int probe_log_count(void) { return nrecords; }
+int probe_log_dropped(void) { return dropped; }
+/* The plane's last batch: 1 if it was offered a ticket (left running), 1 if timed. */
+int probe_last_ticket(void) { return last.ticket != NULL; }
 const char *probe_log_what(int i) { return records[i].what; }
 int64_t probe_log_arg(int i, int j) { return records[i].a[j]; }

@@ -44,7 +44,9 @@ class Engine:
         self.seen = 0
 
     def batch(self, count=2, op=ALLREDUCE, cuda=True, set=0):
-        return self.lib.probe_batch(op, int(cuda), set, count)
+        id = self.lib.probe_batch(op, int(cuda), set, count)
+        assert id >= 0, "the probe's batches ran out"
+        return id
 
     def execute(self):
         rc, self.error = bounded(self.lib.probe_execute)
@@ -56,6 +58,7 @@ class Engine:
 
     def log(self):
         lib = self.lib
+        assert lib.probe_log_dropped() == 0, "the probe's log overflowed"
         return [(lib.probe_log_what(i).decode(), lib.probe_log_arg(i, 0), lib.probe_log_arg(i, 1),
                  lib.probe_log_arg(i, 2), lib.probe_log_message(i).decode())
                 for i in range(lib.probe_log_count())]
@@ -121,11 +124,11 @@ def test_a_host_batch_and_a_cuda_batch_of_the_same_set_do_not_wait_for_one_left_
     a = e.batch()
     assert e.execute() == OK
     e.new()
-    host, same = e.batch(cuda=False), e.batch()
+    host, other_host, same = e.batch(cuda=False), e.batch(cuda=False, set=1), e.batch()
     assert e.execute() == OK, e.error
     calls = e.new()
     assert not [c for c in calls if c[0] == "settle"]
-    assert set(e.finished(calls)) == entries_of(host)         # the host batch ran and finished
+    assert set(e.finished(calls)) == entries_of(host) | entries_of(other_host)   # ran and finished
     assert [c[1] for c in calls if c[0] == "run"] == [same]
     assert probe.probe_in_flight() == 2
     probe.probe_batch_state(a, ENDED)
@@ -156,7 +159,6 @@ def test_what_must_not_pass_a_batch_left_running_waits_for_it_first(probe, then)
 def test_a_batch_that_fails_on_the_gpu_fails_every_batch_kept_after_it(probe):
     e = Engine(probe)
     a, b = e.batch(), e.batch()
-    c = e.batch(set=0)
     assert e.execute() == OK
     e.new()
     probe.probe_batch_state(a, FAILS)
@@ -164,7 +166,7 @@ def test_a_batch_that_fails_on_the_gpu_fails_every_batch_kept_after_it(probe):
     assert "did not end" in e.error
     calls = e.new()
     finished = e.finished(calls)
-    assert set(finished) == entries_of(a) | entries_of(b) | entries_of(c)
+    assert set(finished) == entries_of(a) | entries_of(b)
     assert {status for status, _ in finished.values()} == {TIMEOUT}
     assert all("batch %d did not end" % a in message for _, message in finished.values())
     assert [c_[0] for c_ in calls].count("abandon") == 1               # the set's plane, once
@@ -184,6 +186,41 @@ def test_a_failed_run_with_overlap_finishes_its_entries_with_the_error_at_once(p
     calls = e.new()
     assert {s for s, _ in e.finished(calls).values()} == {NCCL}
     assert set(e.finished(calls)) == entries_of(a) and probe.probe_in_flight() == 0
+    assert any(c[0] == "stopped" for c in calls)
+
+
+def test_a_failed_run_behind_batches_left_running_fails_them_first(probe):
+    """Its plane failed the set: the older batches cannot end well either, and they fail before
+    it, with its error, so handles fail oldest first."""
+    e = Engine(probe)
+    old = e.batch()
+    assert e.execute() == OK
+    e.new()
+    new = e.batch()
+    probe.probe_run_fails(new)
+    assert e.execute() == NCCL
+    calls = e.new()
+    order = [c[1] for c in calls if c[0] == "finish"]
+    assert order == sorted(entries_of(old)) + sorted(entries_of(new))
+    assert {s for s, _ in e.finished(calls).values()} == {NCCL}
+    assert all("batch %d fails" % new in m for _, m in e.finished(calls).values())
+    assert [c[0] for c in calls].count("abandon") == 1
+    assert probe.probe_in_flight() == 0
+
+
+def test_a_batch_left_running_that_fails_while_waited_for_stops_the_barrier_behind_it(probe):
+    e = Engine(probe)
+    a = e.batch()
+    assert e.execute() == OK
+    e.new()
+    probe.probe_batch_state(a, FAILS)
+    barrier = e.batch(count=1, op=BARRIER, cuda=False)
+    assert e.execute() == TIMEOUT
+    calls = e.new()
+    finished = e.finished(calls)
+    assert set(finished) == entries_of(a)          # the barrier did not run: the engine stops
+    assert barrier not in finished
+    assert probe.probe_in_flight() == 0 and any(c[0] == "stopped" for c in calls)
 
 
 def test_abandoning_fails_what_is_kept_with_the_stops_status(probe):

@@ -546,6 +546,7 @@ def test_an_abort_that_could_not_run_keeps_the_sets_buffers(probe):
     assert p.run() == TIMEOUT
     assert "abort" not in [c.name for c in p.log()]
     assert p.state("abort_stuck") == 1          # NCCL may still use them
+    assert "cuda_stuck" in [c.name for c in p.log()]   # its kernels may never end
     probe.probe_close()
     assert not p.log("device_free")
 
