@@ -39,9 +39,8 @@
  *   looks at it until it ends. A buffer of the set grows only once the stream passed them all.
  * - Never hanging: every wait polls the ticket's end (or the stream's mark) and
  *   ncclCommGetAsyncError, bounded by the peer timeout (from the batch's queueing or the set's
- *   previous batch's end) and the engine's flags; on an NCCL error or a timeout the communicator
- *   is aborted and the error is fatal to this engine (the set's other tickets fail with it);
- *   so is a tensor on another GPU than the communicator's (aborted before its handles fail).
+ *   previous batch's end) and the engine's flags; on an NCCL error, a timeout or a tensor on
+ *   another GPU the communicator is aborted, fatal to this engine (its other tickets fail too).
  * bg thread only. */
 #include <float.h>
 #include <limits.h>
@@ -747,15 +746,11 @@ static int run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device
 {
     nccl_set *s = state;
     int reduces = b->kind.op == HVL_ALLREDUCE || b->kind.op == HVL_REDUCESCATTER;
-    /* Another GPU than the communicator's: fatal to this rank's engine, and the peers are
-     * entering this batch's NCCL calls, so the communicator is aborted now (fail_set), before
-     * this rank's handles fail, not at the engine's stop. */
-    for (int i = 0; i < b->ntensors; i++)
+    for (int i = 0; i < b->ntensors; i++)     /* aborted now: the peers are entering its calls */
         if (b->tensors[i].device >= 0 && b->tensors[i].device != s->device)
             return fail_set(s, hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s' is on cuda:%d, but this rank's NCCL "
-                                         "communicator for process set %d is on cuda:%d (its first CUDA "
-                                         "tensor's): one GPU per rank", b->name, b->tensors[i].device, ps->id,
-                                         s->device));
+                                         "communicator for process set %d is on cuda:%d (its first CUDA tensor's): "
+                                         "one GPU per rank", b->name, b->tensors[i].device, ps->id, s->device));
     void *stream;
     nccl_ticket *t = NULL;
     int rc = hvl__cuda_stream(s->device, &stream);

@@ -83,6 +83,15 @@ def entries_of(batch, count=2):
     return set(range(batch, batch + count))
 
 
+def one_left_running(probe):
+    """An engine with overlap on and one CUDA batch left running; the log read so far."""
+    e = Engine(probe)
+    a = e.batch()
+    assert e.execute() == OK, e.error
+    e.new()
+    return e, a
+
+
 def test_without_overlap_a_cuda_batch_finishes_when_its_run_returns(probe):
     e = Engine(probe, overlap=False)
     a = e.batch()
@@ -120,10 +129,7 @@ def test_with_overlap_entries_finish_once_the_plane_says_their_batch_ended_oldes
 
 
 def test_a_host_batch_and_a_cuda_batch_of_the_same_set_do_not_wait_for_one_left_running(probe):
-    e = Engine(probe)
-    a = e.batch()
-    assert e.execute() == OK
-    e.new()
+    e, a = one_left_running(probe)
     host, other_host, same = e.batch(cuda=False), e.batch(cuda=False, set=1), e.batch()
     assert e.execute() == OK, e.error
     calls = e.new()
@@ -138,10 +144,7 @@ def test_a_host_batch_and_a_cuda_batch_of_the_same_set_do_not_wait_for_one_left_
 
 @pytest.mark.parametrize("then", ["barrier", "cuda batch of another set"])
 def test_what_must_not_pass_a_batch_left_running_waits_for_it_first(probe, then):
-    e = Engine(probe)
-    a = e.batch()
-    assert e.execute() == OK
-    e.new()
+    e, a = one_left_running(probe)
     probe.probe_batch_state(a, ENDED)
     after = e.batch(count=1, op=BARRIER, cuda=False) if then == "barrier" else e.batch(set=1)
     assert e.execute() == OK, e.error
@@ -192,10 +195,7 @@ def test_a_failed_run_with_overlap_finishes_its_entries_with_the_error_at_once(p
 def test_a_failed_run_behind_batches_left_running_fails_them_first(probe):
     """Its plane failed the set: the older batches cannot end well either, and they fail before
     it, with its error, so handles fail oldest first."""
-    e = Engine(probe)
-    old = e.batch()
-    assert e.execute() == OK
-    e.new()
+    e, old = one_left_running(probe)
     new = e.batch()
     probe.probe_run_fails(new)
     assert e.execute() == NCCL
@@ -209,10 +209,7 @@ def test_a_failed_run_behind_batches_left_running_fails_them_first(probe):
 
 
 def test_a_batch_left_running_that_fails_while_waited_for_stops_the_barrier_behind_it(probe):
-    e = Engine(probe)
-    a = e.batch()
-    assert e.execute() == OK
-    e.new()
+    e, a = one_left_running(probe)
     probe.probe_batch_state(a, FAILS)
     barrier = e.batch(count=1, op=BARRIER, cuda=False)
     assert e.execute() == TIMEOUT
