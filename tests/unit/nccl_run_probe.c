@@ -424,6 +424,8 @@ int64_t probe_state(const char *what)
     if (!strcmp(what, "comm")) return s && s->comm;
     if (!strcmp(what, "fusion")) return s ? (intptr_t)s->fusion : 0;
     if (!strcmp(what, "fusion_off")) return s ? s->fusion_off : 0;
+    if (!strcmp(what, "zeros")) return s ? (intptr_t)s->zeros : 0;
+    if (!strcmp(what, "scratch")) return s ? (intptr_t)s->scratch : 0;
     if (!strcmp(what, "tickets")) {
         int64_t n = 0;
         for (nccl_ticket *t = s ? s->tickets : NULL; t; t = t->next) n++;

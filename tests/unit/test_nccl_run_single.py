@@ -14,7 +14,10 @@ What it shows:
 - never hanging: a batch whose end never comes, or NCCL's asynchronous error, fails after the
   peer timeout (or at once), naming the tensor; the communicator is aborted and the set's other
   batches fail; an abort that hangs is left behind after its bound; a batch left running is
-  looked at without waiting; the shutdown flag ends a blocking wait, not an agreed stop's;
+  looked at without waiting; the shutdown flag ends a blocking wait, not an agreed stop's; a
+  batch queued behind another is bounded from that one's end, not from its own queueing;
+- a buffer of the set (fusion, a joined rank's zeros or scratch) is replaced only once the
+  stream passed the batches left running, which may still read it;
 - the set's decision: the communicator made from rank 0's id, nonblocking, its set-up bounded,
   and every failure agreed so the set stays staged everywhere.
 The plane on a real GPU and NCCL is tests/gpu/test_nccl_plane.py's (make test-gpu)."""
@@ -429,6 +432,61 @@ def test_a_buffer_grows_only_once_the_batches_left_running_passed(probe):
     marks = [i for i, c in enumerate(calls) if c.name == "mark_look" and c.args[1]]
     assert marks and names.index("mark") < marks[0] < freed
     assert p.state("fusion") != old
+
+
+@pytest.mark.parametrize("grows", ["both", "scratch", "zeros"])
+def test_the_stand_ins_grow_only_once_the_batches_left_running_passed(probe, grows):
+    p = Plane(probe, grouped=True).batch()
+    p.tensor(100).tensor(50, HOST).tensor(50, HOST).tensor(50, HOST)   # zeros 200 B, scratch 3 x 256
+    probe.probe_pace(NEVER, 2)
+    assert p.run(left_running=True) == OK, p.error
+    zeros, scratch = p.state("zeros"), p.state("scratch")
+    assert zeros and scratch
+    p.batch().tensor(100)
+    if grows == "both":              # a joined rank's larger tensor: more zeros and scratch
+        p.tensor(5000, HOST)
+    elif grows == "scratch":         # four as large as before: more scratch, the same zeros
+        p.tensor(50, HOST).tensor(50, HOST).tensor(50, HOST).tensor(50, HOST)
+    else:                            # one of 600 B: more zeros, within the scratch
+        p.tensor(150, HOST)
+    assert p.run(left_running=True) == OK, p.error
+    calls = p.log()
+    names = [c.name for c in calls]
+    frees = [i for i, c in enumerate(calls) if c.name == "device_free"]
+    assert [calls[i].args[1] for i in frees] == {"both": [zeros, scratch], "scratch": [scratch], "zeros": [zeros]}[grows]
+    marks = [i for i, c in enumerate(calls) if c.name == "mark_look" and c.args[1]]
+    assert marks and names.index("mark") < marks[0] < frees[0]
+    waited = [i for i, c in enumerate(calls) if c.name == "mark_look" and not c.args[1]]
+    assert len(waited) == 2 and waited[-1] < marks[0]     # looked until the stream passed them
+    assert (p.state("scratch") != scratch) == (grows != "zeros")
+    assert (p.state("zeros") != zeros) == (grows != "scratch")
+    if grows == "both":
+        assert [c.args[1:3] for c in p.log("zero")][-1] == (p.state("zeros"), 5000 * 4)
+
+
+def test_a_batchs_bound_starts_when_the_batch_before_it_ended(probe):
+    """A batch queued behind another waits for it on the stream: its peer timeout counts from
+    the previous batch's end, not from its own queueing."""
+    timeout = 1.0
+    p = Plane(probe, timeout_s=timeout).batch()
+    p.tensor(100).tensor(50)
+    probe.probe_pace(NEVER, NEVER)
+    assert p.run(left_running=True) == OK
+    first = probe.probe_ticket()
+    assert p.run(left_running=True) == OK
+    second = probe.probe_ticket()
+    queued = time.monotonic()
+    time.sleep(0.6)
+    probe.probe_pace(0, NEVER)                   # the first ends 0.6 s in
+    assert p.settle(first, LOOK) == (OK, 1), p.error
+    first_ended = time.monotonic()
+    probe.probe_pace(NEVER, NEVER)
+    time.sleep(max(0.0, queued + 1.2 - time.monotonic()))
+    assert p.settle(second, LOOK) == (OK, 0), p.error     # 1.2 s after queueing, 0.6 s after the first
+    time.sleep(max(0.0, first_ended + timeout + 0.2 - time.monotonic()))
+    assert p.settle(second, LOOK)[0] == TIMEOUT
+    assert "HVLITE_PEER_TIMEOUT_SECONDS" in p.error
+    assert p.aborted() and p.ended_clean()
 
 
 @pytest.mark.parametrize("where", ["here", "elsewhere"])
