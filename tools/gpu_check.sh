@@ -15,8 +15,8 @@
 #      pieces), then the NCCL table at 2 ranks, the test that fills the GPU, the lost-rank tests
 #      (both ways) and the held tensor's wake-up (long cycles), the NCCL table at 4 ranks, a timeline of a few overlapped steps and the
 #      staged table at 4 ranks. Logs go to
-#      OUTDIR as two tarballs (what a device call brings back is at most 8 files) and the
-#      benchmark tables to OUTDIR/bench.txt.
+#      OUTDIR as two tarballs (what a device call brings back is at most 8 files; the second
+#      remade after each step alone) and the benchmark tables to OUTDIR/bench.txt.
 # 1, 2, 3: the older three parts, each within one call: part 1 correctness on both GPU paths,
 #      part 2 the failure bounds and the benchmarks, part 3 Horovod's test_torch.py on both paths.
 # Each step's output goes to OUTDIR (default: $OUT, else gpu-check/); a summary line per step
@@ -79,6 +79,8 @@ if [ "$part" = all ]; then
         printf '%-22s rc=%-3d %4ds  %s\n' "$name" "$rc" $((SECONDS - start)) "$(tail -n 1 "$L/$name.log")" \
             | tee -a "$summary"
         grep -v WARNING "$L/$name.log" >> "$out/bench.txt"
+        # after each step, so a call cut short by its limit still brings back what ran
+        tar czf "$out/logs-alone.tgz" -C "$L" --exclude "./horovod-*" --exclude ./matrix . 2>/dev/null
     }
     : > "$out/bench.txt"
     # first what this stop's defaults are decided on (a call cut short by its limit keeps what
@@ -103,7 +105,6 @@ if [ "$part" = all ]; then
         hvlrun -np 2 python3 bench/step_overhead.py --device cuda --models resnet50 --batch-size 64 \
         --planes shm --hostid-per-rank --pairs 6 --blocks 1
     alone staged-4 30 hvlrun -np 4 python3 bench/gpu_allreduce.py --iters 5
-    tar czf "$out/logs-alone.tgz" -C "$L" . 2>/dev/null
     exit 0
 fi
 
