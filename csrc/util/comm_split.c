@@ -44,6 +44,9 @@ int hvl__comm_split_stranded(void) { return __atomic_load_n(&stranded, __ATOMIC_
 static void *helper(void *arg)
 {
     split_call *c = arg;
+    /* not the creator's name (threads inherit it): "hvlite-engine" names one thread only, which
+     * tools and tests look up; a helper may outlive its call for a moment */
+    pthread_setname_np(pthread_self(), "hvl-comm-split");
     MPI_Comm out = MPI_COMM_NULL;
     int mpi_rc = c->by_host ? MPI_Comm_split_type(c->parent, MPI_COMM_TYPE_SHARED, c->key, MPI_INFO_NULL, &out)
                             : MPI_Comm_split(c->parent, c->color, c->key, &out);

@@ -90,6 +90,7 @@ static void abort_release(abort_call *a)
 static void *abort_helper(void *arg)
 {
     abort_call *a = arg;
+    pthread_setname_np(pthread_self(), "hvl-nccl-abort");    /* not the engine's (inherited) */
     if (hvl__cuda_adopt(a->device) == HVL_OK) {   /* the comm's context */
         hvl__nccl.comm_abort(a->comm);
         a->aborted = 1;
