@@ -15,6 +15,9 @@ With HVLITE_MPI_THREADS_DISABLE=1 (MPI_THREAD_SERIALIZED) at pset_split, each su
 calls init() again: it must be refused at once, because its timed-out split is still inside MPI
 (a new engine thread may not enter MPI beside it below MPI_THREAD_MULTIPLE).
 
+Each survivor prints the names of its threads after the error (a split given up on stays inside
+MPI on its own helper thread, named hvl-comm-split).
+
 Usage: stopped_in_add_process_set.py DIR (an empty directory: each rank writes its pid there
 before init, each survivor marks its timeout)."""
 import os
@@ -43,6 +46,13 @@ try:
     print("rank", rank, "UNEXPECTED: completed", flush=True)
 except hvd.HvliteTimeoutError as e:
     print("rank %d timeout after %.1f s: %s" % (rank, time.monotonic() - start, e), flush=True)
+    threads = set()
+    for t in os.listdir("/proc/self/task"):
+        try:
+            threads.add(open("/proc/self/task/%s/comm" % t).read().strip())
+        except OSError:             # ended meanwhile
+            pass
+    print("rank %d threads: %s" % (rank, " ".join(sorted(threads))), flush=True)
     if os.environ.get("HVLITE_MPI_THREADS_DISABLE") == "1":
         try:
             hvd.init()
