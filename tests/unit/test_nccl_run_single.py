@@ -137,6 +137,18 @@ class Plane:
         return "abort" in names and self.state("comm") == 0 and self.state("mode") == STAGED
 
 
+def two_left_running(p):
+    """Two batches of p's set left running, whose ends never come until the test says: their
+    tickets."""
+    p.tensor(100).tensor(50)
+    p.lib.probe_pace(NEVER, NEVER)
+    tickets = []
+    for _ in range(2):
+        assert p.run(left_running=True) == OK, p.error
+        tickets.append(p.lib.probe_ticket())
+    return tickets
+
+
 def slot(nbytes):
     return (nbytes + 255) // 256 * 256
 
@@ -353,12 +365,7 @@ def test_a_batch_left_running_is_looked_at_without_waiting_and_ends_its_ticket(p
 
 def test_a_look_past_the_timeout_fails_and_the_sets_other_batches_fail_with_it(probe):
     p = Plane(probe, timeout_s=0.2).batch()
-    p.tensor(100).tensor(50)
-    probe.probe_pace(NEVER, NEVER)
-    assert p.run(left_running=True) == OK
-    first = probe.probe_ticket()
-    assert p.run(left_running=True) == OK
-    second = probe.probe_ticket()
+    first, second = two_left_running(p)
     assert p.settle(first, LOOK) == (OK, 0)
     time.sleep(0.3)
     assert p.settle(first, LOOK)[0] == TIMEOUT
@@ -469,12 +476,7 @@ def test_a_batchs_bound_starts_when_the_batch_before_it_ended(probe):
     the previous batch's end, not from its own queueing."""
     timeout = 1.0
     p = Plane(probe, timeout_s=timeout).batch()
-    p.tensor(100).tensor(50)
-    probe.probe_pace(NEVER, NEVER)
-    assert p.run(left_running=True) == OK
-    first = probe.probe_ticket()
-    assert p.run(left_running=True) == OK
-    second = probe.probe_ticket()
+    first, second = two_left_running(p)
     queued = time.monotonic()
     time.sleep(0.6)
     probe.probe_pace(0, NEVER)                   # the first ends 0.6 s in

@@ -14,6 +14,7 @@ What it shows:
 - a request that arrives ends the wait at once.
 The times are the wait's own; lower bounds are exact, upper bounds leave room for a busy machine.
 On a real GPU, tests/test_gpu.py's "once_written" test (make test-gpu) times the wake-up."""
+import ctypes
 import os
 import threading
 
@@ -32,7 +33,6 @@ SLACK_S = 0.25 * float(os.environ.get("HVLITE_TEST_TIMEOUT_MULTIPLIER", "1"))
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    import ctypes
     lib = load_probe("wait_probe", tmp_path_factory.mktemp("wait_probe"))
     lib.probe_wait.argtypes = [ctypes.c_double]
     lib.probe_returned.restype = ctypes.c_double
