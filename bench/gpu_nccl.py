@@ -25,7 +25,7 @@ import hvlite.torch as hvd
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import human, init_torch_distributed, ms, ratio, timed  # noqa: E402
-from gpu_cases import SIZES, cases, on_gpu  # noqa: E402
+from gpu_cases import SIZES, cases, on_gpu, rank_gpu  # noqa: E402
 from tables import add_json_arg, print_table, write_json  # noqa: E402
 
 def busbw(nbytes, seconds, n):
@@ -63,8 +63,7 @@ def main():
         os.environ["NCCL_HOSTID"] = "hvlite-bench-rank-%d" % comm.rank
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     hvd.init()
-    torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
-    device = torch.device("cuda", torch.cuda.current_device())
+    device = rank_gpu(hvd)
     dist = init_torch_distributed(comm, "nccl")
     rows = [row(label, tensors, dist, device, comm, args.iters)
             for label, tensors in cases(device, args.max_bytes)]

@@ -72,6 +72,7 @@ from mpi4py import MPI
 
 import hvlite
 import hvlite.torch as hvd
+from gpu_cases import rank_gpu
 from harness import human, init_torch_distributed, restart_engine
 from tables import add_json_arg, print_table, write_json
 
@@ -374,10 +375,7 @@ def main():
         os.environ["NCCL_HOSTID"] = "hvlite-bench-rank-%d" % comm.rank
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     hvd.init()
-    device = torch.device("cpu")
-    if args.device == "cuda":
-        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = rank_gpu(hvd) if args.device == "cuda" else torch.device("cpu")
     args.ddp_backend = args.ddp_backend or ("nccl" if device.type == "cuda" else "gloo")
     dist = init_torch_distributed(comm, args.ddp_backend) if args.ddp else None
     subjects = [Subject(m, args.batch_size, args.seed, comm, args.null, device, args.ddp)

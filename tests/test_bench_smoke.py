@@ -176,3 +176,20 @@ def test_synthetic_benchmark_unknown_model():
                   timeout=120)
     assert job.returncode != 0
     assert "unknown model 'nosuch'" in job.stdout + job.stderr, job.stdout + job.stderr
+
+
+@pytest.mark.parametrize("command", [["bench/gpu_allreduce.py"], ["bench/gpu_nccl.py"],
+                                     ["bench/step_overhead.py", "--device", "cuda"]],
+                         ids=["gpu_allreduce", "gpu_nccl", "step_overhead_cuda"])
+def test_gpu_benchmarks_without_a_gpu_say_so(command):
+    """On a machine where torch sees no GPU, a GPU benchmark ends on every rank saying why (it
+    used to end in a ZeroDivisionError from the local rank modulo 0 GPUs)."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU (tools/gpu_check.sh runs these benchmarks there)")
+    job = run_job(2, ["python"] + command, timeout=120)
+    out = job.stdout + job.stderr
+    assert job.returncode != 0, out
+    for rank in (0, 1):
+        assert ("[%d]<stderr>: %s needs a CUDA GPU, and torch sees none" % (rank, command[0])) in out, out
+    assert "ZeroDivisionError" not in out, out
