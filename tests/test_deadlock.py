@@ -107,4 +107,6 @@ def test_stopped_peer_ends_the_others_naming_it(where, env):
     assert job.returncode == 3, out
     assert elapsed < 30 * MULTIPLIER, "the job took %.1f s" % elapsed
     assert re.search(r"rank 0 timeout after [\d.]+ s: .*rank 1 \(pid \d+\) on this host is stopped", out), out
+    if where == "mpi":
+        assert "(SIGSTOP) at mpi_allreduce" in out, out      # frozen inside the data plane
     assert "UNEXPECTED" not in out

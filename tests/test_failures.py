@@ -94,6 +94,7 @@ def test_stopped_rank_during_shm_allreduce_times_out():
     assert job.returncode == 3, out
     assert elapsed < 20 * MULTIPLIER, "the job took %.1f s" % elapsed
     assert "rank 0 timeout" in out and "shm allreduce" in out, out
+    assert "(SIGSTOP) at shm_allreduce" in out, out          # frozen inside the data plane
     assert re.search(r"rank 1 \(pid \d+\) on this host did not arrive for 2 s", out), out
     assert "rank 0 keeps the buffers of 1 failed request(s)" in out, out   # given up mid-way
     assert "rank 0 after the error: rank() = 0 of size() = 2" in out, out   # as in Horovod
@@ -113,6 +114,7 @@ def test_shutdown_ends_a_wait_on_a_stopped_rank(where, env):
     out = job.stdout + job.stderr
     assert job.returncode == 3, out
     assert elapsed < 30 * MULTIPLIER, "the job took %.1f s" % elapsed
+    assert "(SIGSTOP) at %s_allreduce" % where in out, out   # frozen inside the data plane
     assert re.search(r"rank 0 shut down after [\d.]+ s: .*shut down", out), out
     returned = re.search(r"rank 0 shutdown\(\) returned after ([\d.]+) s", out)
     assert returned and float(returned.group(1)) < 10 * MULTIPLIER, out

@@ -35,8 +35,10 @@ static int allreduce(hvl_engine *e, hvl_pset *ps, void *state, const void *src, 
     for (int64_t off = 0; off < count; off += MAX_CALL_COUNT) {
         int n = (int)(count - off < MAX_CALL_COUNT ? count - off : MAX_CALL_COUNT);
         const void *s = src == dst ? MPI_IN_PLACE : (const char *)src + off * esize;
-        HVL_CHECK(finish(e, MPI_Iallreduce(s, (char *)dst + off * esize, n, t, op, ps->comm, &req), &req,
-                         "MPI_Iallreduce"));
+        int rc = MPI_Iallreduce(s, (char *)dst + off * esize, n, t, op, ps->comm, &req);
+        if (off == 0)          /* tests: frozen with the collective started */
+            hvl__test_stop_point(e->params.test_stop_at, e->rank, "mpi_allreduce");
+        HVL_CHECK(finish(e, rc, &req, "MPI_Iallreduce"));
     }
     return HVL_OK;
 }

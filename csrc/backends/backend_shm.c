@@ -58,6 +58,8 @@ static int allreduce_stream(hvl_engine *e, hvl_pset *ps, void *state, hvl_stream
     int64_t per_step = s->chunk / esize;
     for (int64_t off = 0; off < st->count; off += per_step, s->steps++) {
         int64_t m = min64(per_step, st->count - off);
+        if (off == per_step)   /* tests: frozen between two steps of one collective */
+            hvl__test_stop_point(e->params.test_stop_at, e->rank, "shm_allreduce");
         st->fill(st, off, m, hvl__shm_buf(s, s->local_rank));
         HVL_CHECK(hvl__shm_sync(e, s, "shm allreduce"));
         if (m * esize <= ONE_PHASE_BYTES) {

@@ -94,8 +94,10 @@ static const param_def table[] = {
     {"TEST_FAKE_HOSTS", P_INT, RANK0, F(test_fake_hosts), "0",
      "tests only: split each host's ranks into this many consecutive fake hosts"},
     {"TEST_STOP_AT", P_PATH, LOCAL, F(test_stop_at), "",
-     "tests only: R:POINT stops rank R (SIGSTOP) at a named step: pset_split, pset_shm_map, "
-     "pset_shm_ready (inside add_process_set), init_shm_map, init_shm_ready (inside init)"},
+     "tests only: R:POINT (R:POINT:N) stops rank R (SIGSTOP) the first (N-th) time it reaches a "
+     "named step: pset_split, pset_shm_map, pset_shm_ready (inside add_process_set), "
+     "init_shm_map, init_shm_ready (inside init), shm_allreduce (between two steps of a "
+     "multi-step shm allreduce), mpi_allreduce (an MPI allreduce started)"},
     /* read elsewhere, listed so they are documented and not warned about */
     {"DYNAMIC_PROCESS_SETS", P_OTHER, LOCAL, 0, "1", "accepted for Horovod scripts: sets may always be added at run time"},
     {"MPICC", P_OTHER, LOCAL, 0, "", "build time: the MPI compiler wrapper to build against"},

@@ -20,10 +20,17 @@ void hvl__count(int64_t *counter, int64_t delta) { __atomic_fetch_add(counter, d
 
 void hvl__test_stop_point(const char *spec, int rank, const char *point)
 {
+    static int hits;                       /* atomic: times this process reached the point */
     if (!spec[0]) return;
     char *end = NULL;
     long stop_rank = strtol(spec, &end, 10);
-    if (end == spec || *end != ':' || stop_rank != rank || strcmp(end + 1, point) != 0) return;
+    size_t len = strlen(point);
+    if (end == spec || *end != ':' || stop_rank != rank || strncmp(end + 1, point, len) != 0) return;
+    const char *nth = end + 1 + len;       /* "" (the first time) or ":N" (the N-th time) */
+    long want = 1;
+    if (*nth == ':') want = strtol(nth + 1, NULL, 10);
+    else if (*nth) return;                 /* another point whose name starts with this one */
+    if (__atomic_add_fetch(&hits, 1, __ATOMIC_RELAXED) != want) return;
     fprintf(stderr, "[hvlite rank %d] HVLITE_TEST_STOP_AT=%s: stopping this process (SIGSTOP) at %s\n", rank, spec,
             point);   /* not hvl__log: log.c calls this file's hash */
     fflush(stderr);

@@ -55,9 +55,10 @@ uint64_t hvl__hash(const void *data, size_t n, uint64_t h);   /* FNV-1a; start w
 void hvl__count(int64_t *counter, int64_t delta);              /* relaxed atomic add */
 /* Grows *buf (realloc) to hold `need` bytes; HVL_ERR_NO_MEMORY (with a message) if it cannot. */
 int hvl__grow(char **buf, int64_t *cap, int64_t need);
-/* Tests only (HVLITE_TEST_STOP_AT="R:POINT", the setting's value in spec): global rank R stops
- * its whole process (SIGSTOP) when it reaches the stop point named POINT, so the tests can
- * freeze a rank at an exact step of a collective. Does nothing otherwise; cannot fail. */
+/* Tests only (HVLITE_TEST_STOP_AT="R:POINT" or "R:POINT:N", the setting's value in spec): global
+ * rank R stops its whole process (SIGSTOP) when it reaches the stop point named POINT the first
+ * (the N-th) time, and only then, so the tests can freeze a rank at an exact step of a
+ * collective rather than after a sleep. Does nothing otherwise; cannot fail. */
 void hvl__test_stop_point(const char *spec, int rank, const char *point);
 
 /* ---- string-keyed hash map (strmap.c); the map does not own keys or values ---- */
