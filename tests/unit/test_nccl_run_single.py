@@ -364,10 +364,10 @@ def test_a_batch_left_running_is_looked_at_without_waiting_and_ends_its_ticket(p
 
 
 def test_a_look_past_the_timeout_fails_and_the_sets_other_batches_fail_with_it(probe):
-    p = Plane(probe, timeout_s=0.2).batch()
+    p = Plane(probe, timeout_s=1.0).batch()       # the first look comes well inside it
     first, second = two_left_running(p)
     assert p.settle(first, LOOK) == (OK, 0)
-    time.sleep(0.3)
+    time.sleep(1.2)
     assert p.settle(first, LOOK)[0] == TIMEOUT
     assert "HVLITE_PEER_TIMEOUT_SECONDS" in p.error
     assert p.aborted()
@@ -474,17 +474,17 @@ def test_the_stand_ins_grow_only_once_the_batches_left_running_passed(probe, gro
 def test_a_batchs_bound_starts_when_the_batch_before_it_ended(probe):
     """A batch queued behind another waits for it on the stream: its peer timeout counts from
     the previous batch's end, not from its own queueing."""
-    timeout = 1.0
+    timeout = 2.5                                # each look below a second inside its bound
     p = Plane(probe, timeout_s=timeout).batch()
     first, second = two_left_running(p)
     queued = time.monotonic()
-    time.sleep(0.6)
-    probe.probe_pace(0, NEVER)                   # the first ends 0.6 s in
+    time.sleep(0.6 * timeout)
+    probe.probe_pace(0, NEVER)                   # the first ends 1.5 s in
     assert p.settle(first, LOOK) == (OK, 1), p.error
     first_ended = time.monotonic()
     probe.probe_pace(NEVER, NEVER)
-    time.sleep(max(0.0, queued + 1.2 - time.monotonic()))
-    assert p.settle(second, LOOK) == (OK, 0), p.error     # 1.2 s after queueing, 0.6 s after the first
+    time.sleep(max(0.0, queued + 1.2 * timeout - time.monotonic()))
+    assert p.settle(second, LOOK) == (OK, 0), p.error     # 3 s after queueing, 1.5 s after the first
     time.sleep(max(0.0, first_ended + timeout + 0.2 - time.monotonic()))
     assert p.settle(second, LOOK)[0] == TIMEOUT
     assert "HVLITE_PEER_TIMEOUT_SECONDS" in p.error

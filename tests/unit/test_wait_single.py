@@ -17,6 +17,7 @@ On a real GPU, tests/test_gpu.py's "once_written" test (make test-gpu) times the
 import ctypes
 import os
 import threading
+import time
 
 import pytest
 
@@ -37,6 +38,7 @@ def probe(tmp_path_factory):
     lib.probe_wait.argtypes = [ctypes.c_double]
     lib.probe_returned.restype = ctypes.c_double
     lib.probe_log_at.restype = ctypes.c_double
+    lib.probe_submitted.restype = ctypes.c_double
     return lib
 
 
@@ -114,6 +116,14 @@ def test_a_batch_that_fails_on_the_gpu_ends_the_wait_with_its_error(probe):
 
 def test_a_request_ends_the_wait_at_once_whatever_is_held(probe):
     w = Wait(probe, written_from_look=NEVER)
-    threading.Timer(0.1, probe.probe_submit).start()
+
+    def submit_during_the_wait():      # 0.1 s after the wait began, however late it began
+        while not probe.probe_waiting():
+            time.sleep(0.001)
+        time.sleep(0.1)
+        probe.probe_submit()
+    threading.Thread(target=submit_during_the_wait, daemon=True).start()
     assert w.run(5.0) == OK
-    assert 0.05 <= w.took < 0.1 + SLACK_S          # the timer starts a little before the wait
+    submitted = probe.probe_submitted()
+    assert submitted >= 0.1, submitted
+    assert submitted <= w.took < submitted + SLACK_S, (submitted, w.took)

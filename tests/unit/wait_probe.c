@@ -35,6 +35,8 @@ static int looks;
 static int settle_fails_at;     /* settle's call number (from 1) that fails; 0: none */
 static int settles;
 static int work;                /* a request arrived (queue_lock) */
+static int waiting;             /* a wait has begun (queue_lock) */
+static double submitted_after;  /* when the request arrived, since the wait began (queue_lock) */
 
 static void note(char what, int how)
 {
@@ -89,28 +91,43 @@ void probe_reset(int held, int in_flight, int written, int settle_fails)
     written_after = written;
     settle_fails_at = settle_fails;
     looks = settles = nrecords = dropped = 0;
-    work = 0;
+    work = waiting = 0;
+    submitted_after = -1;
 }
 
 /* wait_for_work up to `seconds` from now: its status; how long it took in probe_returned(). */
 int probe_wait(double seconds)
 {
+    pthread_mutex_lock(&engine.queue_lock);
     began = hvl__now();
+    waiting = 1;
+    pthread_mutex_unlock(&engine.queue_lock);
     int rc = wait_for_work(&engine, began + seconds);
     returned_after = hvl__now() - began;
     return rc;
 }
 
-/* A request arrives, as queue.c's submit signals it. */
+/* Whether a wait has begun since the reset. */
+int probe_waiting(void)
+{
+    pthread_mutex_lock(&engine.queue_lock);
+    int began_yet = waiting;
+    pthread_mutex_unlock(&engine.queue_lock);
+    return began_yet;
+}
+
+/* A request arrives, as queue.c's submit signals it; probe_submitted() says when. */
 void probe_submit(void)
 {
     pthread_mutex_lock(&engine.queue_lock);
+    submitted_after = waiting ? hvl__now() - began : -1;
     work = 1;
     pthread_cond_signal(&engine.wake_cond);
     pthread_mutex_unlock(&engine.queue_lock);
 }
 
 double probe_returned(void) { return returned_after; }
+double probe_submitted(void) { return submitted_after; }   /* -1: before the wait began */
 int probe_log_count(void) { return nrecords; }
 int probe_log_dropped(void) { return dropped; }
 int probe_log_what(int i) { return records[i].what; }
