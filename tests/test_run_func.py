@@ -52,7 +52,11 @@ SCRIPT = textwrap.dedent('''
                 if state.step == 3 and hvd.size() == 2 and hvd.rank() == 0:
                     with open(hosts_file, "w") as f:
                         f.write("localhost:1\\n")
-                    time.sleep(1.5)                  # the next commit sees the change
+                    # the next commit sees the change once the driver has asked this world to
+                    # stop (its discovery runs every second): wait for that, not a fixed time
+                    deadline = time.monotonic() + 60
+                    while el.world.current().updates() == 0 and time.monotonic() < deadline:
+                        time.sleep(0.05)
                 state.step += 1
                 state.commit()
             return hvd.size()

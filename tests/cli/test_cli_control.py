@@ -145,9 +145,10 @@ def test_over_long_line_and_silent_connection_are_dropped(server, monkeypatch):
 
 
 def test_silent_and_closed_clients_are_lost_with_their_host(server):
-    rank = RawClient(server.port)
+    # both connected first, then announced back to back: the host counts as lost whole only
+    # when its guard is silent too, so the two silences must start together
+    rank, guard = RawClient(server.port), RawClient(server.port)
     rank.send("start 3 99 hostB")
-    guard = RawClient(server.port)
     guard.send("guard hostB 98")
     wait_until(lambda: server.started_ranks())
     assert server.lost() is None

@@ -47,13 +47,15 @@ def test_a_hung_discovery_script_is_killed_with_its_children(tmp_path, how):
     pidfile = tmp_path / "child.pid"
     script = "sleep 300 & echo $! > %s; echo h1; sleep 301" % pidfile
     started = time.monotonic()
+    # the script has started its child (the pid is written) well before it is ended, however
+    # slowly this machine starts a shell
     if how == "timeout":
-        with pytest.raises(DiscoveryError, match="ran longer than 1 s"):
-            discover(script, 1, timeout=1.0)
+        with pytest.raises(DiscoveryError, match="ran longer than 3 s"):
+            discover(script, 1, timeout=3.0)
     else:
         with pytest.raises(DiscoveryError, match="was stopped: hvlrun is ending"):
-            discover(script, 1, cancel=lambda: time.monotonic() - started > 0.5)
-    assert time.monotonic() - started < 5
+            discover(script, 1, cancel=lambda: pidfile.exists() and pidfile.read_text().strip() != "")
+    assert time.monotonic() - started < 10
     child = int(pidfile.read_text())
     deadline = time.monotonic() + 5
     while alive(child) and time.monotonic() < deadline:
