@@ -38,6 +38,7 @@ def delta(before, after):
 # the engine negotiates together. Even a burst is split once its hold (0.25 s) runs out on a very
 # slow machine, hence "far fewer collectives than tensors", not one.
 MAX_COLLECTIVES = N // 4
+BURST_HOLD_S = 0.25             # csrc/core/queue.c: how long the queue holds an open burst
 
 
 def test_fusion_then_cache():
@@ -120,15 +121,25 @@ def test_a_slow_burst_still_runs_as_one_collective():
         hvd.barrier()
         c0 = hvd.engine_counters()
         arrays = [np.full(3 + i, RANK * 10 + i, np.float32) for i in range(8)]
+        began = time.monotonic()
         with burst():
             handles = [hvd.allreduce_async(a, name="slow.%d" % i, op=hvd.Sum) for i, a in enumerate(arrays[:4])]
             time.sleep(0.05 + 0.02 * ((RANK + step_) % 2))     # ranks pause differently
             handles += [hvd.allreduce_async(a, name="slow.%d" % (4 + i), op=hvd.Sum)
                         for i, a in enumerate(arrays[4:])]
+        took = time.monotonic() - began
         for i, h in enumerate(handles):
             assert (hvd.synchronize(h) == sum(r * 10 + i for r in range(SIZE))).all(), "tensor %d" % i
+        # a burst outlasting the hold on some rank (a sleep overslept on a loaded machine) is
+        # split once; asked after the burst's collectives, and not counted with them
+        overran = hvd.allreduce(np.array([took > BURST_HOLD_S], np.int32),
+                                name="slow.overran.%d" % step_, op=hvd.Max)[0]
         d = delta(c0, hvd.engine_counters())
-        assert d["collectives"] == 1 and d["tensors_fused"] == 8, "step %d: %r" % (step_, d)
+        d["collectives"] -= 1                                   # the overran allreduce
+        if overran:
+            assert d["collectives"] <= 2, "step %d: %r" % (step_, d)
+        else:
+            assert d["collectives"] == 1 and d["tensors_fused"] == 8, "step %d: %r" % (step_, d)
 
 
 def test_waiting_inside_a_burst_is_delayed_not_hung():
