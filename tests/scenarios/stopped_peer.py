@@ -11,9 +11,9 @@ rank 0 gets HvliteTimeoutError within seconds, naming rank 1; it wakes rank 1 (S
 hvlrun's SIGTERM can end it) and exits 3.
 
 With a second argument "shutdown" (WHERE "mpi" or "shm"), rank 0 also calls shutdown() from
-another thread half a second after it saw rank 1 stopped (its /proc state): the wait on rank 1 looks at the shutdown flag
-and gives up once it is a second old, whatever the peer timeout, so rank 0's allreduce fails
-with HvliteShutdownError and its shutdown() returns within seconds. After the error rank 0 says
+another thread half a second after it saw rank 1 stopped (its /proc state): the wait on rank 1
+looks at the shutdown flag and gives up once it is a second old, whatever the peer timeout, so
+rank 0's allreduce fails with HvliteShutdownError and its shutdown() returns within seconds. After the error rank 0 says
 what rank() gives: its rank after the timeout, ValueError after its own shutdown()."""
 import os
 import signal
