@@ -8,7 +8,7 @@ from ._lib import ffi, lib
 
 __all__ = ["HvliteError", "HorovodInternalError", "HvliteInvalidArgument", "MismatchError",
            "HvliteTimeoutError", "HvliteShutdownError", "HvliteNotInitializedError",
-           "HvliteDeadlockError", "HvliteNotSupportedError"]
+           "HvliteDeadlockError", "HvliteNotSupportedError", "HorovodVersionMismatchError"]
 
 
 class HvliteError(RuntimeError):
@@ -17,6 +17,23 @@ class HvliteError(RuntimeError):
 
 #: Horovod's name for the same thing, so ``except hvd.HorovodInternalError`` keeps working.
 HorovodInternalError = HvliteError
+
+
+class HorovodVersionMismatchError(ImportError):
+    """Horovod's error for a framework whose version differs from the one it was compiled with.
+
+    hvlite never raises it: the engine includes no framework header, so a framework upgrade
+    needs no rebuild. It exists so that ``except hvd.HorovodVersionMismatchError`` in a Horovod
+    script still names a class. Args, as Horovod's: the framework's ``name``, the ``version``
+    found at run time and the ``installed_version``; all three are kept as attributes.
+    """
+
+    def __init__(self, name, version, installed_version):
+        super().__init__("%s %s is installed, but %s was found at run time"
+                         % (name, installed_version, version))
+        self.name = name
+        self.version = version
+        self.installed_version = installed_version
 
 
 class HvliteInvalidArgument(HvliteError, ValueError):

@@ -15,7 +15,7 @@ from ..basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, 
                       mpi_enabled, mpi_threads_supported,
                       is_homogeneous, nccl_built, rank, rocm_built, shutdown,
                       size)
-from ..errors import (HorovodInternalError, HvliteError, HvliteInvalidArgument,
+from ..errors import (HorovodInternalError, HorovodVersionMismatchError, HvliteError, HvliteInvalidArgument,
                       HvliteShutdownError, HvliteTimeoutError, MismatchError,
                       HvliteDeadlockError)
 from ..process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
@@ -35,7 +35,7 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "cross_rank", "cross_size", "is_homogeneous",
            "mpi_threads_supported", "mpi_built", "mpi_enabled",
            "nccl_built", "gloo_built", "gloo_enabled", "cuda_built", "rocm_built", "ddl_built",
-           "ccl_built", "HorovodInternalError", "HvliteError", "HvliteInvalidArgument",
+           "ccl_built", "HorovodInternalError", "HorovodVersionMismatchError", "HvliteError", "HvliteInvalidArgument",
            "HvliteShutdownError", "HvliteTimeoutError", "MismatchError", "HvliteDeadlockError", "ProcessSet", "add_process_set", "remove_process_set",
            "global_process_set", "Compression", "Sum", "Average", "Min", "Max", "Product",
            "Adasum", "allreduce", "grouped_allreduce", "allgather", "grouped_allgather",
