@@ -39,8 +39,14 @@ from .buffers import NULL, Source  # noqa: F401  (Source: re-exported with the c
 from .handles import auto_name, received_splits, result_buffer, submit
 from .process_sets import rank_and_size, set_id_of
 
-Sum, Average, Min, Max, Product, Adasum = (lib.HVL_SUM, lib.HVL_AVERAGE, lib.HVL_MIN,
-                                           lib.HVL_MAX, lib.HVL_PRODUCT, lib.HVL_ADASUM)
+# The reduce ops (``op=``), the engine's own codes. One assignment each, so that tools reading
+# the source (the API reference) see each name.
+Sum = lib.HVL_SUM                 #: add the ranks' tensors
+Average = lib.HVL_AVERAGE         #: add, then divide by the number of ranks (the default)
+Min = lib.HVL_MIN                 #: the smallest value of every element
+Max = lib.HVL_MAX                 #: the largest value of every element
+Product = lib.HVL_PRODUCT         #: multiply the ranks' tensors
+Adasum = lib.HVL_ADASUM           #: Horovod's adaptive summation (float types, 2^k ranks)
 
 
 class InPlace(NamedTuple):
