@@ -29,7 +29,7 @@ setup: $(STAMP) build
 $(STAMP): Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "setuptools>=64" wheel cffi numpy ml_dtypes pytest mpich mpi4py "torch==2.13.0" \
+	$(PY) -m pip install -q "setuptools>=77" wheel cffi numpy ml_dtypes pytest mpich mpi4py "torch==2.13.0" \
 		"tensorflow-cpu==2.21.0" scikit-learn pyyaml
 	$(PY) -m pip install -q --no-deps "nvidia-nccl-cu13==2.30.7"
 	touch $(STAMP)
