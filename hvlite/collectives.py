@@ -40,13 +40,19 @@ from .handles import auto_name, received_splits, result_buffer, submit
 from .process_sets import rank_and_size, set_id_of
 
 # The reduce ops (``op=``), the engine's own codes. One assignment each, so that tools reading
-# the source (the API reference) see each name.
-Sum = lib.HVL_SUM                 #: add the ranks' tensors
-Average = lib.HVL_AVERAGE         #: add, then divide by the number of ranks (the default)
-Min = lib.HVL_MIN                 #: the smallest value of every element
-Max = lib.HVL_MAX                 #: the largest value of every element
-Product = lib.HVL_PRODUCT         #: multiply the ranks' tensors
-Adasum = lib.HVL_ADASUM           #: Horovod's adaptive summation (float types, 2^k ranks)
+# the source (the API reference) see each name and its description.
+Sum = lib.HVL_SUM
+"""Reduce op: add the ranks' tensors (for bool: any)."""
+Average = lib.HVL_AVERAGE
+"""Reduce op, the default: add, then divide by the number of ranks (integers round toward 0)."""
+Min = lib.HVL_MIN
+"""Reduce op: the smallest value of each element (for bool: all)."""
+Max = lib.HVL_MAX
+"""Reduce op: the largest value of each element (for bool: any)."""
+Product = lib.HVL_PRODUCT
+"""Reduce op: multiply the ranks' tensors (for bool: all)."""
+Adasum = lib.HVL_ADASUM
+"""Reduce op: Horovod's adaptive summation (float16/32/64, a power-of-2 number of ranks)."""
 
 
 class InPlace(NamedTuple):
