@@ -39,10 +39,10 @@ myst_heading_anchors = 3
 
 html_theme = "furo"
 html_title = "hvlite %s" % release
-html_static_path = ["_static"]
-html_css_files = ["hvlite.css"]
 html_show_sourcelink = False
 pygments_style = "friendly"
+# Blocks without a language (sphinx-argparse's) are plain text, not guessed at.
+highlight_language = "none"
 
 # Copy buttons copy the command, not the prompt or the output.
 copybutton_prompt_text = r"\$ |>>> |\.\.\. "
@@ -117,7 +117,19 @@ class _StaticImportLimits(logging.Filter):
         return not self.RUN_TIME_ONLY.search(record.getMessage())
 
 
+def _summary(self):
+    """The first sentence of a docstring's first paragraph, for the API's summary tables.
+
+    autoapi takes the first line (PEP 257's one-line summary), but this code's docstrings
+    often wrap their first sentence over two lines; the table would show half of it."""
+    paragraph = " ".join(self.docstring.strip().split("\n\n")[0].split())
+    end = re.search(r"\.(\s|$)", paragraph)
+    return paragraph[:end.start() + 1] if end else paragraph
+
+
 def setup(app):
+    from autoapi._objects import PythonObject    # see _summary
+    PythonObject.summary = property(_summary)
     app.connect("autoapi-skip-member", _skip_member)
     app.connect("autodoc-process-docstring", _module_docstring, priority=400)
     logging.getLogger("sphinx.autoapi._mapper").addFilter(_StaticImportLimits())
