@@ -60,6 +60,11 @@ def _cell(text):
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _sentence(doc):
+    """A doc line as a definition (kept as param.c writes it: units such as "ms" stay lower)."""
+    return doc
+
+
 def _default(row):
     if row["default"] == "":
         return "(unset)"
@@ -78,42 +83,40 @@ def settings_page():
                        "hvlite/runner/cli/environment.py",
            "# Settings\n",
            "Every setting is an environment variable. `hvlrun` flags set the same variables "
-           "(the column \"flag\"), and each `HVLITE_*` name is also read under Horovod's "
+           "(each setting names its flag), and each `HVLITE_*` name is also read under Horovod's "
            "spelling, `HOROVOD_*` (the `HVLITE_*` one wins when both are set). An unknown "
            "`HVLITE_*` name, or a value that does not parse, gets a warning once per process "
            "and is ignored.\n",
-           "Where a setting says *rank 0*, every rank uses rank 0's value, whatever its own "
+           "Where a setting says *rank 0's value on every rank*, every rank uses it, whatever its own "
            "environment says: those settings decide how batches are built and which data "
-           "planes run, so the ranks must agree. *Each rank* settings are read by every rank "
+           "planes run, so the ranks must agree. The others are *each rank's own*, read by every rank "
            "for itself.\n",
-           "## Engine settings\n",
-           "| variable | default | value of | flag | meaning |",
-           "|---|---|---|---|---|"]
+           "## Engine settings\n"]
     for r in engine:
         flag = flags.get(r["name"])
-        out.append("| `%s` | %s | %s | %s | %s |" % (
-            r["name"], _default(r), "rank 0" if r["scope"] == "RANK0" else "each rank",
-            "`%s`" % flag if flag else "", _cell(r["doc"])))
-    out += ["", "## Read outside the engine\n",
-            "| variable | default | meaning |", "|---|---|---|"]
+        facts = ["default %s" % _default(r),
+                 "rank 0's value on every rank" if r["scope"] == "RANK0" else "each rank's own"]
+        if flag:
+            facts.append("`hvlrun %s`" % flag)
+        out += ["`%s`" % r["name"], ": %s.  " % _sentence(r["doc"]),
+                "  *%s.*" % "; ".join(facts), ""]
+    out += ["## Read outside the engine\n"]
     for r in elsewhere:
-        out.append("| `%s` | %s | %s |" % (r["name"], _default(r), _cell(r["doc"])))
-    out += ["", "## The launcher's variables\n",
+        out += ["`%s`" % r["name"], ": %s." % _sentence(r["doc"]), ""]
+    out += ["## The launcher's variables\n",
             "`hvlrun` reads the first ones from its environment; it sets the others for the "
-            "ranks, host guards and remote shells it starts (a user never needs to).\n",
-            "| variable | who | meaning |", "|---|---|---|"]
+            "ranks, host guards and remote shells it starts (a user never needs to).\n"]
     for name, kind, doc in LAUNCHER_VARIABLES:
         if kind != "test":
-            out.append("| `%s` | %s | %s |" % (
-                name, "read by hvlrun" if kind == "read" else "set by hvlrun", _cell(doc)))
-    out += ["", "## For hvlite's own tests\n",
-            "These exist for the test suite; a training job leaves them unset.\n",
-            "| variable | default | meaning |", "|---|---|---|"]
+            out += ["`%s`" % name, ": %s: %s." % (
+                "read by hvlrun" if kind == "read" else "set by hvlrun", doc), ""]
+    out += ["## For hvlite's own tests\n",
+            "These exist for the test suite; a training job leaves them unset.\n"]
     for r in tests:
-        out.append("| `%s` | %s | %s |" % (r["name"], _default(r), _cell(r["doc"])))
+        out += ["`%s`" % r["name"], ": %s (default %s)." % (_sentence(r["doc"]), _default(r)), ""]
     for name, kind, doc in LAUNCHER_VARIABLES:
         if kind == "test":
-            out.append("| `%s` | (unset) | %s |" % (name, _cell(doc)))
+            out += ["`%s`" % name, ": %s." % doc, ""]
     return "\n".join(out) + "\n"
 
 
