@@ -4,6 +4,7 @@
 #   make test    # set up, then every test (unit, SPMD under hvlrun -np 2 and 3, failures, CLI,
 #                # multi-host on simulated hosts, a real Slurm)
 #   make bench   # set up, then the allreduce benchmark table
+#   make docs    # the documentation site in build/docs/html (warnings are errors)
 # Sanitizers and fuzzing (README "Tests"): `make test-asan` / `make test-tsan` run the parallel,
 # failure and fuzz suites against an ASan+UBSan / TSan build of the engine made in
 # build/sanitize-*/ (never the normal build); `make fuzz` runs the collective fuzzer at the size
@@ -18,7 +19,7 @@ STAMP  := $(VENV)/.deps-installed
 HVLITE_MPICC ?= $(CURDIR)/$(VENV)/bin/mpicc
 export HVLITE_MPICC
 
-.PHONY: setup build system-deps run run-tf test test-gpu test-asan test-tsan sanitize-smoke fuzz fuzz-long bench bench-torch bench-tf clean
+.PHONY: setup build system-deps run run-tf test test-gpu docs test-asan test-tsan sanitize-smoke fuzz fuzz-long bench bench-torch bench-tf clean
 
 setup: $(STAMP) build
 
@@ -28,7 +29,7 @@ setup: $(STAMP) build
 $(STAMP): Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "setuptools>=64" wheel cffi numpy ml_dtypes pytest mpich mpi4py "torch==2.13.0" \
+	$(PY) -m pip install -q "setuptools>=77" wheel cffi numpy ml_dtypes pytest mpich mpi4py "torch==2.13.0" \
 		"tensorflow-cpu==2.21.0" scikit-learn pyyaml
 	$(PY) -m pip install -q --no-deps "nvidia-nccl-cu13==2.30.7"
 	touch $(STAMP)
@@ -85,6 +86,22 @@ fuzz: setup
 
 fuzz-long: setup
 	$(PY) tests/fuzz/run.py --seed $(FUZZ_SEED) --scale 10
+
+# The documentation: its packages (pinned in docs/requirements.txt) go into .venv; the reference
+# pages generated from the code are rewritten, then Sphinx builds the site with every warning an
+# error. Needs neither the engine nor the frameworks (the API is read from the source).
+DOCS_STAMP := $(VENV)/.docs-installed
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(DOCS_STAMP): docs/requirements.txt | $(PY)
+	$(PY) -m pip install -q -r docs/requirements.txt
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(PY) tools/docs_reference.py
+	$(PY) -m sphinx -W --keep-going -q -b html docs build/docs/html
+	@echo "docs: build/docs/html/index.html"
 
 bench: setup
 	$(HVLRUN) -np 2 $(PY) bench/allreduce.py

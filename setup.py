@@ -23,7 +23,18 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(ROOT, "hvlite"))
 import _mpi_find  # noqa: E402
 
-VERSION = "0.1.0"
+
+
+def read_version():
+    """hvlite's version: the one place it is written is hvlite/__init__.py's __version__."""
+    with open(os.path.join(ROOT, "hvlite", "__init__.py")) as f:
+        for line in f:
+            if line.startswith("__version__ = "):
+                return line.split("=", 1)[1].strip().strip('"')
+    raise RuntimeError("no __version__ in hvlite/__init__.py")
+
+
+VERSION = read_version()
 
 
 def mpich_wheel_version():
@@ -89,18 +100,14 @@ if mpi.source == "pypi-mpich":
     v = mpich_wheel_version()
     requires.append("mpich==" + v if v else "mpich")
 
+# The package's metadata (description, license, classifiers, Python versions, extras, the hvlrun
+# script) is pyproject.toml's [project] table; what only a build can know is here.
 setup(
-    name="hvlite",
     version=VERSION,
-    description="Horovod-style distributed training on one C engine (MPI, shared memory, NCCL)",
     packages=find_packages(include=["hvlite", "hvlite.*"]),
     package_data={"hvlite": ["_build_info.json"]},
-    python_requires=">=3.9",
     install_requires=requires,
-    extras_require={"torch": ["torch>=2.1"], "tensorflow": ["tensorflow>=2.21", "keras>=3"],
-                    "examples": ["scikit-learn"]},
     cffi_modules=["hvlite/_build.py:ffibuilder"],
     cmdclass={"build_ext": BuildExt},
-    entry_points={"console_scripts": ["hvlrun = hvlite.runner:run"]},
     zip_safe=False,
 )

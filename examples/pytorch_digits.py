@@ -44,27 +44,30 @@ def main():
     args = p.parse_args()
 
     hvd.init()
-    torch.manual_seed(args.seed + hvd.rank())          # different on purpose: broadcast fixes it
+    torch.manual_seed(args.seed + hvd.rank())   # different on purpose: broadcast fixes it
     torch.set_num_threads(1)
     digits = load_digits()
     x = (digits.images / 16.0).astype(np.float32)[:, None]
-    x_train, x_test, y_train, y_test = train_test_split(x, digits.target, test_size=0.25,
-                                                        random_state=args.seed)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, digits.target, test_size=0.25, random_state=args.seed)
     # each rank keeps its shard of the training and test sets
-    x_train, y_train = torch.from_numpy(x_train[hvd.rank()::hvd.size()]), torch.from_numpy(y_train[hvd.rank()::hvd.size()])
-    x_test, y_test = torch.from_numpy(x_test[hvd.rank()::hvd.size()]), torch.from_numpy(y_test[hvd.rank()::hvd.size()])
+    shard = slice(hvd.rank(), None, hvd.size())
+    x_train, y_train = torch.from_numpy(x_train[shard]), torch.from_numpy(y_train[shard])
+    x_test, y_test = torch.from_numpy(x_test[shard]), torch.from_numpy(y_test[shard])
 
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    optimizer = hvd.DistributedOptimizer(optimizer,
+                                         named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
-    steps = len(x_train) // args.batch_size             # same on every rank (equal shards)
+    steps = len(x_train) // args.batch_size     # the same on every rank: the fewest
     steps = int(hvd.allreduce(torch.tensor(steps), op=hvd.Min, name="steps"))
     for epoch in range(args.epochs):
         model.train()
-        order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(epoch + hvd.rank()))
+        generator = torch.Generator().manual_seed(epoch + hvd.rank())
+        order = torch.randperm(len(x_train), generator=generator)
         for s in range(steps):
             idx = order[s * args.batch_size:(s + 1) * args.batch_size]
             optimizer.zero_grad()
@@ -75,7 +78,8 @@ def main():
         with torch.no_grad():
             logits = model(x_test)
             test_loss = metric_average(F.cross_entropy(logits, y_test).item(), "test_loss")
-            accuracy = metric_average((logits.argmax(1) == y_test).float().mean().item(), "test_accuracy")
+            correct = (logits.argmax(1) == y_test).float().mean().item()
+            accuracy = metric_average(correct, "test_accuracy")
         if hvd.rank() == 0:
             print("epoch %2d  train loss %.4f  test loss %.4f  test accuracy %.2f%%"
                   % (epoch + 1, loss.item(), test_loss, 100 * accuracy), flush=True)

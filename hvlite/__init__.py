@@ -1,9 +1,20 @@
 """hvlite: Horovod-style distributed training on one C engine.
 
-``import hvlite`` gives the framework-neutral API on NumPy arrays (names and semantics of
-Horovod's torch API); ``hvlite.torch`` and ``hvlite.tensorflow`` adapt it to the frameworks.
+``import hvlite`` gives the framework-neutral API on NumPy arrays, with the names and semantics
+of Horovod's torch API. The names come from these modules, each documented on its own page:
 
-The engine (and libmpi) load on first use of an API name, not at ``import hvlite``: the launcher
+* :mod:`hvlite.basics`: ``init``, ``shutdown``, ``rank``, ``size`` and the other queries;
+* :mod:`hvlite.ops`: the collectives and the reduce ops;
+* :mod:`hvlite.objects`: ``broadcast_object``, ``allgather_object``;
+* :mod:`hvlite.process_sets`: ``ProcessSet`` and its functions;
+* :mod:`hvlite.timeline`: ``start_timeline``, ``stop_timeline``;
+* :mod:`hvlite.errors`: the exceptions.
+
+``hvlite.run`` is :func:`hvlite.func_job.run`. :mod:`hvlite.torch`, :mod:`hvlite.tensorflow`
+and :mod:`hvlite.tensorflow.keras` adapt the API to the frameworks; :mod:`hvlite.elastic` is
+the elastic API they build on.
+
+Contract: the engine (and libmpi) load on first use of an API name, not at ``import hvlite``: the launcher
 ``hvlite.runner`` lives in this package and must start fast and work where the engine was never
 built. A missing engine surfaces as an ImportError naming the build command.
 """

@@ -1,6 +1,6 @@
 """Finds the MPI to build the engine against (build time only; stdlib only).
 
-Order, as documented in the README: ``HVLITE_MPICC`` (a path to an mpicc) -> ``mpicc`` on PATH
+Order, as documented in docs/install.md: ``HVLITE_MPICC`` (a path to an mpicc) -> ``mpicc`` on PATH
 -> the PyPI ``mpich`` wheel installed in this Python (``<prefix>/bin/mpicc``). The compiler
 wrapper is asked for its flags (``-show`` for MPICH/Intel MPI, ``--showme`` for Open MPI) and
 the flags are split into include dirs, library dirs, libraries and other arguments for cffi.

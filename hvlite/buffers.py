@@ -53,7 +53,8 @@ ALIGNMENT = 64
 ENGINE_MEMORY_MIN = lib.HVL_BUFFER_CACHE_MIN
 HUGE_MIN = lib.HVL_BUFFER_HUGE_MIN     # engine buffers from here are 2 MiB-aligned huge pages
 NULL = ffi.NULL
-HOST_MEMORY, CUDA_MEMORY = lib.HVL_MEMORY_HOST, lib.HVL_MEMORY_CUDA   # where a Source lives
+HOST_MEMORY = lib.HVL_MEMORY_HOST     # where a Source lives: host memory,
+CUDA_MEMORY = lib.HVL_MEMORY_CUDA     # or a CUDA device's
 
 
 def address(array):

@@ -39,8 +39,20 @@ from .buffers import NULL, Source  # noqa: F401  (Source: re-exported with the c
 from .handles import auto_name, received_splits, result_buffer, submit
 from .process_sets import rank_and_size, set_id_of
 
-Sum, Average, Min, Max, Product, Adasum = (lib.HVL_SUM, lib.HVL_AVERAGE, lib.HVL_MIN,
-                                           lib.HVL_MAX, lib.HVL_PRODUCT, lib.HVL_ADASUM)
+# The reduce ops (``op=``), the engine's own codes. One assignment each, so that tools reading
+# the source (the API reference) see each name and its description.
+Sum = lib.HVL_SUM
+"""Reduce op: add the ranks' tensors (for bool: any)."""
+Average = lib.HVL_AVERAGE
+"""Reduce op, the default: add, then divide by the number of ranks (integers round toward 0)."""
+Min = lib.HVL_MIN
+"""Reduce op: the smallest value of each element (for bool: all)."""
+Max = lib.HVL_MAX
+"""Reduce op: the largest value of each element (for bool: any)."""
+Product = lib.HVL_PRODUCT
+"""Reduce op: multiply the ranks' tensors (for bool: all)."""
+Adasum = lib.HVL_ADASUM
+"""Reduce op: Horovod's adaptive summation (float16/32/64, a power-of-2 number of ranks)."""
 
 
 class InPlace(NamedTuple):

@@ -1,5 +1,8 @@
 """Exceptions raised by hvlite, and the one place C status codes become them.
 
+Every error the engine reports is an :class:`HvliteError` (a ``RuntimeError``), with a message
+naming the tensor and, for disagreements, the ranks on each side.
+
 Contract: every engine call that returns an ``hvl_status`` goes through ``_check(rc)``, which
 returns on ``HVL_OK`` and otherwise raises the class mapped below with the engine's message
 (``hvl_last_error()``, which names the tensor and, for mismatches, the ranks).
@@ -12,11 +15,17 @@ __all__ = ["HvliteError", "HorovodInternalError", "HvliteInvalidArgument", "Mism
 
 
 class HvliteError(RuntimeError):
-    """Base class of every error hvlite raises from the engine."""
+    """Base class of every error hvlite raises from the engine (a ``RuntimeError``).
+
+    Raised as itself for MPI, NCCL and system failures, and by collectives after the engine
+    stopped for such a reason; the subclasses below are the other cases. Horovod's name for it,
+    ``HorovodInternalError``, is the same class.
+    """
 
 
-#: Horovod's name for the same thing, so ``except hvd.HorovodInternalError`` keeps working.
 HorovodInternalError = HvliteError
+"""Horovod's name for :class:`HvliteError`, the same class, so that ``except
+hvd.HorovodInternalError`` keeps working."""
 
 
 class HorovodVersionMismatchError(ImportError):
@@ -37,15 +46,21 @@ class HorovodVersionMismatchError(ImportError):
 
 
 class HvliteInvalidArgument(HvliteError, ValueError):
-    """A request was rejected on this rank before any communication (e.g. a duplicate name)."""
+    """A request refused on this rank before any communication: a name already in flight, a
+    process set this rank is not in, a collective other than allreduce or barrier after a rank
+    joined. Also a ``ValueError``."""
 
 
 class MismatchError(HvliteError):
-    """Ranks submitted the same tensor name with different op, dtype, shape, root or scaling."""
+    """Ranks submitted the same tensor name with a different op, dtype, shape, root, scaling
+    or device. Raised on every rank; the message names the tensor, the field and the ranks
+    (``tensor 'w': ranks disagree on the dtype: float32 on ranks 0,2; float16 on rank 1``)."""
 
 
 class HvliteTimeoutError(HvliteError):
-    """Other ranks did not answer in time (a dead or hung peer, or a stalled tensor)."""
+    """Other ranks gave no answer or made no progress for ``HVLITE_PEER_TIMEOUT_SECONDS`` (a
+    dead, stopped or unreachable rank, named when it is on this host), or a stall lasted
+    ``HVLITE_STALL_SHUTDOWN_TIME_SECONDS``. The engine has stopped."""
 
 
 class HvliteDeadlockError(HvliteError):
@@ -62,11 +77,12 @@ class HvliteNotSupportedError(HvliteError, NotImplementedError):
 
 
 class HvliteShutdownError(HvliteError):
-    """The engine is not running: not initialised, shut down by a rank, or failed."""
+    """The engine is not running: shut down by a rank, or stopped by an error or another rank's
+    exit; the message says why. ``init()`` starts it again."""
 
 
 class HvliteNotInitializedError(HvliteShutdownError, ValueError):
-    """A collective or query before ``init()`` (a ValueError, as Horovod raises there)."""
+    """A collective before ``init()``. Also a ``ValueError``, as Horovod raises there."""
 
 
 _BY_STATUS = {

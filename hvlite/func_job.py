@@ -1,5 +1,8 @@
 """``hvlite.run(func, ...)``: Horovod's ``horovod.run``, a Python function run as an hvlite job.
 
+Import it as ``hvlite.run``. Each rank runs your script again as ``multiprocessing``'s spawn
+method does, so keep the call under ``if __name__ == "__main__":``.
+
 Contract:
   * ``run(func, args=(), kwargs=None, num_proc=1, ...)`` starts ``hvlrun`` with ``num_proc``
     ranks (Horovod's keyword names; its deprecated ``np``/``min_np``/``max_np`` too), each rank
@@ -97,11 +100,33 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
         disable_cache=None, output_filename=None, verbose=None, use_gloo=None, use_mpi=None,
         mpi_args=None, network_interface=None, network_interfaces=None, executable=None,
         np=None, min_np=None, max_np=None):
-    """Run ``func(*args, **kwargs)`` on every rank of a new hvlite job; return the results by
-    rank. The arguments are Horovod's (see the module docstring for what differs).
+    """Run ``func(*args, **kwargs)`` on every rank of a new hvlite job and return the results.
 
+    ``func`` calls ``hvd.init()`` itself, as under Horovod. It travels by reference where the
+    ranks can import it, else as a ``cloudpickle`` copy when cloudpickle is installed; arguments
+    and results pass through a folder in the working directory, which must be shared between
+    hosts.
+
+    Args:
+        func: the function every rank calls.
+        args, kwargs: its arguments (picklable).
+        num_proc: the number of ranks (``np`` is Horovod's older name).
+        hosts: where the ranks run, as ``hvlrun -H`` (``hostfile``: as ``--hostfile``).
+        min_num_proc: with ``max_num_proc``, ``host_discovery_script``, ``slots``,
+            ``reset_limit``, ``elastic_timeout`` and ``cooldown_range``, makes the job elastic,
+            as the ``hvlrun`` flags of the same names do.
+        start_timeout: as ``hvlrun --start-timeout``; likewise ``ssh_port``,
+            ``ssh_identity_file``, ``network_interface``, ``output_filename``, ``verbose``,
+            ``mpi_args`` and the other keywords, each as the flag of its name.
+        use_gloo: refused when true (hvlite runs on MPI); ``disable_cache`` and ``use_mpi`` are
+            accepted.
+    Returns:
+        The list of ``func``'s return values, index = rank (the last world's, in an elastic
+        job).
     Raises:
-        RuntimeError: the job failed; ValueError: bad arguments or an unpicklable function.
+        RuntimeError: the job failed (with hvlrun's exit code and each failed rank's
+            exception), or ``run`` was called inside a rank of ``run``.
+        ValueError: bad arguments, ``use_gloo=True``, or a function that cannot be pickled.
     """
     if os.environ.get(_ENV_INSIDE):
         raise RuntimeError("hvlite.run was called inside a rank of hvlite.run: the ranks run the "

@@ -1,5 +1,7 @@
 """Collectives on picklable Python objects (Horovod's ``broadcast_object``/``allgather_object``).
 
+Objects travel as pickles: unpickle only what ranks of your own job send.
+
 Contract: both are collectives (every rank calls, same order). Objects travel as pickles in
 uint8 arrays; only unpickle data from ranks of your own job. Errors as in ``hvlite.ops``.
 """
@@ -15,7 +17,20 @@ __all__ = ["broadcast_object", "allgather_object"]
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=None):
-    """Return root_rank's ``obj`` on every rank (the root gets its own object back)."""
+    """Return ``root_rank``'s ``obj`` on every rank.
+
+    Every rank of the process set must call it, in the same order.
+
+    Args:
+        obj: any picklable object (only the root's is used).
+        root_rank: the rank whose object every rank gets.
+        name: a base name for the two broadcasts it runs (generated when None).
+        process_set: the set to broadcast in (None: every rank).
+    Returns:
+        The root's object: on the root, ``obj`` itself; elsewhere, an unpickled copy.
+    Raises:
+        As :func:`hvlite.ops.broadcast`; the root's pickling errors on the root.
+    """
     name = name or auto_name("broadcast_object", process_set)
     if rank() == root_rank:
         payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
@@ -30,7 +45,19 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
 
 
 def allgather_object(obj, name=None, process_set=None):
-    """Return the list of every rank's ``obj``, in rank order."""
+    """Return every rank's ``obj``, as a list in rank order.
+
+    Every rank of the process set must call it, in the same order.
+
+    Args:
+        obj: any picklable object.
+        name: a base name for the two allgathers it runs (generated when None).
+        process_set: the set to gather over (None: every rank).
+    Returns:
+        A list with one unpickled object per rank of the set.
+    Raises:
+        As :func:`hvlite.ops.allgather`.
+    """
     name = name or auto_name("allgather_object", process_set)
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
     sizes = allgather(np.array([payload.size], dtype=np.int64), name=name + ".size",

@@ -1,5 +1,8 @@
 """The timeline: a Chrome trace of the engine's work, started and stopped at run time.
 
+Open the file in https://ui.perfetto.dev or chrome://tracing. ``hvlrun --timeline-filename``
+(``HVLITE_TIMELINE``) records one from ``init()`` on instead.
+
 Contract: ``start_timeline(file_path, mark_cycles=False)`` and ``stop_timeline()`` are Horovod's
 functions. They may be called on every rank (or on rank 0 alone): only rank 0 writes the file,
 and on other ranks they do nothing. The file is a JSON array of Chrome trace events (open it in

@@ -103,6 +103,33 @@ hvlite.shutdown()
 """
 
 
+METADATA = """
+import json
+from importlib.metadata import metadata, version
+m = metadata("hvlite")
+print(json.dumps({"version": version("hvlite"), "license": m["License-Expression"],
+                  "python": m["Requires-Python"], "readme": m["Description-Content-Type"],
+                  "description": m.get_payload(), "classifiers": m.get_all("Classifier"),
+                  "extras": m.get_all("Provides-Extra")}))
+"""
+
+
+def assert_metadata(py, cwd, env):
+    """The installed package's metadata: one version (hvlite/__init__.py's), Apache-2.0, the
+    Python versions the tests run on, the README as its long description, the extras."""
+    meta = json.loads(run([py, "-c", METADATA], cwd, env, 60))
+    with open(os.path.join(ROOT, "hvlite", "__init__.py")) as f:
+        written = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
+    assert meta["version"] == written, meta["version"]
+    assert meta["license"] == "Apache-2.0", meta
+    assert meta["python"] == ">=3.11", meta
+    assert meta["readme"] == "text/markdown", meta
+    with open(os.path.join(ROOT, "README.md")) as f:
+        assert meta["description"].strip() == f.read().strip()
+    assert "Programming Language :: Python :: 3.11" in meta["classifiers"], meta
+    assert sorted(meta["extras"]) == ["examples", "tensorflow", "torch"], meta
+
+
 def test_pip_install_into_an_empty_venv(tmp_path):
     src, venv, away = tmp_path / "src", str(tmp_path / "venv"), tmp_path / "elsewhere"
     shutil.copytree(ROOT, src, ignore=NOT_SOURCES, symlinks=True)
@@ -123,6 +150,7 @@ def test_pip_install_into_an_empty_venv(tmp_path):
     (so,) = glob.glob(os.path.join(package, "_core*.so"))
     assert_loader_path_is_safe(so, info, lib_dir=os.path.join(venv, "lib"))
 
+    assert_metadata(py, str(away), env)
     report = run([os.path.join(venv, "bin", "hvlrun"), "--check-build"], str(away), env, 120)
     assert "MPI source: pypi-mpich" in report, report
     assert "mpiexec: %s" % os.path.join(venv, "bin", "mpiexec") in report, report

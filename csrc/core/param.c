@@ -102,6 +102,8 @@ static const param_def table[] = {
     {"DYNAMIC_PROCESS_SETS", P_OTHER, LOCAL, 0, "1", "accepted for Horovod scripts: sets may always be added at run time"},
     {"MPICC", P_OTHER, LOCAL, 0, "", "build time: the MPI compiler wrapper to build against"},
     {"MPIEXEC", P_OTHER, LOCAL, 0, "", "hvlrun: the mpiexec to launch with"},
+    {"SANITIZE", P_OTHER, LOCAL, 0, "", "build time: address or thread builds an ASan+UBSan or TSan engine"},
+    {"RUN_RANK", P_OTHER, LOCAL, 0, "", "set by hvlite.run in its ranks (a nested hvlite.run is refused)"},
     {"TEST_TIMEOUT_MULTIPLIER", P_OTHER, LOCAL, 0, "1", "tests: stretch every job timeout"},
     {"SPMD", P_OTHER, LOCAL, 0, "0", "tests: set inside SPMD test jobs"},
     {"TEST_DEVICE", P_OTHER, LOCAL, 0, "cpu", "tests: cpu or cuda, where the torch SPMD tests put tensors"},

@@ -1,5 +1,10 @@
 """hvlite.elastic: Horovod's elastic API, framework-neutral (the adapters build on it).
 
+A job that ``hvlrun --min-np/--max-np/--host-discovery-script`` runs survives losing and gaining
+workers: decorate the training function with :func:`run`, keep what must survive in a
+:class:`State` (``ObjectState``, or a framework's: ``hvlite.torch.elastic.TorchState``), and
+call ``state.commit()`` regularly; a re-formed world goes on from the last commit.
+
 Contract: ``run`` (the decorator), ``State``, ``ObjectState``, ``HostsUpdatedInterrupt`` and
 ``ElasticIndexSampler`` (the index logic of ``ElasticSampler``), with Horovod's documented
 behaviour, on worlds that an elastic ``hvlrun`` (``--min-np``/``--max-np``/

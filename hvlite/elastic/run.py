@@ -1,5 +1,9 @@
 """Horovod's ``hvd.elastic.run`` decorator for hvlite's re-forming worlds.
 
+Decorate the function that trains (it takes the state first); call it with the state. In a job
+that an elastic ``hvlrun`` runs, a lost worker or a change of hosts ends the current world and
+the function starts again in the next one, from the last commit.
+
 Contract: ``run(func)`` returns ``wrapper(state, *args, **kwargs)``, which
   1. puts the job's last commit (or, before the first, rank 0's state) on every rank and checks
      that every rank holds the same state; in a re-formed world it then runs the state's reset
@@ -66,8 +70,14 @@ def _leave_world(me: int, state: State, interrupt: HostsUpdatedInterrupt) -> Non
 
 def make_run(is_peer_error: Optional[Callable[[BaseException], bool]] = None
              ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Return Horovod's ``run`` decorator; ``is_peer_error`` also recognises an adapter's
-    wrapping of hvlite's peer errors."""
+    """Return Horovod's ``run`` decorator, for a framework adapter.
+
+    Args:
+        is_peer_error: an extra test for errors that mean a peer is gone, for adapters whose
+            framework wraps hvlite's errors (TensorFlow's ``tf.errors.OpError``).
+    Returns:
+        The decorator: ``run(func)`` returns ``wrapper(state, *args, **kwargs)``.
+    """
     def peer_error(error: BaseException) -> bool:
         return _hvlite_peer_error(error) or bool(is_peer_error and is_peer_error(error))
 
@@ -105,3 +115,5 @@ def make_run(is_peer_error: Optional[Callable[[BaseException], bool]] = None
 
 
 run = make_run()
+"""Horovod's ``hvd.elastic.run``: decorate ``train(state, ...)`` so that an elastic job goes on
+from the last commit when it loses or gains workers (see the module description)."""

@@ -32,7 +32,19 @@ _numbers = itertools.count()     # samplers are made in the same order on every 
 
 
 class ElasticIndexSampler:
-    """See the module contract."""
+    """Which samples of a data set this rank takes in the current world, so that a re-formed
+    world neither repeats nor skips the samples already processed this epoch.
+
+    Framework-neutral: ``hvlite.torch.elastic.ElasticSampler`` is a torch ``Sampler`` built on
+    it. Record what each step processed (:meth:`record_batch` or :meth:`record_indices`), keep
+    the sampler in the elastic state, and call :meth:`set_epoch` at each epoch's start.
+
+    Args:
+        dataset: anything with ``len()``.
+        shuffle: shuffle the indices, the same way on every rank (seeded by ``seed`` and the
+            epoch).
+        seed: the shuffle's seed.
+    """
 
     def __init__(self, dataset: Any, shuffle: bool = True, seed: int = 0) -> None:
         self.dataset = dataset

@@ -1,5 +1,12 @@
 """``import hvlite.torch as hvd``: Horovod's PyTorch API on the hvlite engine.
 
+The collectives take CPU and CUDA tensors and return tensors on the input's device.
+``DistributedOptimizer`` averages gradients during ``backward()``; ``broadcast_parameters`` and
+``broadcast_optimizer_state`` start every rank from the same state. The basics (``init``,
+``rank``, ``size``, ...) are :mod:`hvlite.basics`'s, the process sets
+:mod:`hvlite.process_sets`'s, the errors :mod:`hvlite.errors`'s and the timeline
+:mod:`hvlite.timeline`'s; ``hvd.elastic`` is :mod:`hvlite.torch.elastic`.
+
 Contract: the names Horovod documents for ``horovod.torch`` (basics, collectives and their async
 and in-place forms, ``DistributedOptimizer``, ``broadcast_parameters``,
 ``broadcast_optimizer_state``, object collectives, ``Compression``, ``SyncBatchNorm``,

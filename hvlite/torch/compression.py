@@ -12,7 +12,8 @@ __all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression"]
 
 
 class FP16Compressor(Compressor):
-    """Sends floating tensors as float16 (half the bytes; about 3 significant digits)."""
+    """Sends floating tensors as float16 (half the bytes; about 3 significant digits) and
+    gives the result back in the original dtype; other dtypes pass through."""
 
     @staticmethod
     def compress(tensor):
@@ -26,6 +27,8 @@ class FP16Compressor(Compressor):
 
 
 class Compression:
-    """The available compressors: ``Compression.none`` and ``Compression.fp16``."""
+    """The compressors, for ``compression=`` of ``allreduce`` and ``DistributedOptimizer``:
+    ``Compression.none`` (the default: tensors as they are) and ``Compression.fp16`` (floating
+    tensors sent as float16)."""
     none = NoneCompressor
     fp16 = FP16Compressor

@@ -1,5 +1,9 @@
 """``hvd.elastic`` for PyTorch: Horovod's elastic names on hvlite's re-forming worlds.
 
+``hvd.elastic.run`` decorates the training function, ``TorchState`` holds the model, the
+optimizer and any other values to commit, ``ElasticSampler`` shards a data set so that a
+re-formed world neither repeats nor skips samples.
+
 Contract: ``run``, ``State``, ``ObjectState``, ``HostsUpdatedInterrupt`` (from
 ``hvlite.elastic``), plus
   * ``TorchState(model=None, optimizer=None, **kwargs)``: an ``ObjectState`` whose ``model`` and
@@ -73,7 +77,18 @@ def array_to_tensor(array: Array) -> torch.Tensor:
 
 
 class TorchState(ObjectState):
-    """Horovod's ``TorchState`` (see the module contract)."""
+    """The state of a PyTorch elastic job: a model, an optimizer and plain values, committed
+    and restored together (Horovod's ``TorchState``).
+
+    Args:
+        model: a ``torch.nn.Module``, or anything with ``state_dict``/``load_state_dict``.
+        optimizer: a ``torch.optim.Optimizer`` (or a scheduler, or an ``ElasticSampler``).
+        **kwargs: more values to commit, each kept as an attribute (``state.epoch``): numbers,
+            strings, bytes, lists, tuples, dicts, NumPy arrays and tensors.
+    Raises:
+        TypeError: at the first commit, a value that cannot be committed (a sparse or quantized
+            tensor, an object of another kind), naming its place in the state.
+    """
 
     def __init__(self, model: Any = None, optimizer: Any = None, **kwargs: Any) -> None:
         if model is not None:
@@ -113,7 +128,16 @@ def _on_devices_of(new: Any, old: Any) -> Any:
 
 
 class ElasticSampler(ElasticIndexSampler, torch.utils.data.Sampler):
-    """Horovod's ``ElasticSampler`` (see the module contract)."""
+    """A ``torch.utils.data.Sampler`` over this rank's share of the samples not yet processed
+    this epoch (Horovod's ``ElasticSampler``; the rules are
+    :class:`hvlite.elastic.ElasticIndexSampler`'s). Keep it in the ``TorchState`` and record each
+    batch (``record_batch(batch_idx, batch_size)``).
+
+    Args:
+        dataset: the data set (anything with ``len()``).
+        shuffle: shuffle the indices, alike on every rank.
+        seed: the shuffle's seed (with the epoch).
+    """
 
     def __init__(self, dataset: Any, shuffle: bool = True, seed: int = 0) -> None:
         ElasticIndexSampler.__init__(self, dataset, shuffle=shuffle, seed=seed)

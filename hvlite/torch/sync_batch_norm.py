@@ -79,7 +79,17 @@ class _SyncBatchNormFn(torch.autograd.Function):
 
 
 class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
-    """Drop-in for ``torch.nn.BatchNorm1d/2d/3d`` whose statistics span every rank."""
+    """Drop-in for ``torch.nn.BatchNorm1d/2d/3d`` whose statistics span every rank.
+
+    In training, the mean and variance are those of every rank's batch together (ranks may
+    hold batches of different sizes), and the running statistics stay equal on every rank; in
+    evaluation, or with one rank, it is a plain batch norm. Every rank must run the layer in
+    the same order.
+
+    Args:
+        num_features, eps, momentum, affine, track_running_stats, device, dtype: as for
+            ``torch.nn.BatchNorm2d``.
+    """
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
                  track_running_stats=True, device=None, dtype=None):

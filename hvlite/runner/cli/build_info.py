@@ -199,8 +199,8 @@ def check_build_report(info: Optional[Mapping], mpiexec: Optional[str], how: str
                          "(no plane of this build runs them on the GPU)")
         elif engine.get("cuda"):
             lines.append("    CUDA tensors: on NCCL where it runs them; otherwise (ranks sharing "
-                         "a GPU, no NCCL, Adasum, scale factors NCCL cannot fold: README, \"Which "
-                         "path runs where\") staged through host memory to the host planes")
+                         "a GPU, no NCCL, Adasum, scale factors NCCL cannot fold: the GPU guide, "
+                         "docs/guides/gpus.md) staged through host memory to the host planes")
     return "\n".join(lines) + "\n"
 
 
