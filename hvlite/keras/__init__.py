@@ -15,6 +15,7 @@ import sys
 
 from ..tensorflow.keras import *  # noqa: F401,F403 - the API, named in __all__
 from ..tensorflow.keras import __all__, elastic  # noqa: F401
+del callbacks  # noqa: F821 - the star import's: horovod.keras.callbacks is this package's own
 from ..tensorflow.keras import allreduce as _allreduce
 from ..tensorflow.keras.optimizer import DistributedOptimizer as _distributed_optimizer
 from ..tensorflow.compression import Compression

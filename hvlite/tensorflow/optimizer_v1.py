@@ -212,18 +212,19 @@ class _DistributedAdasumOptimizerV1(_Wrapper):
             update = self._optimizer.apply_gradients(grads_and_vars, global_step=global_step,
                                                      name=name)
         reduce_now = tf.equal(step % self._passes, self._passes - 1)
-        with tf.control_dependencies([update]):
-            deltas = [v.read_value() - s for v, s in zip(variables, marked)]
+        with tf.control_dependencies([update]):      # every read below sees the update
+            current = [v.read_value() for v in variables]
+        deltas = [c - s for c, s in zip(current, marked)]
         packed = [self._compression.compress(d) for d in deltas]
         base = op_name("%s.deltas" % self.get_name())
         reduced = _allreduce_when(reduce_now, [p[0] for p in packed],
                                   ["%s.%d" % (base, i) for i in range(len(packed))],
                                   Adasum, 1.0, 1.0, global_process_set)
         assigns = []
-        for v, s, d, r, (_, ctx) in zip(variables, marked, deltas, reduced, packed):
+        for v, slot, s, c, r, (_, ctx) in zip(variables, starts, marked, current, reduced, packed):
             new_start = tf.where(reduce_now, s + self._compression.decompress(r, ctx), s)
-            assigns.append(s.assign(new_start))
-            assigns.append(v.assign(tf.where(reduce_now, new_start, v.read_value())))
+            assigns.append(slot.assign(new_start))
+            assigns.append(v.assign(tf.where(reduce_now, new_start, c)))
         with tf.control_dependencies(assigns):
             return self._step.assign_add(1, read_value=False)
 
