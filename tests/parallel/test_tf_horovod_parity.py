@@ -206,6 +206,18 @@ def test_tf1_backward_passes_per_step(average, sparse, dtype):
                 assert got_step == i + 1
 
 
+def test_tf1_backward_passes_per_step_eagerly():
+    var = tf.Variable(np.zeros(2, np.float32))
+    grad = tf.constant([0.0, float(RANK)])
+    opt = hvd.DistributedOptimizer(ConstantGradients(lambda: [(grad, var)]),
+                                   backward_passes_per_step=3)
+    global_step = tf.Variable(np.int64(0))
+    for i in range(7):
+        opt.apply_gradients(opt.compute_gradients(), global_step=global_step)
+        assert int(global_step.numpy()) == i + 1
+        np.testing.assert_allclose(var.numpy(), [0, 3 * np.mean(range(SIZE)) * ((i + 1) // 3)])
+
+
 def test_tf1_indexed_slices_with_backward_passes_need_sparse_as_dense():
     with context.graph_mode(), tf.Graph().as_default():
         var = tf.compat.v1.Variable(np.zeros(2, np.float32))
