@@ -140,6 +140,8 @@ def test_keras_optimizer_groups(dtype):
         value = sum(tf.cast(RANK + 1, dtype) * (i + 1) * tf.reduce_sum(v)
                     for i, v in enumerate(keras_vars))
     opt.apply(tape.gradient(value, keras_vars), keras_vars)
+    # the groups' variables are the model's, not the optimizer's own (saved with its state)
+    assert not any(o is v for o in opt.variables for v in keras_vars)
     for v, w in zip(keras_vars, want):
         np.testing.assert_allclose(v.numpy(), -w, **tolerance(dtype))
 

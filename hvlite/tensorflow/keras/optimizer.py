@@ -191,8 +191,15 @@ def wrap_in_place(optimizer, **options):
                            optimizer.inner_optimizer._hvlite_options["process_set"])
         return optimizer
     optimizer.__class__ = _in_front(_DistributedMixin, optimizer.__class__)
-    optimizer._hvlite_options = dict(_DistributedMixin._hvlite_options, **options)
+    _set_options(optimizer, options)
     return optimizer
+
+
+def _set_options(optimizer, options):
+    # past Keras's attribute tracking: ``groups`` holds the model's variables, which would
+    # otherwise count as the optimizer's own (saved, loaded and broadcast with its state)
+    object.__setattr__(optimizer, "_hvlite_options",
+                       dict(_DistributedMixin._hvlite_options, **options))
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
@@ -245,7 +252,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     if backward_passes_per_step != 1:
         config["gradient_accumulation_steps"] = operator.index(backward_passes_per_step)
     distributed = _in_front(_DistributedMixin, optimizer.__class__).from_config(config)
-    distributed._hvlite_options = dict(_DistributedMixin._hvlite_options, **options)
+    _set_options(distributed, options)
     # Horovod's default sums the N steps' gradients; Keras's own accumulation averages them
     distributed._hvlite_average_aggregated = (backward_passes_per_step == 1
                                               or bool(average_aggregated_gradients))
