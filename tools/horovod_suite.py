@@ -22,7 +22,8 @@ Contract:
     at a time, slower but immune to a test that spoils the ones after it), each under a hard
     timeout. ``--only`` runs the named tests alone.
     Prints, and writes to DIR/summary.txt, the counts (a test passes when it passed on every rank,
-    fails when it failed on any, is "not run" when the job ended before reporting it) and the
+    fails when it or one of its subtests failed on any, is "not run" when the job ended before
+    reporting it) and the
     names of the tests that failed or did not run (skipped ones are counted only; a file that
     fails to collect counts each of its tests as ERROR). Exit status 0
     when the run completed, whatever the counts; 1 when no result could be read.
@@ -100,6 +101,10 @@ ONE_GPU_EDITS = [(r"\.cuda\(hvd\.local_rank\(\)\)", ".cuda(0)", True),
                  (r"hvd\.join\(hvd\.local_rank\(\)\)", "hvd.join(0)", False)]
 # pytest -v: "test_torch.py::TorchTests::test_x PASSED" (subtests and xfail count as their word)
 RESULT = r"%s::\w+::(\w+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)"
+# a subtest's failure (Horovod's TensorFlow tests run each test in graph and eager mode as
+# subtests): "SUBFAILED[graph_mode] test_tensorflow.py::TensorFlowTests::test_x"; the test's
+# own line still says PASSED
+SUBFAILED = r"^SUBFAILED\[[^\]]*\] %s::\w+::(\w+)"
 WORST = {"PASSED": 0, "XPASS": 0, "XFAIL": 1, "SKIPPED": 1, "FAILED": 2, "ERROR": 2}
 
 
@@ -166,7 +171,10 @@ def read_results(ranks_dir, np_, base, names):
         if not os.path.exists(path):
             continue
         text = open(path, errors="replace").read()
-        for name, word in re.findall(RESULT % re.escape(base), text):
+        found = re.findall(RESULT % re.escape(base), text)
+        found += [(name, "FAILED") for name in re.findall(SUBFAILED % re.escape(base), text,
+                                                          flags=re.M)]
+        for name, word in found:
             if WORST[word] >= WORST.get(results.get(name), -1):
                 results[name] = word
         if "ERROR collecting %s" % base in text:

@@ -21,7 +21,8 @@ from ..errors import (HorovodInternalError, HorovodVersionMismatchError, HvliteE
 from ..process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from ..timeline import start_timeline, stop_timeline
 from .compression import Compression
-from . import elastic, mpi_ops
+from . import elastic, mpi_ops, util
+from .util import _executing_eagerly  # noqa: F401 - Horovod's namespace has it
 from ..elastic import HostsUpdatedInterrupt
 from .functions import (BroadcastGlobalVariablesHook, allgather_object, broadcast_,
                         broadcast_global_variables, broadcast_object, broadcast_object_fn,
