@@ -21,10 +21,12 @@ from ..errors import (HorovodInternalError, HorovodVersionMismatchError, HvliteE
 from ..process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from ..timeline import start_timeline, stop_timeline
 from .compression import Compression
-from . import elastic
+from . import elastic, mpi_ops, util
+from .util import _executing_eagerly  # noqa: F401 - Horovod's namespace has it
 from ..elastic import HostsUpdatedInterrupt
-from .functions import (allgather_object, broadcast_, broadcast_global_variables, broadcast_object,
-                        broadcast_object_fn, broadcast_variables)
+from .functions import (BroadcastGlobalVariablesHook, allgather_object, broadcast_,
+                        broadcast_global_variables, broadcast_object, broadcast_object_fn,
+                        broadcast_variables)
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall, barrier,
                   broadcast, grouped_allgather, grouped_allreduce, grouped_reducescatter, join,
@@ -42,36 +44,49 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "broadcast",
            "alltoall", "reducescatter", "grouped_reducescatter", "barrier", "join", "size_op",
            "rank_op", "local_size_op", "local_rank_op", "process_set_included_op",
-           "broadcast_global_variables", "broadcast_variables", "broadcast_", "broadcast_object",
+           "broadcast_global_variables", "BroadcastGlobalVariablesHook", "broadcast_variables", "broadcast_", "broadcast_object",
            "broadcast_object_fn", "allgather_object", "SyncBatchNormalization",
            "DistributedGradientTape", "PartialDistributedGradientTape",
            "DistributedOptimizer", "start_timeline", "stop_timeline", "elastic",
            "HostsUpdatedInterrupt"]
 
 
-def DistributedOptimizer(optimizer, *args, **kwargs):
-    """Horovod's ``hvd.DistributedOptimizer``: for a TF1 optimizer
-    (``tf.compat.v1.train.Optimizer``) ``hvlite.tensorflow.optimizer_v1``'s wrapper, whose
-    ``compute_gradients`` allreduces; for a Keras 3 optimizer the same as
-    ``hvlite.tensorflow.keras.DistributedOptimizer``.
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",
+                         device_sparse="", compression=Compression.none, sparse_as_dense=False,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=global_process_set, scale_local_gradients=True):
+    """Horovod's ``hvd.DistributedOptimizer``, with its parameters in its order: for a TF1
+    optimizer (``tf.compat.v1.train.Optimizer``) ``hvlite.tensorflow.optimizer_v1``'s wrapper
+    (``op=Adasum``: its Adasum-of-deltas optimizer); for a Keras 3 optimizer
+    ``hvlite.tensorflow.keras.DistributedOptimizer`` with the same options (``use_locking``
+    has no meaning there and is ignored, as Horovod ignores it).
 
     Raises:
         TypeError: ``optimizer`` is neither.
-        ValueError: ``op=Adasum``, which Horovod's ``hvd.DistributedOptimizer`` refuses for
-            Keras optimizers (``hvlite.tensorflow.keras.DistributedOptimizer`` takes it and
-            Adasum-reduces the gradients, as Horovod's Keras one does); the TF1 wrapper's
-            refusals (its module docstring).
+        ValueError: ``op=Adasum`` with a Keras optimizer, which Horovod's
+            ``hvd.DistributedOptimizer`` refuses too (``hvlite.tensorflow.keras.
+            DistributedOptimizer`` takes it and Adasum-reduces the gradients, as Horovod's Keras
+            one does); ``gradient_predivide_factor`` with an op other than Average; bad
+            ``groups``; the wrappers' own refusals.
     """
     import tensorflow as tf
+    options = dict(name=name, device_dense=device_dense, device_sparse=device_sparse,
+                   compression=compression, sparse_as_dense=sparse_as_dense,
+                   backward_passes_per_step=backward_passes_per_step, op=op,
+                   gradient_predivide_factor=gradient_predivide_factor,
+                   average_aggregated_gradients=average_aggregated_gradients,
+                   num_groups=num_groups, groups=groups, process_set=process_set,
+                   scale_local_gradients=scale_local_gradients)
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         from .optimizer_v1 import DistributedOptimizerV1
-        return DistributedOptimizerV1(optimizer, *args, **kwargs)
-    if kwargs.get("op") == Adasum:
+        return DistributedOptimizerV1(optimizer, use_locking=use_locking, **options)
+    if op == Adasum:
         raise ValueError("op == Adasum is not supported with Keras optimizers by "
                          "hvd.DistributedOptimizer; use hvlite.tensorflow.keras."
                          "DistributedOptimizer (Adasum of the gradients)")
     from .keras import DistributedOptimizer as keras_distributed_optimizer
-    return keras_distributed_optimizer(optimizer, *args, **kwargs)
+    return keras_distributed_optimizer(optimizer, **options)
 
 
 def __getattr__(name):

@@ -1,9 +1,14 @@
 """Variable and object collectives for TensorFlow (Horovod's ``broadcast_variables``,
-``broadcast_``, ``broadcast_object``, ``allgather_object``).
+``broadcast_``, ``broadcast_object``, ``allgather_object``), and the TF1 session hook that
+broadcasts the global variables (``BroadcastGlobalVariablesHook``).
 
 Contract: collectives (every rank of the process set calls them, in the same order).
 ``broadcast_variables`` sends every variable in one engine submission (they fuse) and assigns
-root_rank's values on every rank; it works eagerly and inside ``tf.function``. The object
+root_rank's values on every rank; it works eagerly and inside ``tf.function``.
+``BroadcastGlobalVariablesHook(root_rank)`` is a ``tf.compat.v1.train.SessionRunHook``: it
+builds ``broadcast_global_variables(root_rank)`` in the graph a ``MonitoredSession`` finalizes
+(``begin``) and runs it once the session is created and its variables initialized or restored
+(``after_create_session``); every rank uses it, with the same graph. The object
 collectives are eager-only Python calls (objects travel as pickles; only unpickle data from
 ranks of your own job).
 """
@@ -15,8 +20,7 @@ from ._bridge import in_function, library, np_dtype, op_name, unchained
 from .ops import _broadcast_raw
 
 __all__ = ["broadcast_global_variables", "broadcast_variables", "broadcast_", "broadcast_object",
-           "broadcast_object_fn",
-           "allgather_object"]
+           "broadcast_object_fn", "allgather_object", "BroadcastGlobalVariablesHook"]
 
 
 def _broadcast_values(variables, root_rank, name, process_set):
@@ -69,6 +73,33 @@ def broadcast_global_variables(root_rank):
                            "call broadcast_variables(variables, root_rank)")
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank,
                                name="broadcast_global_variables") or tf.no_op()
+
+
+class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
+    """Broadcast root_rank's global variables when a ``MonitoredSession`` (TF1 graph) starts,
+    so every rank begins from the same values, whether initialized at random or restored
+    from a checkpoint. Every rank must use it."""
+
+    def __init__(self, root_rank, device=""):
+        """Args:
+            root_rank: the rank whose variables every rank takes.
+            device: the device for the broadcast op (data goes through host memory anyway).
+        """
+        super().__init__()
+        self.root_rank = root_rank
+        self.device = device
+        self.bcast_op = None
+
+    def begin(self):
+        """Build the broadcast op in the graph being finalized (again for a new graph)."""
+        graph = tf.compat.v1.get_default_graph()
+        if self.bcast_op is None or self.bcast_op.graph is not graph:
+            with tf.device(self.device):
+                self.bcast_op = broadcast_global_variables(self.root_rank)
+
+    def after_create_session(self, session, coord):
+        """Run the broadcast (collective: every rank's session does it once)."""
+        session.run(self.bcast_op)
 
 
 @library

@@ -8,20 +8,24 @@ Contract:
   call ``gradient`` with the same sources in the same order.
 - ``allreduce_gradients(grads, ...)`` is the reduction itself: dense gradients go to the engine in
   ``num_groups`` submissions (one when ``num_groups`` is 0: the engine fuses them up to its
-  threshold), each one graph op inside ``tf.function``; ``tf.IndexedSlices`` are allgathered
+  threshold), each one graph op inside ``tf.function``; with ``groups`` (Horovod's list of
+  lists of variables) one submission per listed group, in the order listed, then one per
+  gradient whose variable no group lists; ``tf.IndexedSlices`` are allgathered
   (or densified with ``sparse_as_dense``); ``None`` stays ``None``. Names are positional
   (``<prefix>.<i>``), so they are the same on every rank and at every step (response cache
   hits) whatever the variables are called; eagerly the prefix itself is reused at every call.
 - With ``op=Average``, ``gradient_predivide_factor`` f splits the averaging: gradients are
   multiplied by 1/f before the sum and by f/size after it (Horovod's semantics).
 """
+import warnings
+
 import tensorflow as tf
 
 from ..collectives import reduce_op
 from ..process_sets import global_process_set, rank_and_size
 from ._bridge import library, op_name
 from .compression import Compression
-from .ops import Average, _allreduce_group, _sparse_allreduce, _tensor
+from .ops import Average, _allreduce_group, _allreduce_when, _sparse_allreduce, _tensor
 
 __all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
 
@@ -47,10 +51,51 @@ def _split(indices, num_groups):
     return groups
 
 
+def grouping(num_groups, groups, who):
+    """Horovod's ``num_groups``/``groups`` pair as (number of groups, list of lists of
+    variables or None): ``num_groups`` is the deprecated spelling of an integer ``groups``
+    (it warns, as Horovod's does).
+
+    Raises:
+        ValueError: ``groups`` neither a list of lists of variables nor an integer > 0.
+    """
+    if num_groups:
+        warnings.warn("%s: num_groups has been replaced by groups" % who, DeprecationWarning)
+        if groups is None:
+            groups = num_groups
+    if groups is None:
+        return 0, None
+    if isinstance(groups, (list, tuple)):
+        if not all(isinstance(g, (list, tuple)) for g in groups):
+            raise ValueError("%s: groups must be an integer > 0 or a list of lists of variables"
+                             % who)
+        return 0, [list(g) for g in groups]
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0:
+        raise ValueError("%s: groups must be an integer > 0 or a list of lists of variables, "
+                         "got %r" % (who, groups))
+    return groups, None
+
+
+def _listed_groups(indices, variables, groups):
+    """Split gradient positions by ``groups`` (lists of variables): one list per group, in the
+    order of ``groups``, then each position whose variable no group lists, alone."""
+    where = {}
+    for g, group in enumerate(groups):
+        for var in group:
+            where.setdefault(_key(var), g)
+    split = [[] for _ in groups]
+    alone = []
+    for i in indices:
+        g = where.get(_key(variables[i]))
+        (split[g] if g is not None else alone).append(i)
+    return [group for group in split if group] + [[i] for i in alone]
+
+
 @library
 def allreduce_gradients(grads, prefix, compression=Compression.none, sparse_as_dense=False,
                         op=Average, gradient_predivide_factor=1.0, num_groups=0,
-                        process_set=global_process_set):
+                        process_set=global_process_set, groups=None, variables=None,
+                        when=None):
     """Allreduce a list of gradients (tensors, tf.IndexedSlices or None).
 
     Every rank must call it with the same list (shapes, dtypes, None positions), in order.
@@ -60,6 +105,12 @@ def allreduce_gradients(grads, prefix, compression=Compression.none, sparse_as_d
         prefix: engine name prefix for this list (positional suffixes are added).
         compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, process_set:
             as in ``DistributedGradientTape``.
+        groups: None, or lists of variables whose gradients go to the engine together (see
+            the module docstring); needs ``variables``.
+        variables: the variable of each gradient (used by ``groups`` only).
+        when: None, or a boolean scalar tensor, the same on every rank: reduce the dense
+            gradients only where it is true when the op runs, else give them back as they
+            are (``ops._allreduce_when``; no gradient through it).
     Returns:
         The list of reduced gradients, None where the input was None; the gradients unchanged
         on a rank that is not in ``process_set``.
@@ -84,10 +135,16 @@ def allreduce_gradients(grads, prefix, compression=Compression.none, sparse_as_d
                 continue
             grads[i] = tf.convert_to_tensor(g)
         dense.append(i)
-    for group in _split(dense, num_groups):
+    split = (_listed_groups(dense, variables, groups) if groups is not None
+             else _split(dense, num_groups))
+    for group in split:
         packed = [compression.compress(_tensor(grads[i])) for i in group]
-        reduced = _allreduce_group([p[0] for p in packed], ["%s.%d" % (base, i) for i in group],
-                                   op, pre, post, process_set)
+        names = ["%s.%d" % (base, i) for i in group]
+        if when is None:
+            reduced = _allreduce_group([p[0] for p in packed], names, op, pre, post, process_set)
+        else:
+            reduced = _allreduce_when(when, [p[0] for p in packed], names, op, pre, post,
+                                      process_set)
         for i, r, (_, ctx) in zip(group, reduced, packed):
             out[i] = compression.decompress(r, ctx)
     return out
@@ -128,7 +185,10 @@ class _DistributedGradientTape(tf.GradientTape):
         flat_sources = tf.nest.flatten(sources)
         local = [self._is_local(s) for s in flat_sources]
         reduced = iter(allreduce_gradients([g for g, l in zip(flat, local) if not l],
-                                           "DistributedGradientTape", **self._hvlite_options))
+                                           "DistributedGradientTape",
+                                           variables=[s for s, l in zip(flat_sources, local)
+                                                      if not l],
+                                           **self._hvlite_options))
         size = rank_and_size(self._hvlite_options["process_set"])[1]
         out = []
         for g, is_local in zip(flat, local):
@@ -164,18 +224,21 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
         sparse_as_dense: densify tf.IndexedSlices gradients before reducing them.
         op: hvd.Average (default), hvd.Sum, ...
         gradient_predivide_factor: see the module docstring (op Average only).
-        num_groups: split dense gradients into this many fused submissions (0: one).
+        num_groups: deprecated spelling of an integer ``groups``.
+        groups: an integer > 0: split dense gradients into this many fused submissions; a
+            list of lists of variables: each list's gradients in one submission, each other
+            gradient alone; None (default): one submission, fused by the engine.
         process_set: the process set to reduce over.
         scale_local_gradients: divide the gradients of sources registered with
             ``register_local_source`` by the set's size (Horovod's default).
-        groups, device_*: accepted for compatibility; ``groups`` must be None.
+        device_*: accepted for compatibility (data goes through host memory).
     Returns:
         A tape of the same class that records into the same tape.
     Raises:
-        ValueError: gradient_predivide_factor with op other than Average; ``groups`` given.
+        ValueError: gradient_predivide_factor with op other than Average; ``groups`` neither
+            an integer > 0 nor a list of lists.
     """
-    if groups is not None:
-        raise ValueError("DistributedGradientTape(groups=...) is not supported; use num_groups")
+    num_groups, groups = grouping(num_groups, groups, "DistributedGradientTape")
     _scale_factors(reduce_op(None, op), gradient_predivide_factor)
     cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__),
                {"__doc__": gradtape.__class__.__doc__})
@@ -183,7 +246,7 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
     tape.__dict__.update(gradtape.__dict__)
     tape._hvlite_options = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                                 gradient_predivide_factor=gradient_predivide_factor,
-                                num_groups=num_groups, process_set=process_set)
+                                num_groups=num_groups, groups=groups, process_set=process_set)
     tape._hvlite_local = set()
     tape._hvlite_scale_local = scale_local_gradients
     return tape

@@ -22,6 +22,7 @@ before anything is sent; engine errors (``MismatchError`` naming the tensor and 
 are raised as such eagerly and as ``tf.errors.OpError`` with the same message in a graph.
 The ``device_*`` arguments are accepted for compatibility; data goes through host memory.
 """
+import numpy as np
 import tensorflow as tf
 
 from .. import collectives
@@ -108,6 +109,25 @@ def _allreduce_group(tensors, names, op, pre, post, process_set):
                                         process_set)
         return ys, grad
     return list(forward(*tensors))
+
+
+def _allreduce_when(pred, tensors, names, op, pre, post, process_set):
+    """Allreduce ``tensors`` in one op when the boolean scalar ``pred`` is true when it runs,
+    else give them back unchanged, sending nothing. ``pred`` must be the same on every rank
+    (a step counter's test): the op runs at every step, in the graph's order of collectives,
+    so no collective hides in a ``tf.cond`` branch that ranks could reach in other orders.
+    No gradient."""
+    def np_fn(arrays):
+        if not arrays[0]:
+            return [np.array(a) for a in arrays[1:]]
+        return wait_all(submit_all(
+            lambda pair: collectives.allreduce(array_source(pair[0]), _output(pair[0]), pair[1],
+                                               op, pre, post, process_set),
+            list(zip(arrays[1:], names))))
+    outs = run(np_fn, [tf.cast(pred, tf.bool)] + list(tensors), [t.dtype for t in tensors])
+    for out, t in zip(outs, tensors):
+        out.set_shape(t.shape)
+    return outs
 
 
 def _check_sparse_op(op):
@@ -490,42 +510,65 @@ def barrier(process_set=global_process_set):
     run(np_fn, [], [])
 
 
+@library
 def join():
     """Declare that this rank has no more data (uneven inputs; see ``hvlite.join``): until every
-    rank has joined, this rank stands in for the others' collectives with zeros. Eager only.
+    rank has joined, this rank stands in for the others' collectives with zeros.
+
+    Eagerly it returns once every rank has joined; in a ``tf.function`` or a TF1 graph it is an
+    op that joins when it runs (ordered with the graph's collectives, as they are).
 
     Returns:
-        The rank that joined last, as an int32 tensor.
+        The rank that joined last, as an int32 scalar tensor.
     """
-    return tf.constant(_np.join(), tf.int32)
+    def np_fn(arrays):
+        return [np.asarray(_np.join(), np.int32)]
+    out = run(np_fn, [], [tf.int32])[0]
+    out.set_shape([])
+    return out
 
 
-def process_set_included_op(process_set_id=0):
-    """1 if this rank is in process set ``process_set_id``, else 0, as an int32 tensor.
+def _topology_op(query, name):
+    """An int32 scalar op whose value ``query()`` gives when the op runs (at each run of a graph
+    or function, not when it is traced; eagerly: now). Not a collective: no other rank takes
+    part, so it stays out of the collectives' order."""
+    if tf.executing_eagerly():
+        return tf.constant(query(), tf.int32)
+    out = tf.numpy_function(lambda: np.asarray(query(), np.int32), [], tf.int32, stateful=True,
+                            name=name)
+    out.set_shape([])
+    return out
 
-    Raises:
-        HvliteInvalidArgument: no process set has this id.
+
+def process_set_included_op(process_set_id=0, name=None):
+    """1 if this rank is in process set ``process_set_id``, else 0, as an int32 scalar op
+    evaluated when it runs.
+
+    Raises (when it runs):
+        HvliteInvalidArgument (``InvalidArgumentError`` in a graph): no process set has this id
+            (Horovod's op returns a negative error code instead).
     """
-    return tf.constant(1 if rank_and_size_by_id(process_set_id)[0] >= 0 else 0, tf.int32)
+    return _topology_op(lambda: 1 if rank_and_size_by_id(process_set_id)[0] >= 0 else 0, name)
 
 
-def size_op(process_set_id=0):
-    """The number of ranks in process set `process_set_id` (0: the job), as an int32 tensor."""
-    return tf.constant(rank_and_size_by_id(process_set_id)[1], tf.int32)
+def size_op(process_set_id=0, name=None):
+    """The number of ranks in process set ``process_set_id`` (0: the job), as an int32 scalar op
+    evaluated when it runs."""
+    return _topology_op(lambda: rank_and_size_by_id(process_set_id)[1], name)
 
 
-def rank_op(process_set_id=0):
-    """This rank within process set `process_set_id` (0: the job), as an int32 tensor."""
-    return tf.constant(rank_and_size_by_id(process_set_id)[0], tf.int32)
+def rank_op(name=None):
+    """This process's rank in the job, as an int32 scalar op evaluated when it runs."""
+    return _topology_op(lambda: rank_and_size_by_id(0)[0], name)
 
 
-def local_size_op():
-    """The number of ranks on this host, as an int32 tensor."""
+def local_size_op(name=None):
+    """The number of ranks on this host, as an int32 scalar op evaluated when it runs."""
     from ..basics import local_size
-    return tf.constant(local_size(), tf.int32)
+    return _topology_op(local_size, name)
 
 
-def local_rank_op():
-    """This rank's index on its host, as an int32 tensor."""
+def local_rank_op(name=None):
+    """This rank's index on its host, as an int32 scalar op evaluated when it runs."""
     from ..basics import local_rank
-    return tf.constant(local_rank(), tf.int32)
+    return _topology_op(local_rank, name)

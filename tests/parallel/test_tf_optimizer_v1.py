@@ -1,7 +1,8 @@
 """hvlite.tensorflow.DistributedOptimizer on TF1 optimizers (tf.compat.v1.train): n ranks each
 training on their own rows give what one process gives on all the rows together, in a TF1
 graph run by a Session (dense and tf.IndexedSlices gradients, momentum slots) and eagerly;
-the refused options raise ValueError. SPMD: run by hvlrun (tests/test_spmd.py)."""
+the refused options raise ValueError (backward_passes_per_step, groups and Adasum:
+test_tf_horovod_parity.py). SPMD: run by hvlrun (tests/test_spmd.py)."""
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -101,8 +102,9 @@ def test_eagerly_with_a_callable_loss():
     check(emb.numpy(), want_emb, "embedding (densified)")
 
 
-@pytest.mark.parametrize("kwargs", [dict(backward_passes_per_step=2), dict(groups=[[]]),
-                                    dict(op=hvd.Adasum), dict(op=hvd.Sum, gradient_predivide_factor=2.0)])
+@pytest.mark.parametrize("kwargs", [dict(backward_passes_per_step=0), dict(groups=0),
+                                    dict(op=hvd.Adasum, average_aggregated_gradients=True),
+                                    dict(op=hvd.Sum, gradient_predivide_factor=2.0)])
 def test_refused_options(kwargs):
     with pytest.raises(ValueError):
         hvd.DistributedOptimizer(momentum(), **kwargs)

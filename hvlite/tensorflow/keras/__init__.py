@@ -85,7 +85,7 @@ def reducescatter(value, name=None, op=Average):
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None,
-               compression=Compression.none, average_aggregated_gradients=True):
+               compression=Compression.none, legacy_opts=False, average_aggregated_gradients=True):
     """Load a Keras model saved with or without hvlite, with its optimizer distributed.
 
     Args:
@@ -94,6 +94,9 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
         custom_optimizers: optimizer classes the file needs, beyond Keras's own.
         custom_objects: other custom objects, as for ``keras.models.load_model``.
         compression: compression for the re-wrapped optimizer.
+        legacy_opts: Horovod's switch for files saved with ``tf.keras.optimizers.legacy``
+            optimizers. Keras 3 has none: such a file's optimizer is read as the Keras 3
+            optimizer of the same name, as ``keras.models.load_model`` reads it, either way.
         average_aggregated_gradients: for an optimizer saved with gradient accumulation (Keras
             keeps ``gradient_accumulation_steps``, which ``backward_passes_per_step`` sets):
             average the accumulated steps (Keras's rule, the default here), or sum them with

@@ -14,7 +14,10 @@ and end_epoch, per epoch (staircase) or per batch with fractional epochs;
 ``LearningRateWarmupCallback`` ramps from ``initial_lr / size`` to ``initial_lr`` over
 ``warmup_epochs`` (Goyal et al.), per batch, and sets ``initial_lr`` when the warmup ends. Both need a learning rate that is not a schedule
 object. ``momentum_correction`` is accepted but has no effect: Keras 3 optimizers hold momentum
-as a Python float fixed when the train step is traced.
+as a Python float fixed when the train step is traced. ``BestModelCheckpoint`` is Keras's
+``ModelCheckpoint`` with ``save_best_only=True`` and no file path yet (Horovod's estimators set
+it): set ``callback.filepath`` (a ``.keras`` file, or ``.weights.h5`` with
+``save_weights_only``) before training; ``fit`` raises ``ValueError`` at train begin otherwise.
 """
 import numpy as np
 import keras
@@ -25,7 +28,7 @@ from .. import functions as _functions
 from .. import ops as _ops
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
-           "LearningRateScheduleCallback", "LearningRateWarmupCallback"]
+           "LearningRateScheduleCallback", "LearningRateWarmupCallback", "BestModelCheckpoint"]
 
 
 def _model_variables(model):
@@ -209,3 +212,27 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         if epoch == self.warmup_epochs - 1 and self.verbose > 0 and rank() == 0:
             print("\nEpoch %d: finished gradual learning rate warmup to %g."
                   % (epoch + 1, self.initial_lr))
+
+
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Keras's ``ModelCheckpoint(save_best_only=True)``, whose ``filepath`` is set after it is
+    made (see the module docstring)."""
+
+    def __init__(self, monitor="val_loss", verbose=0, save_weights_only=False, mode="auto",
+                 save_freq="epoch"):
+        """Args: as ``keras.callbacks.ModelCheckpoint``'s (``save_best_only`` is True)."""
+        # Keras 3 checks the path's extension here: a stand-in passes, and is taken away
+        super().__init__("best.weights.h5" if save_weights_only else "best.keras",
+                         monitor=monitor, verbose=verbose, save_best_only=True,
+                         save_weights_only=save_weights_only, mode=mode, save_freq=save_freq)
+        self.filepath = None
+
+    def on_train_begin(self, logs=None):
+        """Raises:
+            ValueError: no ``filepath`` set, or one Keras cannot save this way.
+        """
+        ends = (".weights.h5",) if self.save_weights_only else (".keras", ".h5")
+        if not self.filepath or not str(self.filepath).endswith(ends):
+            raise ValueError("%s: set its filepath to a file ending in %s before training "
+                             "(got %r)" % (type(self).__name__, " or ".join(ends), self.filepath))
+        super().on_train_begin(logs)

@@ -43,7 +43,7 @@ from ...collectives import reduce_op
 from ...process_sets import global_process_set, rank_and_size
 from ..compression import Compression
 from .._bridge import library, op_name
-from ..gradient_tape import _key, _local_layer_list, _scale_factors, allreduce_gradients
+from ..gradient_tape import _key, _local_layer_list, _scale_factors, allreduce_gradients, grouping
 from ..ops import Average, Min, allreduce
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "is_distributed",
@@ -66,7 +66,7 @@ class _DistributedMixin:
     """Put in front of the wrapped optimizer's class; see the module docstring."""
 
     _hvlite_options = dict(compression=Compression.none, sparse_as_dense=False, op=Average,
-                           gradient_predivide_factor=1.0, num_groups=0,
+                           gradient_predivide_factor=1.0, num_groups=0, groups=None,
                            process_set=global_process_set)
 
     @library
@@ -114,20 +114,23 @@ class _DistributedMixin:
         if _in_xla_context():
             raise ValueError("hvlite's DistributedOptimizer cannot run under XLA: compile the "
                              "model with jit_compile=False")
+        variables = (self._trainable_variables if trainable_variables is None
+                     else list(trainable_variables))
         local = getattr(self, "_hvlite_local", None)
         if local:
-            variables = (self._trainable_variables if trainable_variables is None
-                         else list(trainable_variables))
-            return _reduce_shared(grads, [_key(v) in local for v in variables],
+            return _reduce_shared(grads, variables, [_key(v) in local for v in variables],
                                   self._hvlite_scale_local, self._hvlite_options)
-        return allreduce_gradients(grads, "DistributedOptimizer", **self._hvlite_options)
+        return allreduce_gradients(grads, "DistributedOptimizer", variables=variables,
+                                   **self._hvlite_options)
 
 
-def _reduce_shared(grads, is_local, scale_local, options):
+def _reduce_shared(grads, variables, is_local, scale_local, options):
     """Allreduce the gradients of shared variables; keep the local ones (divided by the set's
     size when ``scale_local``, as Horovod's PartialDistributedOptimizer does)."""
     reduced = iter(allreduce_gradients([g for g, l in zip(grads, is_local) if not l],
-                                       "DistributedOptimizer", **options))
+                                       "DistributedOptimizer",
+                                       variables=[v for v, l in zip(variables, is_local) if not l],
+                                       **options))
     size = rank_and_size(options["process_set"])[1]
     out = []
     for g, local in zip(grads, is_local):
@@ -188,16 +191,22 @@ def wrap_in_place(optimizer, **options):
                            optimizer.inner_optimizer._hvlite_options["process_set"])
         return optimizer
     optimizer.__class__ = _in_front(_DistributedMixin, optimizer.__class__)
-    optimizer._hvlite_options = dict(_DistributedMixin._hvlite_options, **options)
+    _set_options(optimizer, options)
     return optimizer
+
+
+def _set_options(optimizer, options):
+    # past Keras's attribute tracking: ``groups`` holds the model's variables, which would
+    # otherwise count as the optimizer's own (saved, loaded and broadcast with its state)
+    object.__setattr__(optimizer, "_hvlite_options",
+                       dict(_DistributedMixin._hvlite_options, **options))
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
                          compression=Compression.none, sparse_as_dense=False,
                          gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
-                         average_aggregated_gradients=False, groups=None,
-                         process_set=global_process_set, scale_local_gradients=True,
-                         num_groups=0):
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=global_process_set, scale_local_gradients=True):
     """Wrap a Keras 3 optimizer so that it allreduces gradients before applying them.
 
     Args:
@@ -208,13 +217,16 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         gradient_predivide_factor: with op Average, divide by it before the sum and multiply
             by it / size after.
         op: hvd.Average (default) or hvd.Sum, ...
-        num_groups: split gradients into this many fused submissions (0: one).
+        num_groups: deprecated spelling of an integer ``groups``.
+        groups: an integer > 0: split the gradients into this many fused submissions; a list
+            of lists of variables: each list's gradients in one submission, each other
+            gradient alone; None (default): one submission, fused by the engine.
         backward_passes_per_step: apply (and allreduce) every this many steps, gradients
             accumulated locally in between (see the module docstring).
         average_aggregated_gradients: with backward_passes_per_step > 1, average the
             accumulated gradients over the steps (False, the default: sum them).
-        device_*, scale_local_gradients: accepted for compatibility. groups: must be None.
-        process_set: the global process set.
+        device_*, scale_local_gradients: accepted for compatibility.
+        process_set: the process set to reduce over.
     Returns:
         The distributed optimizer (a new one, or ``optimizer`` itself if it was built).
     Raises:
@@ -225,13 +237,12 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                         % type(optimizer).__name__)
     if backward_passes_per_step != 1:
         _check_accumulation(optimizer, backward_passes_per_step)
-    if groups is not None:
-        raise ValueError("DistributedOptimizer(groups=...) is not supported; use num_groups")
+    num_groups, groups = grouping(num_groups, groups, "DistributedOptimizer")
     op = reduce_op(None, op)
     _scale_factors(op, gradient_predivide_factor)
     options = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                    gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
-                   process_set=process_set)
+                   groups=groups, process_set=process_set)
     if (optimizer.built or is_distributed(optimizer)
             or isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
         return wrap_in_place(optimizer, **options)
@@ -241,7 +252,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     if backward_passes_per_step != 1:
         config["gradient_accumulation_steps"] = operator.index(backward_passes_per_step)
     distributed = _in_front(_DistributedMixin, optimizer.__class__).from_config(config)
-    distributed._hvlite_options = dict(_DistributedMixin._hvlite_options, **options)
+    _set_options(distributed, options)
     # Horovod's default sums the N steps' gradients; Keras's own accumulation averages them
     distributed._hvlite_average_aggregated = (backward_passes_per_step == 1
                                               or bool(average_aggregated_gradients))
@@ -274,7 +285,7 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
                                 gradient_predivide_factor=1.0, op=Average,
                                 backward_passes_per_step=1, average_aggregated_gradients=False,
                                 groups=None, process_set=global_process_set, local_layers=None,
-                                scale_local_gradients=True, num_groups=0):
+                                scale_local_gradients=True):
     """``DistributedOptimizer`` that keeps the gradients of ``local_layers``' trainable weights
     on this rank (divided by the set's size when ``scale_local_gradients``, as Horovod does).
 
@@ -288,7 +299,7 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
     distributed = DistributedOptimizer(
         optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
         gradient_predivide_factor, op, backward_passes_per_step, average_aggregated_gradients,
-        groups, process_set, scale_local_gradients, num_groups)
+        groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients)
     distributed._hvlite_local = {_key(v) for layer in local_layers
                                  for v in layer.trainable_weights}
     distributed._hvlite_scale_local = scale_local_gradients
