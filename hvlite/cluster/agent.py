@@ -42,9 +42,12 @@ from typing import Dict, List, Optional, Tuple
 
 from .frames import Channel, ChannelError
 
-__all__ = ["KILL_GRACE_SECONDS", "WorkerGone", "Agent", "local_address"]
+__all__ = ["KILL_GRACE_SECONDS", "STATUS", "WorkerGone", "Agent", "local_address"]
 
 KILL_GRACE_SECONDS = 10.0    # the host guard needs a few seconds to end what is below it
+# A result's first byte (``worker.py``): the value, the function's own failure, or a failure
+# that another rank's caused (hvlite's error saying a peer is gone or stopped).
+STATUS = {b"1": "ok", b"0": "raised", b"2": "consequence"}
 _MAX_STDIN = 1 << 16
 
 
@@ -121,7 +124,7 @@ class Agent:
         self.worker_info: Optional[dict] = None
         self._answers: List[Tuple[str, bytes]] = []
         self._gone = ""                       # why the connected rank process went away
-        self._results: List[Tuple[int, int, bool, bytes]] = []
+        self._results: List[Tuple[int, int, str, bytes]] = []
         self._commands: List[_Command] = []
         self._channels: List[Channel] = []
         self._finished = threading.Event()
@@ -155,9 +158,9 @@ class Agent:
                 raise WorkerGone("the agent is closing")
             return dict(self.worker_info)
 
-    def call(self, payload: bytes) -> Tuple[bool, bytes]:
-        """Send a call to the connected rank process and wait for its answer: ``(True,
-        pickled value)`` or ``(False, traceback text)``.
+    def call(self, payload: bytes) -> Tuple[str, bytes]:
+        """Send a call to the connected rank process and wait for its answer: ``("ok", the
+        pickled value)``, or ``("raised" | "consequence", traceback text)`` (:data:`STATUS`).
 
         Raises:
             WorkerGone: no rank process is connected, or it went away before answering.
@@ -177,7 +180,7 @@ class Agent:
             if not self._answers:
                 raise WorkerGone(self._gone or "the rank process went away")
             kind, data = self._answers.pop(0)
-        return data[:1] == b"1", data[1:]
+        return STATUS.get(data[:1], "raised"), data[1:]
 
     def stop_worker(self) -> None:
         """Ask the connected rank process to exit with code 0 (the end of a job). Cannot fail."""
@@ -189,8 +192,8 @@ class Agent:
             except ChannelError:
                 pass
 
-    def results(self) -> List[Tuple[int, int, bool, bytes]]:
-        """The results of the job's calls: ``(world, rank, ok, bytes)`` in arrival order."""
+    def results(self) -> List[Tuple[int, int, str, bytes]]:
+        """The results of the job's calls: ``(world, rank, status, bytes)`` in arrival order."""
         with self._lock:
             return list(self._results)
 
@@ -323,7 +326,7 @@ class Agent:
                 with self._lock:
                     if job is not None:
                         self._results.append((int(hello.get("world", 0)), int(hello["rank"]),
-                                              data[:1] == b"1", data[1:]))
+                                              STATUS.get(data[:1], "raised"), data[1:]))
                     else:
                         self._answers.append((kind, data))
                     self._lock.notify_all()

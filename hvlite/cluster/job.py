@@ -2,9 +2,8 @@
 
 Contract:
   * :func:`host_names` names the engine's nodes for hvlrun's host list: ``<prefix>-<address with
-    dashes>`` (``ray-10-0-0-2``), with the first digits of the engine's node id added where two
-    nodes share an address, and a fresh node id (a restarted node) a fresh name. The names are
-    never this machine's, so hvlrun reaches every node, the driver's own included, through the
+    dashes>-<short id>`` (``ray-10-0-0-2-a1b2c3``); a restarted node gets a fresh name. The
+    names are never this machine's, so hvlrun reaches every node, the driver's own included, through the
     remote shell and the node's agent, never by starting ranks itself.
   * :class:`HostTable` keeps, in a private directory, the table ``rsh.py`` reads (each host's
     agent addresses in slot order) and, for elastic jobs, the host list hvlrun's discovery
@@ -31,7 +30,7 @@ import threading
 import time
 from typing import Dict, IO, List, Optional, Sequence, Tuple
 
-from .rsh import ENV_HOSTS, ENV_KEY
+from .names import ENV_HOSTS, ENV_KEY
 
 __all__ = ["END_GRACE_SECONDS", "JobError", "host_names", "interface_of", "HostTable", "Hvlrun"]
 
@@ -57,20 +56,14 @@ class JobError(RuntimeError):
         self.hvlrun = list(hvlrun)
 
 
-def host_names(prefix: str, nodes: Sequence[Tuple[str, str]]) -> Dict[str, str]:
-    """Name each node (``(node id, address)``) for hvlrun (see the module contract); returns
-    ``{node id: name}``. Cannot fail."""
-    by_address: Dict[str, List[str]] = {}
-    for node, address in nodes:
-        by_address.setdefault(address, [])
-        if node not in by_address[address]:
-            by_address[address].append(node)
-    names = {}
-    for address, ids in by_address.items():
-        base = "%s-%s" % (prefix, address.replace(".", "-").replace(":", "-"))
-        for node in ids:
-            names[node] = base if len(ids) == 1 else "%s-%s" % (base, node[:8])
-    return names
+def host_names(prefix: str, nodes: Sequence[Tuple[str, str, str]]) -> Dict[str, str]:
+    """Name each node (``(key, address, short id)``: the engine's id of the node, its address,
+    a few characters that tell this incarnation of it from another) for hvlrun: ``<prefix>-<the
+    address with dashes>-<short id>``; returns ``{key: name}``. A node that restarts gets a new
+    id, hence a new name: hvlrun's verdicts on the old one (a blacklist) do not stick to it.
+    Cannot fail."""
+    return {key: "%s-%s-%s" % (prefix, address.replace(".", "-").replace(":", "-"), short)
+            for key, address, short in nodes}
 
 
 def interface_of(address: str) -> Optional[str]:

@@ -26,12 +26,9 @@ import sys
 from typing import List, Optional, Sequence
 
 from .frames import ChannelError, connect
+from .names import ENV_HOSTS, ENV_KEY, ENV_SLOTS
 
-__all__ = ["ENV_HOSTS", "ENV_KEY", "ENV_SLOTS", "read_table", "main"]
-
-ENV_HOSTS = "HVLRUN_CLUSTER_HOSTS"
-ENV_KEY = "HVLRUN_CLUSTER_KEY"
-ENV_SLOTS = "HVLRUN_CLUSTER_SLOTS"
+__all__ = ["read_table", "main"]
 _MAX_STDIN = 1 << 16
 
 

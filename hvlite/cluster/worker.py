@@ -18,9 +18,10 @@ rank wrapper), that serves the functions of one slot's actor or task:
 
 Contract:
   * A result is ``b"1"`` + the value pickled with ``cloudpickle``; a function that raises
-    sends ``b"0"`` + its traceback, prints it on stderr, and the process exits 1: hvlrun then
-    ends the world on every rank (their calls may be waiting on this one), and the driver
-    raises naming this rank.
+    sends ``b"0"`` + its traceback (``b"2"`` when the error is hvlite's word that a peer is
+    gone or stopped: a consequence of another rank's failure), prints it on stderr, and the
+    process exits 1: hvlrun then ends the world on every rank (their calls may be waiting on
+    this one), and the driver raises naming the rank whose failure was no consequence.
   * ``SystemExit``: code 0 or None is a result of None; any other code ends the process with
     it (the elastic exits 75/76 reach hvlrun's elastic driver as agreed).
   * A lost agent (its actor or task ended) ends the process with code 1, saying so.
@@ -32,7 +33,7 @@ import traceback
 from typing import Any, Optional
 
 from .frames import ChannelError, connect
-from .rsh import ENV_KEY, ENV_SLOTS
+from .names import ENV_KEY, ENV_SLOTS
 
 __all__ = ["LOCAL_RANK_VARIABLES", "local_rank", "main"]
 
@@ -97,12 +98,23 @@ def _call(slot: _Slot, payload: bytes) -> bytes:
         return b"1" + cloudpickle.dumps(value)
     except SystemExit:
         raise
-    except BaseException:   # noqa: BLE001 - every failure goes back to the driver
+    except BaseException as error:   # noqa: BLE001 - every failure goes back to the driver
         text = traceback.format_exc()
         sys.stdout.flush()
         sys.stderr.write(text)
         sys.stderr.flush()
-        return b"0" + text.encode("utf-8", "replace")
+        return (b"2" if _consequence(error) else b"0") + text.encode("utf-8", "replace")
+
+
+def _consequence(error: BaseException) -> bool:
+    """True for hvlite's errors that say a peer is gone or stopped (another rank's failure
+    ends the world: its peers' collectives fail with these), as ``hvlite.elastic`` sorts them;
+    a mismatch, a deadlock or a bad argument is this rank's own."""
+    errors = sys.modules.get("hvlite.errors")
+    if errors is None:
+        return False
+    own = (errors.MismatchError, errors.HvliteInvalidArgument, errors.HvliteDeadlockError)
+    return isinstance(error, errors.HvliteError) and not isinstance(error, own)
 
 
 def main(environ=os.environ) -> int:
@@ -129,7 +141,7 @@ def main(environ=os.environ) -> int:
             elif kind in ("call", "job"):
                 answer = _call(slot, data)
                 channel.send("result", answer)
-                if answer[:1] == b"0":
+                if answer[:1] != b"1":
                     return 1
                 if kind == "job":
                     return 0
