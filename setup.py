@@ -98,6 +98,7 @@ setup(
     python_requires=">=3.9",
     install_requires=requires,
     extras_require={"torch": ["torch>=2.1"], "tensorflow": ["tensorflow>=2.21", "keras>=3"],
+                    "ray": ["ray>=2.60", "cloudpickle"], "spark": ["pyspark>=4.0", "cloudpickle"],
                     "examples": ["scikit-learn"]},
     cffi_modules=["hvlite/_build.py:ffibuilder"],
     cmdclass={"build_ext": BuildExt},

@@ -5,7 +5,8 @@ Contract:
   * :class:`Driver` runs a driver script (an argv, an environment) with its output collected by
     a thread: :meth:`Driver.wait_for` waits for a line matching a pattern (failing the test,
     with the output, when the driver ends first or the time runs out), :meth:`Driver.result`
-    waits for the end and returns the ``RESULT <json>`` the script printed.
+    waits for the end and returns the ``RESULT <json>`` the script printed; an interactive
+    driver takes commands (:meth:`Driver.ask`) and answers each (:meth:`Driver.answer`).
   * :func:`job_processes` lists the processes of hvlite jobs still running on any simulated
     host (hvlrun's wrappers and guards, MPI's proxies, rank processes, slot actors): after a
     test, there must be none (:func:`assert_no_job_left`, within a few seconds).
@@ -20,7 +21,7 @@ import re
 import subprocess
 import threading
 import time
-from typing import Dict, List, Set
+from typing import Dict, List, Optional, Set
 
 import pytest
 
@@ -31,12 +32,13 @@ _JOB_WORDS = ("hvlite.runner", "hvlite.cluster", "hydra_pmi_proxy", "ray::Slot",
 class Driver:
     """A running driver script (see the module contract)."""
 
-    def __init__(self, argv: List[str], env: Dict[str, str], timeout: float) -> None:
+    def __init__(self, argv: List[str], env: Dict[str, str], timeout: float,
+                 interactive: bool = False) -> None:
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                     stdin=subprocess.PIPE if interactive else subprocess.DEVNULL,
+                                     stderr=subprocess.STDOUT, text=True)
         self.lines: List[str] = []
-        self.times: List[float] = []
         self.timeout = timeout * MULTIPLIER
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -44,30 +46,42 @@ class Driver:
     def _read(self) -> None:
         for line in self.proc.stdout:
             self.lines.append(line)
-            self.times.append(time.monotonic())
 
     @property
     def output(self) -> str:
         return "".join(self.lines)
 
-    def wait_for(self, pattern: str, after: int = 0) -> int:
-        """Wait for a line (from line ``after`` on) matching ``pattern``; return its index."""
-        deadline = self.started + self.timeout
+    def wait_for(self, pattern: str, after: int = 0, timeout: Optional[float] = None) -> int:
+        """Wait for a line (from line ``after`` on) matching ``pattern``; return its index.
+        ``timeout`` (scaled) defaults to what is left of the driver's own."""
+        deadline = (time.monotonic() + timeout * MULTIPLIER if timeout is not None
+                    else self.started + self.timeout)
         seen = after
         while True:
             for i in range(seen, len(self.lines)):
                 if re.search(pattern, self.lines[i]):
                     return i
-            seen = len(self.lines)
-            if self.proc.poll() is not None and seen == len(self.lines) \
-                    and not self.reader.is_alive():
+            seen = max(seen, len(self.lines))
+            if self.proc.poll() is not None and not self.reader.is_alive() \
+                    and seen == len(self.lines):
                 pytest.fail("the driver ended without printing %r:\n%s"
                             % (pattern, self.output[-8000:]))
             if time.monotonic() > deadline:
                 self.kill()
-                pytest.fail("no line matching %r within %.0f s:\n%s"
-                            % (pattern, self.timeout, self.output[-8000:]))
+                pytest.fail("no line matching %r in time:\n%s" % (pattern, self.output[-8000:]))
             time.sleep(0.05)
+
+    def ask(self, command: str) -> int:
+        """Send an interactive driver a command; return the line index its output starts at."""
+        at = len(self.lines)
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return at
+
+    def answer(self, after: int, timeout: float) -> dict:
+        """The ``RESULT`` an interactive driver printed after line ``after``."""
+        found = self.wait_for(r"^RESULT ", after, timeout)
+        return self._parse(found, after)
 
     def result(self) -> dict:
         """Wait for the end; return the driver's ``RESULT`` (the test fails without one)."""
@@ -78,11 +92,14 @@ class Driver:
             pytest.fail("the driver did not end within %.0f s:\n%s"
                         % (self.timeout, self.output[-8000:]))
         self.reader.join(10)
-        found = [l for l in self.lines if l.startswith("RESULT ")]
+        found = [i for i, l in enumerate(self.lines) if l.startswith("RESULT ")]
         assert found, "the driver printed no RESULT (exit code %s):\n%s" % (
             self.proc.returncode, self.output[-8000:])
-        result = json.loads(found[-1][len("RESULT "):])
-        result["_output"] = self.output
+        return self._parse(found[-1], 0)
+
+    def _parse(self, index: int, after: int) -> dict:
+        result = json.loads(self.lines[index][len("RESULT "):])
+        result["_output"] = "".join(self.lines[after:index + 1])
         result["_seconds"] = time.monotonic() - self.started
         return result
 

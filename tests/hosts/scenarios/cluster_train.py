@@ -79,7 +79,7 @@ def train_once(steps):
     """A whole job in one call (Spark's ``run``): the gradients of every step on this rank."""
     trainer = Trainer()
     out = [trainer.step(s) for s in range(steps)]
-    return {"rank": out[-1]["rank"], "size": out[-1]["size"],
+    return {"rank": out[-1]["rank"], "size": out[-1]["size"], "host": os.environ.get("HVLRUN_HOST"),
             "grads": [o["grads"] for o in out], "params": out[-1]["params"]}
 
 

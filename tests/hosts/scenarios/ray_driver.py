@@ -13,6 +13,7 @@ checks that no placement group of the job is left (printed as ``leftover_groups`
 """
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -70,20 +71,24 @@ def rank_raises(executor):
     executor.run(lambda: __import__("hvlite").init())
 
     def work():
+        import time
         import numpy as np
         import hvlite
         if hvlite.rank() == 1:
-            raise ValueError("rank 1 failed on purpose")
+            time.sleep(1.0)          # its peers are waiting in the allreduce by now
+            raise ValueError("rank 1 failed on purpose at %.6f" % time.time())
         return float(hvlite.allreduce(np.ones(4), name="waits-for-rank-1")[0])
     started = time.monotonic()
     try:
         executor.run(work)
         return dict(ok=False, why="no error")
     except JobError as e:
-        seconds = time.monotonic() - started
+        raised = float(re.search(r"failed on purpose at ([0-9.]+)", e.traceback).group(1))
+        seconds, call = time.time() - raised, time.monotonic() - started
         later = _later_call(executor)
         return dict(ok=e.rank == 1 and "rank 1 failed on purpose" in e.traceback,
-                    seconds=seconds, rank=e.rank, host=e.host, message=str(e), later=later)
+                    seconds=seconds, call=call, rank=e.rank, host=e.host, message=str(e),
+                    later=later)
 
 
 def _later_call(executor):
