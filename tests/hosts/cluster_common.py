@@ -10,6 +10,7 @@ Contract:
   * :func:`job_processes` lists the processes of hvlite jobs still running on any simulated
     host (hvlrun's wrappers and guards, MPI's proxies, rank processes, slot actors): after a
     test, there must be none (:func:`assert_no_job_left`, within a few seconds).
+  * :func:`host_tables`: the drivers' host-table directories, none of which may be left.
   * :func:`shm_files` and :func:`new_unheld_shm`: the ``/dev/shm`` files that appeared since a
     snapshot and that no live process maps or holds open; other runs on this machine
     (parallel test suites) create and remove their own meanwhile, and theirs are held while
@@ -126,6 +127,13 @@ def assert_no_job_left(sim, seconds: float = 15.0) -> None:
             break
         time.sleep(0.2)
     assert not left, "processes of a job left on the simulated hosts: %s" % left
+
+
+def host_tables() -> Set[str]:
+    """The drivers' host-table directories in the temporary directory (``hvlite-cluster-*``)."""
+    import tempfile
+    root = tempfile.gettempdir()
+    return {n for n in os.listdir(root) if n.startswith("hvlite-cluster-")}
 
 
 def shm_files() -> Set[str]:

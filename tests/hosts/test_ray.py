@@ -26,7 +26,8 @@ import time
 
 import pytest
 
-from cluster_common import Driver, assert_no_job_left, new_unheld_shm, shm_files
+from cluster_common import (Driver, assert_no_job_left, host_tables, new_unheld_shm,
+                            shm_files)
 from ray_cluster import RayCluster, ray_missing
 from simhosts import SimHosts, missing_requirements, _netns_names
 
@@ -40,7 +41,7 @@ def cluster(tmp_path_factory):
     why = ray_missing() or missing_requirements()
     if why:
         pytest.skip(why)
-    before = shm_files()
+    before, tables = shm_files(), host_tables()
     sim = SimHosts(3, tmp_path_factory.mktemp("ray-hosts"))
     sim.start()
     ray_cluster = RayCluster(sim)
@@ -55,6 +56,7 @@ def cluster(tmp_path_factory):
     assert not any(os.path.exists(p) for p in ray_cluster.temp_dirs), "Ray's directories left"
     time.sleep(1.0)
     assert not new_unheld_shm(before), "/dev/shm files left: %s" % new_unheld_shm(before)
+    assert host_tables() <= tables, "host tables left: %s" % (host_tables() - tables)
 
 
 @pytest.fixture

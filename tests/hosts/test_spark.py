@@ -26,7 +26,8 @@ import time
 
 import pytest
 
-from cluster_common import Driver, assert_no_job_left, new_unheld_shm, shm_files
+from cluster_common import (Driver, assert_no_job_left, host_tables, new_unheld_shm,
+                            shm_files)
 from simhosts import SimHosts, missing_requirements, _netns_names
 from spark_cluster import SparkCluster, spark_missing
 
@@ -40,7 +41,7 @@ def cluster(tmp_path_factory):
     why = spark_missing() or missing_requirements()
     if why:
         pytest.skip(why)
-    before = shm_files()
+    before, tables = shm_files(), host_tables()
     sim = SimHosts(3, tmp_path_factory.mktemp("spark-hosts"))
     sim.start()
     spark = SparkCluster(sim, {"h2": 2, "h3": 1})
@@ -66,6 +67,7 @@ def cluster(tmp_path_factory):
     assert not os.path.exists(spark.workdir), "Spark's directory left"
     time.sleep(1.0)
     assert not new_unheld_shm(before), "/dev/shm files left: %s" % new_unheld_shm(before)
+    assert host_tables() <= tables, "host tables left: %s" % (host_tables() - tables)
 
 
 @pytest.fixture
