@@ -7,6 +7,7 @@ horovod.spark.run API): one Spark task per rank, the results back in rank order.
 environment, hvlite included, at the same path. Spark needs Java 17 or later.
 """
 import argparse
+import sys
 
 from pyspark.sql import SparkSession
 
@@ -52,7 +53,9 @@ def main():
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--lr", type=float, default=0.05)
     args = p.parse_args()
-    spark = SparkSession.builder.master(args.master).appName("hvlite-example").getOrCreate()
+    # the executors run this Python (hvlite's ranks run the driver's: they must be the same)
+    spark = (SparkSession.builder.master(args.master).appName("hvlite-example")
+             .config("spark.pyspark.python", sys.executable).getOrCreate())
     try:
         results = hvlite.spark.run(train, args=(args.epochs, args.lr), num_proc=args.ranks)
         print("results by rank: %s" % results)

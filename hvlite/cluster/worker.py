@@ -9,7 +9,8 @@ rank wrapper), that serves the functions of one slot's actor or task:
      ``OMPI_COMM_WORLD_LOCAL_RANK``) picks one; it authenticates with ``HVLRUN_CLUSTER_KEY``.
   2. It says ``hello`` (rank, world, pid, host) and applies the slot's setup before any user
      code: variables (``CUDA_VISIBLE_DEVICES``, the user's), the working directory and the
-     ``sys.path`` entries of the actor or task, so that the engine's shipped code imports here.
+     ``sys.path`` entries of the actor or task (after its own), so that the engine's shipped
+     code imports here.
   3. It serves frames: ``call`` (a pickled ``(mode, function, args, kwargs)``: ``build`` keeps
      ``function(*args, **kwargs)`` as the slot's object, ``execute`` calls ``function(object)``,
      ``run`` calls ``function(*args, **kwargs)``) answered with ``result``; ``job`` (the same,
@@ -63,8 +64,9 @@ def _apply(setup: dict) -> None:
             os.chdir(cwd)
         except OSError:
             pass                      # the engine's directory is not here: keep hvlrun's
-    extra = [p for p in setup.get("path", []) if p not in sys.path]
-    sys.path[:0] = extra
+    # after this process's own entries: the engine's (shipped code, a working_dir) are found,
+    # and nothing of the engine's worker shadows what this interpreter has itself
+    sys.path.extend(p for p in setup.get("path", []) if p not in sys.path)
 
 
 class _Slot:

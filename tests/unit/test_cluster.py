@@ -159,7 +159,7 @@ def test_a_worker_keeps_its_object_between_calls_and_takes_its_slots_setup(agent
         second = pickle.loads(agent.call(call("execute", lambda c: c.add(1)))[1])
         assert first[0] == 41 and second == (42, first[1])
         seen = pickle.loads(agent.call(call("run", lambda: (os.environ["SLOT_TEST_VALUE"],
-                                                            os.getcwd(), sys.path[0])))[1])
+                                                            os.getcwd(), sys.path[-1])))[1])
         assert seen == ("seven", str(tmp_path), str(tmp_path))
         agent.stop_worker()
         assert proc.wait(30) == 0
