@@ -129,7 +129,7 @@ def test_an_elastic_job_loses_a_node_and_gets_it_back(spark, tmp_path):
     hold = tmp_path / "hold"
     hold.write_text("")
     at = session.ask("elastic %s" % hold)
-    first = session.wait_for(r"<stdout>: HOLDING w=1 .*size=3", at, 300)
+    first = session.wait_for(r"<stdout>: HOLDING w=\d+ .*size=3", at, 300)
     spark.kill_node("h3")
     shrunk = session.wait_for(r"<stdout>: HOLDING w=\d+ .*size=2", first, 200)
     spark.restart_node("h3")
@@ -140,6 +140,7 @@ def test_an_elastic_job_loses_a_node_and_gets_it_back(spark, tmp_path):
     out = result["_output"]
     sizes = [int(n) for n in re.findall(r"elastic: world 1: (\d+) ranks|-> world \d+ \((\d+) "
                                          r"ranks", out) for n in n if n]
-    assert sizes[:1] == [3] and 2 in sizes and sizes[-1] == 3, (sizes, out[-6000:])
+    # three ranks, then two (the node lost), then three again (it came back)
+    assert re.search("3.*2.*3$", "".join(map(str, sizes))), (sizes, out[-6000:])
     print("\n[spark] elastic: %.1f s, world sizes %s, %d of %d steps applied once on every rank"
           % (result["wall"], sizes, result["counts"].count(1), len(result["counts"])))
