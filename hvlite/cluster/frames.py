@@ -100,7 +100,8 @@ class Channel:
         except OSError as e:
             raise ChannelError("connection to %s broke: %s" % (self.peer, e)) from None
         if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
-            raise ChannelError("a %s frame from %s arrived incomplete or altered" % (kind, self.peer))
+            raise ChannelError("a %s frame from %s arrived incomplete or altered"
+                               % (kind, self.peer))
         return kind, data
 
     def close(self) -> None:

@@ -3,8 +3,8 @@
 Contract:
   * :func:`host_names` names the engine's nodes for hvlrun's host list: ``<prefix>-<address with
     dashes>-<short id>`` (``ray-10-0-0-2-a1b2c3``); a restarted node gets a fresh name. The
-    names are never this machine's, so hvlrun reaches every node, the driver's own included, through the
-    remote shell and the node's agent, never by starting ranks itself.
+    names are never this machine's, so hvlrun reaches every node, the driver's own included,
+    through the remote shell and the node's agent, never by starting ranks itself.
   * :class:`HostTable` keeps, in a private directory, the table ``rsh.py`` reads (each host's
     agent addresses in slot order) and, for elastic jobs, the host list hvlrun's discovery
     script prints; both are rewritten whole and atomically.
@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from typing import Dict, IO, List, Optional, Sequence, Tuple
 
 from .names import ENV_HOSTS, ENV_KEY
@@ -242,7 +241,8 @@ class Hvlrun:
         # the consequences (every wrapper and guard saying it was stopped) are left out
         lines = [l[len("hvlrun: "):] for l in self.said()
                  if "hvlrun ended the job" not in l and " (pid " not in l]
-        return "hvlrun exited with code %s%s" % (code, (": " + "; ".join(lines[-3:])) if lines else "")
+        words = (": " + "; ".join(lines[-3:])) if lines else ""
+        return "hvlrun exited with code %s%s" % (code, words)
 
 
 def _fileno(stream: IO) -> Optional[int]:
@@ -267,12 +267,3 @@ def _pump(source, sink: IO) -> None:
         _write(sink, raw.decode("utf-8", "replace"))
     source.close()
 
-
-def wait_until(predicate, timeout: float, step: float = 0.1) -> bool:
-    """Poll ``predicate`` every ``step`` seconds; True once it holds, False after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(step)
-    return True

@@ -24,7 +24,6 @@ Contract (what differs from Horovod is in ``docs/guides/spark.md``):
 import os
 import pickle
 import threading
-import time
 from typing import Any, Callable, Dict, IO, List, Optional, Sequence
 
 import pyspark

@@ -144,3 +144,4 @@ def test_an_elastic_job_loses_a_node_and_gets_it_back(ray_cluster, tmp_path):
     assert re.search("3.*2.*3$", "".join(map(str, sizes))), (sizes, out[-6000:])
     print("\n[ray] elastic: %.1f s, world sizes %s, %d of %d steps applied once on every rank"
           % (result["_seconds"], sizes, result["counts"].count(1), len(result["counts"])))
+    print("[ray] elastic re-forms: %s" % re.findall(r"re-forming: .*?reason: ([^;\n]*)", out))

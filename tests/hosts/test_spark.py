@@ -144,3 +144,4 @@ def test_an_elastic_job_loses_a_node_and_gets_it_back(spark, tmp_path):
     assert re.search("3.*2.*3$", "".join(map(str, sizes))), (sizes, out[-6000:])
     print("\n[spark] elastic: %.1f s, world sizes %s, %d of %d steps applied once on every rank"
           % (result["wall"], sizes, result["counts"].count(1), len(result["counts"])))
+    print("[spark] elastic re-forms: %s" % re.findall(r"re-forming: .*?reason: ([^;\n]*)", out))
