@@ -24,13 +24,15 @@ export HVLITE_MPICC
 setup: $(STAMP) build
 
 # torch==2.13.0 is pinned: pip takes the CPU wheel on this machine's disk (never a CUDA build).
+# ray and pyspark (hvlite[ray], hvlite[spark]) are pinned for the cluster tests in tests/hosts
+# (a real Ray cluster and a Spark standalone cluster on simulated hosts; Spark needs Java).
 # NCCL's wheel (as torch's CUDA builds bring it; from disk too) gives the tests nccl.h to check
 # the GPU plane's declarations against, and a real library for the finder and --check-build.
 $(STAMP): Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "setuptools>=77" wheel cffi numpy ml_dtypes pytest mpich mpi4py "torch==2.13.0" \
-		"tensorflow-cpu==2.21.0" scikit-learn pyyaml
+		"tensorflow-cpu==2.21.0" scikit-learn pyyaml cloudpickle "ray==2.60.0" "pyspark==4.3.0"
 	$(PY) -m pip install -q --no-deps "nvidia-nccl-cu13==2.30.7"
 	touch $(STAMP)
 
@@ -43,18 +45,20 @@ run: setup
 run-tf: setup
 	$(HVLRUN) -np 2 $(PY) examples/tensorflow_keras_digits.py
 
-# What the multi-host tests (tests/hosts) run besides Python: a local Slurm and OpenSSH's sshd.
-# Installed with apt-get only when root (as CI is) and missing; elsewhere those tests skip and
-# say why. On a machine whose package installs start services, this starts them too.
-SYSTEM_PACKAGES := slurmctld slurmd slurm-client munge openssh-server openssh-client
+# What the multi-host tests (tests/hosts) run besides Python: a local Slurm, OpenSSH's sshd and
+# a Java runtime (Spark). Installed with apt-get only when root (as CI is) and missing; elsewhere
+# those tests skip and say why. On a machine whose package installs start services, this starts
+# them too.
+SYSTEM_PACKAGES := slurmctld slurmd slurm-client munge openssh-server openssh-client \
+	openjdk-17-jre-headless
 system-deps:
-	@missing=; for tool in slurmctld slurmd sbatch munged /usr/sbin/sshd ssh-keygen; do \
+	@missing=; for tool in slurmctld slurmd sbatch munged /usr/sbin/sshd ssh-keygen java; do \
 	  command -v $$tool >/dev/null || missing=yes; done; \
 	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get install -y -q $(SYSTEM_PACKAGES) >/dev/null 2>&1 || \
 	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $(SYSTEM_PACKAGES) >/dev/null 2>&1; } || \
-	  echo "warning: could not install $(SYSTEM_PACKAGES); the Slurm and ssh tests will skip"; \
+	  echo "warning: could not install $(SYSTEM_PACKAGES); the Slurm, ssh and Spark tests will skip"; \
 	fi
 
 test: setup system-deps

@@ -1,0 +1,236 @@
+"""The pieces Ray and Spark jobs share (``hvlite/cluster``), without an engine: authenticated
+frames, the node agent as the far end of the remote shell (output, stdin, exit code, the
+command ended when the requester goes away), the rank worker's calls and failures, and the
+driver's host names and table. The whole path on real clusters is ``tests/hosts/test_ray.py``
+and ``test_spark.py``."""
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import cloudpickle
+import pytest
+
+from hvlite.cluster.agent import Agent, WorkerGone
+from hvlite.cluster.frames import Channel, ChannelClosed, ChannelError, connect
+from hvlite.cluster.job import HostTable, host_names, interface_of
+from hvlite.cluster.names import ENV_HOSTS, ENV_KEY, ENV_SLOTS
+from hvlite.protocol.wire import new_secret
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KEY = new_secret()
+
+
+def env(**more):
+    variables = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    variables.update(more)
+    return variables
+
+
+@pytest.fixture
+def agent():
+    a = Agent(KEY, "127.0.0.1")
+    yield a
+    a.close()
+
+
+@pytest.fixture
+def table(agent):
+    t = HostTable()
+    t.write({"node-a": [agent.address]})
+    yield t
+    t.remove()
+
+
+def pair(key_server=KEY, key_client=KEY):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    result = {}
+
+    def serve():
+        sock, _ = listener.accept()
+        try:
+            result["server"] = Channel(sock, key_server, server=True).handshake()
+        except ChannelError as e:
+            result["error"] = e
+    thread = threading.Thread(target=serve)
+    thread.start()
+    client = connect("127.0.0.1:%d" % listener.getsockname()[1], key_client)
+    thread.join(10)
+    listener.close()
+    return client, result.get("server")
+
+
+def test_frames_carry_bytes_both_ways_and_end_cleanly():
+    client, server = pair()
+    data = bytes(range(256)) * 5000
+    client.send("call", data)
+    assert server.recv() == ("call", data)
+    server.send("result")
+    assert client.recv() == ("result", b"")
+    client.close()
+    with pytest.raises(ChannelClosed):
+        server.recv()
+    server.close()
+
+
+def test_a_frame_under_another_key_is_rejected():
+    client, server = pair(key_client=new_secret())
+    client.send("call", b"x")
+    with pytest.raises(ChannelError, match="rejected"):
+        server.recv()
+    client.close()
+    server.close()
+
+
+def rsh(table, host, command, stdin=b"", key=KEY):
+    return subprocess.run([sys.executable, "-m", "hvlite.cluster.rsh", "-x", host, command],
+                          input=stdin, capture_output=True, timeout=60,
+                          env=env(**{ENV_KEY: key, ENV_HOSTS: table.table_path}))
+
+
+def test_the_agent_runs_a_command_as_sshd_would(table):
+    done = rsh(table, "node-a", 'echo out; echo err >&2; cat; echo "slots=$%s"; exit 3'
+               % ENV_SLOTS, stdin=b"the secret\n")
+    assert done.returncode == 3, done
+    agent_address = json.load(open(table.table_path))["hosts"]["node-a"][0]
+    assert done.stdout.decode().splitlines() == ["out", "the secret", "slots=" + agent_address]
+    assert done.stderr.decode() == "err\n"
+
+
+def test_the_remote_shell_fails_as_ssh_does(table):
+    unknown = rsh(table, "node-b", "true")
+    assert unknown.returncode == 255
+    assert b"host node-b: not in the cluster's host table" in unknown.stderr
+    wrong = rsh(table, "node-a", "true", key=new_secret())
+    assert wrong.returncode == 255 and b"agent at" in wrong.stderr, wrong
+
+
+def test_a_command_ends_when_its_requester_goes_away(table, tmp_path):
+    marker = tmp_path / "pid"
+    proc = subprocess.Popen([sys.executable, "-m", "hvlite.cluster.rsh", "node-a",
+                             "echo $$ > %s; exec sleep 120" % marker], stdin=subprocess.DEVNULL,
+                            env=env(**{ENV_KEY: KEY, ENV_HOSTS: table.table_path}))
+    deadline = time.monotonic() + 30
+    while not (marker.exists() and marker.read_text().strip()):
+        assert time.monotonic() < deadline, "the command never started"
+        time.sleep(0.05)
+    pid = int(marker.read_text())
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 15
+    while os.path.exists("/proc/%d" % pid) and "Z" not in open("/proc/%d/stat" % pid).read(
+            ).split(") ", 1)[1][:1]:
+        assert time.monotonic() < deadline, "the command outlived its requester"
+        time.sleep(0.05)
+
+
+def start_worker(agent, rank=0):
+    return subprocess.Popen([sys.executable, "-m", "hvlite.cluster.worker"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd="/",
+                            env=env(**{ENV_KEY: KEY, ENV_SLOTS: agent.address,
+                                       "PMI_RANK": str(rank), "MPI_LOCALRANKID": "0"}))
+
+
+def call(mode, fn, *args):
+    return cloudpickle.dumps((mode, fn, args, {}))
+
+
+def test_a_worker_keeps_its_object_between_calls_and_takes_its_slots_setup(agent, tmp_path):
+    class Counter:            # defined here: it travels by value, as a driver script's would
+        def __init__(self, start):
+            self.value = start
+
+        def add(self, n):
+            self.value += n
+            return self.value, os.getpid()
+    agent.set_setup({"SLOT_TEST_VALUE": "seven"}, str(tmp_path), [str(tmp_path)])
+    proc = start_worker(agent, rank=2)
+    try:
+        assert agent.wait_worker(60)["rank"] == 2
+        assert agent.call(call("build", Counter, 40)) == ("ok", cloudpickle.dumps(None))
+        first = pickle.loads(agent.call(call("execute", lambda c: c.add(1)))[1])
+        second = pickle.loads(agent.call(call("execute", lambda c: c.add(1)))[1])
+        assert first[0] == 41 and second == (42, first[1])
+        seen = pickle.loads(agent.call(call("run", lambda: (os.environ["SLOT_TEST_VALUE"],
+                                                            os.getcwd(), sys.path[-1])))[1])
+        assert seen == ("seven", str(tmp_path), str(tmp_path))
+        agent.stop_worker()
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_raising_call_returns_its_traceback_and_ends_the_worker(agent):
+    proc = start_worker(agent)
+    try:
+        agent.wait_worker(60)
+
+        def boom():
+            raise ValueError("boom")
+        status, text = agent.call(call("run", boom))
+        assert status == "raised" and b"ValueError: boom" in text
+        assert proc.wait(30) == 1
+        with pytest.raises(WorkerGone):
+            agent.call(call("run", lambda: 1))
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_hvlites_word_that_a_peer_left_is_a_consequence(agent):
+    proc = start_worker(agent)
+    try:
+        agent.wait_worker(60)
+
+        def peer_left():
+            from hvlite.errors import HvliteShutdownError
+            raise HvliteShutdownError("hvlite has been shut down: a rank exited")
+        status, text = agent.call(call("run", peer_left))
+        assert status == "consequence" and b"HvliteShutdownError" in text
+        assert proc.wait(30) == 1
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_job_runs_once_per_rank_process_and_its_result_is_kept(agent):
+    agent.set_job(call("run", lambda: os.environ["PMI_RANK"]))
+    proc = start_worker(agent, rank=5)
+    try:
+        assert proc.wait(60) == 0
+        ((world, rank, status, data),) = agent.results()
+        assert (world, rank, status, pickle.loads(data)) == (0, 5, "ok", "5")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_worker_without_its_agent_says_so():
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    address = "127.0.0.1:%d" % dead.getsockname()[1]
+    dead.close()
+    done = subprocess.run([sys.executable, "-m", "hvlite.cluster.worker"], capture_output=True,
+                          timeout=60, env=env(**{ENV_KEY: KEY, ENV_SLOTS: address}))
+    assert done.returncode == 1
+    assert b"lost the agent of its slot" in done.stderr, done.stderr
+
+
+def test_host_names_are_never_this_machine_and_tell_incarnations_apart(table):
+    from hvlite.runner.hosts.hostlist import is_local
+    names = host_names("ray", [("n1", "127.0.0.1", "aa11"), ("n2", "127.0.0.1", "bb22")])
+    assert names == {"n1": "ray-127-0-0-1-aa11", "n2": "ray-127-0-0-1-bb22"}
+    assert not any(is_local(n) for n in names.values())
+    table.write({"a": ["x:1", "x:2"], "b": ["y:1"], "c": []})
+    assert open(table.discovery_path).read() == "a:2\nb:1\n"
+    assert subprocess.run(table.discovery_script(), shell=True, capture_output=True,
+                          text=True).stdout == "a:2\nb:1\n"
+    assert interface_of("127.0.0.1") == "lo"
