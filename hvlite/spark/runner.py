@@ -199,8 +199,35 @@ def run(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Dict] = No
         stdout: Optional[IO] = None, stderr: Optional[IO] = None, verbose: int = 1,
         nics: Optional[Sequence[str]] = None, prefix_output_with_timestamp: bool = False,
         executable: Optional[str] = None) -> List[Any]:
-    """Run ``fn(*args, **kwargs)`` on ``num_proc`` ranks in Spark tasks; the results by rank
-    (see the module contract)."""
+    """Run ``fn(*args, **kwargs)`` on ``num_proc`` ranks, one Spark barrier task each.
+
+    Call it from the driver of an active Spark session. Every rank runs ``fn`` in a process of
+    its own below its task, in one hvlite world, so ``fn`` calls ``hvd.init()`` as under hvlrun.
+
+    Args:
+        fn: the function each rank runs; it and its arguments are pickled with cloudpickle.
+        args, kwargs: its arguments, the same on every rank.
+        num_proc: the number of ranks (default: ``spark.default.parallelism``).
+        start_timeout: seconds for every task to start and register (default
+            ``HOROVOD_SPARK_START_TIMEOUT``, else 600).
+        use_mpi: accepted (hvlite always runs on MPI); use_gloo: refused.
+        extra_mpi_args: added to ``mpiexec``'s command line.
+        env: variables added to every rank's environment.
+        stdout, stderr: where the ranks' output goes (the driver's own streams by default).
+        verbose: 2 also prints hvlrun's command.
+        nics: network interfaces the job's traffic is pinned to.
+        prefix_output_with_timestamp: start each output line with the local time.
+        executable: the Python the ranks run (default: the driver's).
+
+    Returns:
+        The values ``fn`` returned, in rank order.
+
+    Raises:
+        hvlite.cluster.JobError: a rank's ``fn`` raised (naming the rank and host, with its
+            traceback), an executor or node was lost, fewer than ``num_proc`` tasks started
+            within ``start_timeout``, or the Spark job failed. Nothing is left running.
+        ValueError: ``use_gloo=True``.
+    """
     if use_gloo:
         raise ValueError("hvlite.spark: hvlite runs on MPI only (no Gloo); leave use_gloo unset")
     num_proc = num_proc or _context().defaultParallelism
@@ -227,8 +254,33 @@ def run_elastic(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Di
                 nics: Optional[Sequence[str]] = None, prefix_output_with_timestamp: bool = False,
                 min_np: Optional[int] = None, max_np: Optional[int] = None,
                 cooldown_range: Optional[Sequence[float]] = None) -> List[Any]:
-    """Run ``fn`` as an elastic job on Spark tasks; the last world's results by rank (see the
-    module contract). ``min_np``/``max_np`` are Horovod's deprecated spellings."""
+    """Run ``fn`` as an elastic job on Spark tasks that may come and go.
+
+    ``max_num_proc`` plain tasks are started (Spark retries a lost one); the job begins once
+    ``num_proc`` have registered, and hvlrun's elastic driver re-forms the world as tasks are
+    lost and come back. ``fn`` uses ``hvd.elastic.run`` and a state object, as under
+    ``hvlrun --min-np``.
+
+    Args:
+        fn, args, kwargs, start_timeout, env, stdout, stderr, verbose, nics,
+            prefix_output_with_timestamp: as for :func:`run`.
+        num_proc: ranks to begin with (default: ``spark.default.parallelism``).
+        min_num_proc, max_num_proc: the fewest ranks the job goes on with, and the most it
+            grows to (default: ``num_proc``).
+        elastic_timeout: seconds the job may stay below ``min_num_proc`` (default
+            ``HOROVOD_ELASTIC_TIMEOUT``, else 600).
+        reset_limit: the most re-forms allowed (default: no limit).
+        min_np, max_np: Horovod's older spellings of ``min_num_proc``/``max_num_proc``.
+        cooldown_range: ``(low, high)``: seconds a failing host stays excluded, doubling from
+            ``low`` up to ``high`` at each exclusion (default: for the rest of the job).
+
+    Returns:
+        The values ``fn`` returned in the last world, in rank order.
+
+    Raises:
+        hvlite.cluster.JobError: as for :func:`run`, and when the job ends below its minimum.
+        ValueError: unless ``1 <= min_num_proc <= num_proc <= max_num_proc``.
+    """
     min_num_proc = min_np if min_np is not None else min_num_proc
     max_num_proc = max_np if max_np is not None else max_num_proc
     num_proc = num_proc or _context().defaultParallelism

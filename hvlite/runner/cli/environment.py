@@ -33,6 +33,13 @@ LAUNCHER_VARIABLES = (
     (ENV_STORE, "set", "elastic jobs: host:port of hvlrun's commit store"),
     (ENV_KEY, "set", "elastic jobs: the commit store's secret"),
     (ENV_REASON, "set", "elastic jobs: why this world was formed, in words"),
+    # hvlite/cluster/names.py's (the runner imports nothing of the cluster pieces)
+    ("HVLRUN_CLUSTER_HOSTS", "set", "Ray and Spark jobs: the driver's table of each host's agent "
+                               "addresses, read by the remote shell stand-in"),
+    ("HVLRUN_CLUSTER_KEY", "set", "Ray and Spark jobs: the key every agent, remote shell and rank "
+                             "process proves it knows"),
+    ("HVLRUN_CLUSTER_SLOTS", "set", "Ray and Spark jobs: a host's agent addresses in slot order, "
+                               "where each rank process finds its slot's"),
     ("HVLRUN_TEST_DELAY_START_RANK", "test",
      "R:S makes rank R's wrapper sleep S seconds before starting its program"),
 )
