@@ -1,7 +1,7 @@
-/* Test probe (tests/unit/test_nccl_run_single.py): how the NCCL plane runs and ends batches
- * (backend_nccl.c with its binding nccl_lib.c), on a machine without a GPU. Both files are
- * compiled into this probe with their NCCL table, CUDA driver calls and MPI exchanges going to
- * the probe, which logs each call and answers it as the test says: an event or a stream mark is
+/* Test probe (tests/unit/test_nccl_run_single.py): how the NCCL plane decides, runs and ends
+ * batches (backend_nccl.c and nccl_set.c with their binding nccl_lib.c), on a machine without a
+ * GPU. The files are compiled into this probe with their NCCL table, CUDA driver calls and MPI
+ * exchanges going to the probe, which logs each call and answers it as the test says: an event or a stream mark is
  * reached after so many looks, or never; ncclCommGetAsyncError says "in progress" so many
  * times, then success or an error; an abort returns, or hangs until the test lets it go.
  * Nothing runs on a device: the pointers are addresses that are never read. The test checks from
@@ -45,7 +45,18 @@
 #define hvl__bcast_bytes probe_bcast_bytes
 #define hvl__allgather_i64 probe_allgather_i64
 #define hvl__agree probe_agree
+#define hvl__nccl_type probe_nccl_type
+#define hvl__nccl_set_open probe_nccl_set_open
+#define hvl__nccl_set_close probe_nccl_set_close
+#define hvl__nccl_set_prepare probe_nccl_set_prepare
+#define hvl__nccl_set_can_run probe_nccl_set_can_run
+#define hvl__nccl_set_look probe_nccl_set_look
+#define hvl__nccl_set_overdue probe_nccl_set_overdue
+#define hvl__nccl_set_poll probe_nccl_set_poll
+#define hvl__nccl_set_drop probe_nccl_set_drop
+#define hvl__nccl_ticket_free probe_nccl_ticket_free
 #include "../../csrc/util/nccl_lib.c"
+#include "../../csrc/backends/nccl_set.c"
 #include "../../csrc/backends/backend_nccl.c"
 
 hvl_engine probe_engine;
