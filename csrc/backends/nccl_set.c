@@ -16,10 +16,11 @@
  *   staged. A member with no device yet (it joined before its first CUDA tensor) leaves the set
  *   undecided until the next batch.
  * - Communicator: a unique id from the set's first member, broadcast over MPI (bounded), then a
- *   nonblocking ncclCommInitRankConfig polled under the peer bound; the members agree on the
- *   outcome (bounded by three times the peer timeout, as a member that failed at once waits for
- *   the others' bootstrap to give up and then their abort), and a failure anywhere leaves the
- *   set staged everywhere. Aborted, on a helper thread waited for with a bound (drop), when
+ *   nonblocking ncclCommInitRankConfig polled under the peer bound, then a warm-up (warm_up: its
+ *   transports connect there, not in the first batch); the members agree on the outcome
+ *   (bounded by four times the peer timeout, as a member that failed at once waits for the
+ *   others' bootstrap or warm-up to give up and then their abort), and a failure anywhere leaves
+ *   the set staged everywhere. Aborted, on a helper thread waited for with a bound (drop), when
  *   the set is removed, the engine stops or a collective fails.
  * - Waiting: every wait polls an event (or the stream's mark) and ncclCommGetAsyncError,
  *   bounded by the peer timeout and the engine's flags.
@@ -223,6 +224,34 @@ static int create_comm(hvl_engine *e, hvl_pset *ps, nccl_set *s)
     return rc;
 }
 
+/* NCCL sets its transports up lazily (NCCL_RUNTIME_CONNECT, the default since NCCL 2.22): inside
+ * a communicator's first collective, not in ncclCommInitRankConfig. The failures of a first run
+ * (a /dev/shm too small for NCCL's shared-memory segments, CUDA IPC denied between the GPUs, no
+ * route between the hosts) would then come with the first batch, fatal to the engine. A
+ * one-byte allreduce and broadcast on the engine's stream, waited for like any batch, meet them
+ * here instead, where the members agree on the outcome and a failure leaves the set staged
+ * everywhere. Send/recv pairs (alltoall) connect at their own first use, which this does not
+ * cover. The byte is the stand-ins' scratch. */
+static int warm_up(hvl_engine *e, nccl_set *s)
+{
+    void *stream;
+    hvl_bound bound = hvl__peer_bound(e);
+    const char *what = "NCCL's first collectives on a new communicator (where NCCL connects its transports)";
+    HVL_CHECK(hvl__cuda_stream(s->device, &stream));
+    if (!s->scratch) {
+        HVL_CHECK(hvl__cuda_device_alloc(s->device, &s->scratch, 256));
+        s->scratch_cap = 256;
+    }
+    HVL_CHECK(hvl__nccl_check(hvl__nccl.all_reduce(s->scratch, s->scratch, 1, NC_UINT8, NC_SUM, s->comm, stream),
+                              s->comm, "ncclAllReduce (warm-up)"));
+    HVL_CHECK(hvl__nccl_set_poll(bound, s->comm, -1, NULL, hvl__now(), what, NULL));
+    HVL_CHECK(hvl__nccl_check(hvl__nccl.broadcast(s->scratch, s->scratch, 1, NC_UINT8, 0, s->comm, stream),
+                              s->comm, "ncclBroadcast (warm-up)"));
+    HVL_CHECK(hvl__nccl_set_poll(bound, s->comm, -1, NULL, hvl__now(), what, NULL));
+    HVL_CHECK(hvl__cuda_mark(s->device));
+    return hvl__nccl_set_poll(bound, s->comm, s->device, NULL, hvl__now(), what, NULL);
+}
+
 /* Aborted, never destroyed, clean stop or not: ncclCommDestroy finalizes with the peers, and
  * nothing is left to flush (every batch ended, or the engine gave up on it). Waited for up to the peer timeout (30 s when that
  * is off); an abort still stuck then marks the set (s->abort_stuck): NCCL may still use its
@@ -316,12 +345,13 @@ int hvl__nccl_set_prepare(hvl_engine *e, hvl_pset *ps, void *state, const hvl_ba
     if (v <= 0) return rc;                  /* v < 0: a member has no device yet; next batch */
     s->device = device;
     int everywhere = 0, local = create_comm(e, ps, s);
+    if (local == HVL_OK) local = warm_up(e, s);
     if (local != HVL_OK) hvl__nccl_set_drop(s);
-    /* A member whose set-up failed at once gets here while the others still wait in NCCL's
-     * bootstrap for it, up to the peer timeout, and then up to that again for their abort
-     * (drop_comm): three times it lets every member agree. */
+    /* A member whose set-up failed at once gets here while the others still wait for it in
+     * NCCL's bootstrap or in the warm-up, up to the peer timeout each, and then up to that again
+     * for their abort (drop): four times it lets every member agree. */
     hvl_bound agreement = hvl__peer_bound(e);
-    agreement.timeout_s *= 3;
+    agreement.timeout_s *= 4;
     rc = hvl__agree(ps->comm, local, "the NCCL communicator", &everywhere, agreement);
     if (rc == HVL_OK) {
         int version = hvl__nccl_version();

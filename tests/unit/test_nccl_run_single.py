@@ -19,7 +19,9 @@ What it shows:
 - a buffer of the set (fusion, a joined rank's zeros or scratch) is replaced only once the
   stream passed the batches left running, which may still read it;
 - the set's decision: the communicator made from rank 0's id, nonblocking, its set-up bounded,
-  and every failure agreed so the set stays staged everywhere.
+  warmed up (an allreduce and a broadcast, where NCCL connects its transports) before the
+  members agree, and every failure, the warm-up's too, agreed so the set stays staged
+  everywhere.
 The plane on a real GPU and NCCL is tests/gpu/test_nccl_plane.py's (make test-gpu)."""
 import ctypes
 import struct
@@ -36,7 +38,7 @@ UINT8, FLOAT16, BFLOAT16, FLOAT32, FLOAT64 = 0, 6, 7, 8, 9
 OK, INVALID_ARG, TIMEOUT, NCCL, SHUT_DOWN = 0, 1, 3, 5, 8
 NC_FLOAT16, NC_FLOAT32, NC_FLOAT64, NC_BFLOAT16 = 6, 7, 8, 9                # nccl_lib.h
 NC_SUM, NC_PROD, NC_MAX, NC_MIN, NC_AVG = 0, 1, 2, 3, 4
-NC_REMOTE_ERROR, NC_IN_PROGRESS = 6, 7
+NC_SYSTEM_ERROR, NC_REMOTE_ERROR, NC_IN_PROGRESS = 2, 6, 7
 LOOK, WAIT, STOPPING = 0, 1, 2                                              # engine.h
 UNDECIDED, USE_NCCL, STAGED = 0, 1, 2                                       # backend_nccl.c
 HOST = -1                                                                   # a joined rank's stand-in
@@ -523,7 +525,45 @@ def test_a_set_of_ranks_on_their_own_gpus_makes_its_communicator_from_rank_0s_id
         looks = [c.args[0] for c in p.log("async_look")]
         assert looks[-1] == 0 and NC_IN_PROGRESS in looks      # polled until it settled
         agree = p.log("agree")[0].args
-        assert agree[0] == OK and agree[1] == 3 * 30_000        # the agreement's bound: 3x the peer timeout
+        assert agree[0] == OK and agree[1] == 4 * 30_000        # the agreement's bound: 4x the peer timeout
+
+
+def test_a_new_communicator_is_warmed_up_before_the_set_agrees(probe):
+    """NCCL connects its transports inside a communicator's first collective: a one-byte
+    allreduce and broadcast on the engine's stream, waited for like a batch, before the
+    members agree on the communicator."""
+    p = Plane(probe, nccl=False).batch()
+    assert p.prepare() == OK, p.error
+    calls = p.log()
+    names = [c.name for c in calls]
+    reduce_at, bcast_at, agree_at = names.index("all_reduce"), names.index("broadcast"), names.index("agree")
+    assert names.index("init") < reduce_at < bcast_at < agree_at
+    scratch = p.state("scratch")
+    assert scratch and calls[reduce_at].args[:3] == (scratch, scratch, 1)
+    assert calls[bcast_at].args[:4] == (scratch, scratch, 1, 0)
+    # each call settled before the next; then the stream seen past both, before the agreement
+    settled = [i for i, c in enumerate(calls) if c.name == "async_look" and c.args[0] == 0]
+    assert any(reduce_at < i < bcast_at for i in settled)
+    reached = [i for i, c in enumerate(calls) if c.name == "mark_look" and c.args[1]]
+    assert reached and bcast_at < names.index("mark") < reached[0] < agree_at
+    assert p.state("mode") == USE_NCCL
+
+
+@pytest.mark.parametrize("how", ["error", "never ends"])
+def test_a_transport_failure_in_the_warm_up_leaves_the_set_staged_everywhere(probe, how):
+    """A first run's failures (a tiny /dev/shm, CUDA IPC denied) come in the first collective:
+    met in the warm-up, they are agreed and the set falls back to the staged path, not fatal."""
+    p = Plane(probe, timeout_s=0.3, nccl=False).batch()
+    if how == "error":
+        probe.probe_async(0, 1, NC_SYSTEM_ERROR)    # the init settles; the warm-up's first call fails
+    else:
+        probe.probe_pace(0, NEVER)                  # the warm-up's collectives never end
+    start = time.monotonic()
+    assert p.prepare() == OK, p.error               # not fatal
+    assert time.monotonic() - start < 3.0
+    assert p.state("mode") == STAGED and p.state("comm") == 0 and probe.probe_can_run() == 0
+    assert p.log("agree")[0].args[0] == (NCCL if how == "error" else TIMEOUT)
+    assert "abort" in [c.name for c in p.log()]
 
 
 def test_ranks_sharing_a_gpu_stay_staged_without_calling_nccl(probe):
