@@ -16,7 +16,8 @@
  * - Ending: each batch has a ticket, events at its phases' ends on the stream (the timeline's,
  *   when it records; else the end alone). run_device waits for the end, or, where the engine
  *   asks (HVLITE_NCCL_OVERLAP), leaves the batch running and hands the ticket over; settle then
- *   looks at it until it ends. A buffer of the set grows only once the stream passed them all.
+ *   looks at it until it ends. A buffer of the set grows without waiting for them: the one it
+ *   outgrew is freed after them on the stream, or kept (nccl_set.c).
  * - Never hanging: every wait is bounded by the peer timeout (from the batch's queueing or the
  *   set's previous batch's end) and the engine's flags; on an NCCL error, a timeout or a tensor
  *   on another GPU the communicator is aborted, fatal to this engine (its other tickets fail
@@ -49,7 +50,7 @@ static int ticket_new(nccl_set *s, const hvl_device_batch *b, nccl_ticket **out)
     for (int i = 0; i < NPOINTS && timed; i++)
         timed = hvl__cuda_event_new(s->device, 1, &t->points[i]) == HVL_OK;
     if (!timed) {                           /* untimed: the end alone */
-        for (int i = 0; i < NPOINTS; i++) hvl__cuda_event_free(s->device, t->points[i]);
+        for (int i = 0; i < NPOINTS; i++) hvl__cuda_event_free(s->device, t->points[i], 1);
         memset(t->points, 0, sizeof(t->points));
         int rc = hvl__cuda_event_new(s->device, 0, &t->points[ENDED]);
         if (rc != HVL_OK) {
@@ -114,31 +115,8 @@ static int reduction_op(nccl_set *s, const hvl_device_batch *b, int nranks, nccl
     return HVL_OK;
 }
 
-/* Before a buffer of the set is replaced: the stream passed every batch left running, which may
- * still use it (a bounded wait; cuMemFree would wait for the whole device anyway). */
-static int quiesce(hvl_engine *e, nccl_set *s)
-{
-    if (!s->tickets) return HVL_OK;
-    HVL_CHECK(hvl__cuda_mark(s->device));
-    return hvl__nccl_set_poll(hvl__peer_bound(e), s->comm, s->device, NULL, hvl__now(),
-                     "NCCL batches before a buffer grows", NULL);
-}
-
-/* A device buffer of the set, grown to `need` bytes (zeroed if `zero`); quiesce() first. */
-static int grow(nccl_set *s, void **buf, int64_t *cap, int64_t need, int zero)
-{
-    int dev = s->device;
-    if (need <= *cap) return HVL_OK;
-    hvl__cuda_device_free(dev, *buf);
-    *buf = NULL;
-    *cap = 0;
-    HVL_CHECK(hvl__cuda_device_alloc(dev, buf, need));
-    *cap = need;
-    return zero ? hvl__cuda_zero(dev, *buf, need) : HVL_OK;
-}
-
 /* Device room for a joined rank's stand-ins: zeros as input, scratch for the outputs. */
-static int stand_ins(hvl_engine *e, nccl_set *s, const hvl_device_batch *b)
+static int stand_ins(nccl_set *s, const hvl_device_batch *b)
 {
     int64_t esize = hvl_dtype_size(b->kind.dtype), most = 0, total = 0;
     for (int i = 0; i < b->ntensors; i++)
@@ -147,9 +125,8 @@ static int stand_ins(hvl_engine *e, nccl_set *s, const hvl_device_batch *b)
             total += (b->tensors[i].count * esize + 255) / 256 * 256;   /* each its own output */
         }
     if (!total) return HVL_OK;
-    if (most * esize > s->zeros_cap || total > s->scratch_cap) HVL_CHECK(quiesce(e, s));
-    HVL_CHECK(grow(s, &s->zeros, &s->zeros_cap, most * esize, 1));
-    return grow(s, &s->scratch, &s->scratch_cap, total, 0);
+    HVL_CHECK(hvl__nccl_set_grow(s, &s->zeros, &s->zeros_cap, most * esize, 1));
+    return hvl__nccl_set_grow(s, &s->scratch, &s->scratch_cap, total, 0);
 }
 
 /* Tensor t of an allgather: one ncclAllGather where every member gives as many elements, else
@@ -247,17 +224,18 @@ static int fuses(const hvl_engine *e, const nccl_set *s, const hvl_device_batch 
     return !e->params.nccl_grouped && !s->fusion_off && b->ntensors > 1 && b->kind.op == HVL_ALLREDUCE;
 }
 
-/* Room for `need` bytes of fusion buffer on every member, or on none: each member grows at the
- * same batch (the batch is agreed), and they agree on the outcome, since a member that ran the
- * batch grouped while the others ran one call would mismatch NCCL's calls. 0: run it grouped. */
+/* Room for `need` bytes of fusion buffer on every member, or on none: each member asks at the
+ * same batch (the batch and fusion_agreed are agreed; the buffers may differ in size), and they
+ * agree on the outcome, since a member that ran the batch grouped while the others ran one call
+ * would mismatch NCCL's calls. 0: run it grouped. */
 static int fusion_room(hvl_engine *e, const hvl_pset *ps, nccl_set *s, int64_t need, int *room)
 {
     *room = 1;
-    if (need <= s->fusion_cap) return HVL_OK;
+    if (need <= s->fusion_agreed) return HVL_OK;
     int everywhere = 0;
-    HVL_CHECK(quiesce(e, s));               /* a failure here is not "no room" */
-    int rc = hvl__agree(ps->comm, grow(s, &s->fusion, &s->fusion_cap, need, 0),
+    int rc = hvl__agree(ps->comm, hvl__nccl_set_grow(s, &s->fusion, &s->fusion_cap, need, 0),
                         "the NCCL fusion buffer", &everywhere, hvl__peer_bound(e));
+    if (rc == HVL_OK) s->fusion_agreed = need;
     if (rc == HVL_OK || !everywhere) return rc;
     *room = 0;
     s->fusion_off = 1;
@@ -320,12 +298,15 @@ static int one_rank_copies(nccl_set *s, const hvl_device_batch *b)
 }
 
 /* A failure of the set's NCCL (fatal to the engine): the communicator is aborted, so its other
- * tickets fail too, and the peers, which may be mid-collective, never hang on this one. */
+ * tickets fail too, and the peers, which may be mid-collective, never hang on this one; then a
+ * bounded look that the stream drained, else the device is marked stuck (a timeout's kernel may
+ * never end), so that the engine's stop frees nothing that would wait for it. */
 static int fail_set(nccl_set *s, int rc)
 {
     char message[1024];
     snprintf(message, sizeof(message), "%s", hvl_last_error());
     hvl__nccl_set_drop(s);
+    hvl__nccl_set_drained(s);
     s->mode = STAGED;
     return hvl__fail(rc, "%s", message);
 }
@@ -392,11 +373,11 @@ static int run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device
     int one = ps->size == 1 && b->kind.op != HVL_ALLGATHER && b->kind.op != HVL_ALLTOALL;
     int fused = !one && fuses(e, s, b);
     if (rc == HVL_OK && fused) rc = fusion_room(e, ps, s, fused_bytes(b), &fused);
-    if (rc == HVL_OK && !fused && !one) rc = stand_ins(e, s, b);
+    if (rc == HVL_OK && !fused && !one) rc = stand_ins(s, b);
     ncclRedOp_t op = NC_SUM;
     int custom = 0;
     if (rc == HVL_OK && reduces && !one) rc = reduction_op(s, b, ps->size, &op, &custom);
-    for (int i = 0; i < b->ntensors && rc == HVL_OK; i++)     /* after any quiesce: not waited for */
+    for (int i = 0; i < b->ntensors && rc == HVL_OK; i++)
         if (b->tensors[i].ready_event) rc = hvl__cuda_wait_event(s->device, b->tensors[i].ready_event);
     if (rc == HVL_OK) rc = ticket_new(s, b, &t);
     if (rc == HVL_OK) t->fused = fused;

@@ -35,6 +35,8 @@
 #include "cuda_driver.h"
 #include "nccl_set.h"
 
+#define DRAIN_MAX_S 10.0          /* after an abort, the longest look for the stream to drain */
+
 /* ---- which batches NCCL runs ---- */
 int hvl__nccl_type(int dtype)
 {
@@ -238,10 +240,7 @@ static int warm_up(hvl_engine *e, nccl_set *s)
     hvl_bound bound = hvl__peer_bound(e);
     const char *what = "NCCL's first collectives on a new communicator (where NCCL connects its transports)";
     HVL_CHECK(hvl__cuda_stream(s->device, &stream));
-    if (!s->scratch) {
-        HVL_CHECK(hvl__cuda_device_alloc(s->device, &s->scratch, 256));
-        s->scratch_cap = 256;
-    }
+    HVL_CHECK(hvl__nccl_set_grow(s, &s->scratch, &s->scratch_cap, 256, 0));
     HVL_CHECK(hvl__nccl_check(hvl__nccl.all_reduce(s->scratch, s->scratch, 1, NC_UINT8, NC_SUM, s->comm, stream),
                               s->comm, "ncclAllReduce (warm-up)"));
     HVL_CHECK(hvl__nccl_set_poll(bound, s->comm, -1, NULL, hvl__now(), what, NULL));
@@ -269,9 +268,65 @@ void hvl__nccl_ticket_free(nccl_set *s, nccl_ticket *t)
     nccl_ticket **at = &s->tickets;
     while (*at && *at != t) at = &(*at)->next;
     if (*at) *at = t->next;
-    for (int i = 0; i < NPOINTS; i++) hvl__cuda_event_free(s->device, t->points[i]);
+    for (int i = 0; i < NPOINTS; i++) hvl__cuda_event_free(s->device, t->points[i], t->points[IN_READY] != NULL);
     free(t->name);
     free(t);
+}
+
+/* ---- the set's device buffers ---- */
+/* A buffer of the set (the fusion buffer, a joined rank's zeros and scratch) grows mid-training.
+ * cuMemFree would wait for the whole device, the framework's queued backward pass included (a
+ * stall on the hot path, and a deadlock where a framework stream waits on a collective of
+ * another library that waits on this rank): so where this rank's GPU has memory pools, buffers
+ * come from the default pool on the engine's stream and the outgrown one goes back there after
+ * the batches queued before it (cuMemFreeAsync); without pools, the outgrown one is kept until
+ * the set closes, each new one at least twice the last, so those kept add up to less than the
+ * current one. */
+int hvl__nccl_set_grow(nccl_set *s, void **buf, int64_t *cap, int64_t need, int zero)
+{
+    int dev = s->device;
+    void *grown = NULL;
+    if (need <= *cap) return HVL_OK;
+    int64_t size = s->pools_here || need >= 2 * *cap ? need : 2 * *cap;
+    if (!s->pools_here && *buf && s->nretired == s->retired_cap) {     /* room to keep the old one */
+        int n = s->retired_cap ? s->retired_cap * 2 : 8;
+        void **more = realloc(s->retired, sizeof(void *) * (size_t)n);
+        if (!more) return hvl__oom("the NCCL plane's outgrown buffers");
+        s->retired = more;
+        s->retired_cap = n;
+    }
+    HVL_CHECK(s->pools_here ? hvl__cuda_result_alloc(dev, &grown, size) : hvl__cuda_device_alloc(dev, &grown, size));
+    if (zero) {
+        int rc = hvl__cuda_zero(dev, grown, size);
+        if (rc != HVL_OK) {
+            if (s->pools_here) hvl__cuda_stream_free(dev, grown);
+            else hvl__cuda_device_free(dev, grown);      /* new, never used: nothing to wait for */
+            return rc;
+        }
+    }
+    if (s->pools_here) hvl__cuda_stream_free(dev, *buf);
+    else if (*buf) s->retired[s->nretired++] = *buf;
+    *buf = grown;
+    *cap = size;
+    return HVL_OK;
+}
+
+int hvl__nccl_set_drained(nccl_set *s)
+{
+    if (s->device < 0 || s->abort_stuck || s->stream_stuck) return !s->abort_stuck && !s->stream_stuck;
+    double limit = hvl__engine.params.peer_timeout_s > 0 && hvl__engine.params.peer_timeout_s < DRAIN_MAX_S
+                 ? hvl__engine.params.peer_timeout_s : DRAIN_MAX_S, start = hvl__now(), nap_s = 2e-6;
+    int done = 0;
+    if (hvl__cuda_mark(s->device) != HVL_OK) done = -1;
+    while (!done && hvl__now() - start < limit)
+        if (hvl__cuda_mark_reached(s->device, &done) != HVL_OK) done = -1;
+        else if (!done) hvl__nap(&nap_s, 1e-3);
+    if (done == 1) return 1;
+    s->stream_stuck = 1;
+    hvl__cuda_stuck();
+    hvl__log(HVL_LOG_WARNING, "cuda:%d: hvlite's GPU stream did not get past its work within %.0f s of the NCCL "
+             "abort (a kernel it waits for never ends?): its NCCL buffers are left allocated", s->device, limit);
+    return 0;
 }
 
 /* ---- the set's state ---- */
@@ -285,17 +340,23 @@ int hvl__nccl_set_open(hvl_engine *e, hvl_pset *ps, void **state)
     return HVL_OK;
 }
 
+/* The set's buffers are freed only once the engine's stream is seen past everything queued
+ * (drained): else a stuck abort or a stuck stream may still use them, and a free could wait on
+ * the device for ever (they leak). */
 void hvl__nccl_set_close(void *state, int clean)
 {
     nccl_set *s = state;
     (void)clean;
     hvl__nccl_set_drop(s);
     while (s->tickets) hvl__nccl_ticket_free(s, s->tickets);   /* none: abandon freed them */
-    if (!s->abort_stuck) {                  /* else a stuck abort may still use them: they leak */
-        hvl__cuda_device_free(s->device, s->zeros);
-        hvl__cuda_device_free(s->device, s->scratch);
-        hvl__cuda_device_free(s->device, s->fusion);
+    void *buffers[] = {s->zeros, s->scratch, s->fusion};
+    if ((s->zeros || s->scratch || s->fusion) && hvl__nccl_set_drained(s)) {
+        for (int i = 0; i < 3; i++)
+            if (s->pools_here) hvl__cuda_stream_free(s->device, buffers[i]);
+            else hvl__cuda_device_free(s->device, buffers[i]);
+        for (int i = 0; i < s->nretired; i++) hvl__cuda_device_free(s->device, s->retired[i]);
     }
+    free(s->retired);
     free(s);
 }
 
@@ -335,6 +396,7 @@ int hvl__nccl_set_prepare(hvl_engine *e, hvl_pset *ps, void *state, const hvl_ba
     member_info me, *all = malloc(sizeof(member_info) * (size_t)ps->size);
     if (!all) return hvl__oom("NCCL set-up");
     describe_self(device, &me);
+    s->pools_here = me.pools;
     char why[400];
     int rc = exchange(e, ps, &me, all);
     int v = rc == HVL_OK ? verdict(ps, all, why, sizeof(why)) : -1;

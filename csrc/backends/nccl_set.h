@@ -24,13 +24,19 @@ enum { UNDECIDED, USE_NCCL, STAGED };
 typedef struct {
     int mode;
     int pools;                  /* every member's GPU has memory pools (allgather, alltoall) */
+    int pools_here;             /* this rank's GPU has them: its buffers are stream-ordered */
     int device;                 /* this rank's GPU for the set (USE_NCCL) */
     ncclComm_t comm;
-    void *zeros, *scratch;      /* a joined rank's stand-ins on the device (grown, never shrunk) */
+    void *zeros, *scratch;      /* a joined rank's stand-ins on the device (grown, never shrunk;
+                                   the scratch is the warm-up's too) */
     void *fusion;               /* the device fusion buffer (grown, never shrunk) */
+    int64_t fusion_agreed;      /* the largest fused batch every member had room for (agreed) */
     int fusion_off;             /* 1 once no member had room for it: fused batches run grouped */
-    int abort_stuck;            /* an ncclCommAbort of this set did not return: never free them */
     int64_t zeros_cap, scratch_cap, fusion_cap;
+    void **retired;             /* buffers outgrown without memory pools, freed at close (owned) */
+    int nretired, retired_cap;
+    int abort_stuck;            /* an ncclCommAbort of this set did not return: never free them */
+    int stream_stuck;           /* the engine's stream did not drain after an abort (drained) */
     nccl_ticket *tickets;       /* batches run_device left running (settle ends them) */
     double ended_at;            /* when the last of them was seen to end */
 } nccl_set;
@@ -59,5 +65,15 @@ int hvl__nccl_set_poll(hvl_bound bound, ncclComm_t comm, int dev, void *event, d
 void hvl__nccl_set_drop(nccl_set *s);
 /* Frees a ticket and its events, and takes it off the set's list. */
 void hvl__nccl_ticket_free(nccl_set *s, nccl_ticket *t);
+/* A device buffer of the set, grown to at least `need` bytes (zeroed if `zero`), without waiting
+ * for the device: the buffer it outgrew may still be read by batches queued before, so it is
+ * freed stream-ordered after them (memory pools), or kept until the set closes. On failure the
+ * old buffer stays as it was. */
+int hvl__nccl_set_grow(nccl_set *s, void **buf, int64_t *cap, int64_t need, int zero);
+/* After the communicator was aborted (its kernels then end): 1 once the engine's stream is seen
+ * past everything queued on it, looked at for at most the peer timeout (10 s at most); else 0,
+ * the device marked stuck (hvl__cuda_stuck: nothing waits for it any more, the engine's GPU
+ * memory is left to it, with a log line) and the set's buffers kept. */
+int hvl__nccl_set_drained(nccl_set *s);
 
 #endif /* HVLITE_NCCL_SET_H */
