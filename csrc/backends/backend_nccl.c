@@ -346,14 +346,16 @@ static int settle(hvl_engine *e, hvl_pset *ps, void *state, void *ticket, int ho
     return rc;
 }
 
-/* See backend.h: the communicator aborted first, so NCCL stops before the handles fail. */
-static void abandon(hvl_engine *e, hvl_pset *ps, void *state)
+/* See backend.h: the communicator aborted first, so NCCL stops before the handles fail; then
+ * the stream is looked at until it drained past the batches (bounded). */
+static int abandon(hvl_engine *e, hvl_pset *ps, void *state)
 {
     nccl_set *s = state;
     (void)e; (void)ps;
     hvl__nccl_set_drop(s);
     s->mode = STAGED;
     while (s->tickets) hvl__nccl_ticket_free(s, s->tickets);
+    return hvl__nccl_set_drained(s);
 }
 
 /* The batch on the engine's stream: after its inputs' events, its copies and NCCL calls, each

@@ -27,7 +27,12 @@ typedef struct {
     int64_t *recv_splits;       /* moved into the handle */
     int nsplits;                /* entries of recv_splits */
     int64_t value;              /* join: the last rank that joined; add_process_set: the set id */
+    int buffers;                /* after an error, whether the buffers may still be touched
+                                   (hvl_buffers_busy): HVL_BUFFERS_BY_STATUS, _BUSY or _FREE */
 } hvl_outcome;
+/* hvl_outcome.buffers: decided by the error's kind (those decided before any data moved leave
+ * the buffers free; any other may have left work queued on them), or known. */
+enum { HVL_BUFFERS_BY_STATUS, HVL_BUFFERS_BUSY, HVL_BUFFERS_FREE };
 /* Completes a handle; waiters see it at the next hvl__handles_notify (once per batch, so a fused
  * batch of many tensors wakes a waiting thread once, not once per tensor). */
 void hvl__handle_complete(int64_t id, hvl_outcome *o);

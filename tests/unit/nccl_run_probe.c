@@ -440,7 +440,7 @@ int probe_settle(void *ticket, int how, int *done)
 {
     return probe_backend_nccl.settle(&probe_engine, &pset, state, ticket, how, done, phases);
 }
-void probe_abandon(void) { probe_backend_nccl.abandon(&probe_engine, &pset, state); }
+int probe_abandon(void) { return probe_backend_nccl.abandon(&probe_engine, &pset, state); }
 int probe_prepare(int dev)
 {
     hvl_batch_kind k = batch.kind;

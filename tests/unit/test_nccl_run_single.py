@@ -380,15 +380,24 @@ def test_a_look_past_the_timeout_fails_and_the_sets_other_batches_fail_with_it(p
     assert p.ended_clean()
 
 
-def test_abandon_aborts_and_frees_every_ticket(probe):
-    p = Plane(probe).batch()
+@pytest.mark.parametrize("drains", [True, False])
+def test_abandon_aborts_frees_every_ticket_and_says_whether_the_gpu_got_past_them(probe, drains):
+    """The engine stops: the batches left running are aborted; their buffers may be let go only
+    once the stream is seen past them (bounded), else the device is marked stuck."""
+    p = Plane(probe, timeout_s=0.3).batch()
     p.tensor(100).tensor(50)
     probe.probe_pace(NEVER, NEVER)
     for _ in range(3):
         assert p.run(left_running=True) == OK
     assert p.state("tickets") == 3
-    probe.probe_abandon()
+    probe.probe_stuck_after_abort(int(not drains))
+    start = time.monotonic()
+    assert probe.probe_abandon() == int(drains)
+    assert time.monotonic() - start < 3.0
     assert p.aborted() and p.ended_clean()
+    names = [c.name for c in p.log()]
+    assert names.index("abort") < names.index("mark")
+    assert ("cuda_stuck" in names) == (not drains)
 
 
 @pytest.mark.parametrize("drains", [True, False])
