@@ -242,3 +242,55 @@ def test_a_set_of_one_rank_gives_every_element_back(dtype):
     finally:
         for one in sets if SIZE > 1 else []:
             hvd.remove_process_set(one)
+
+
+def test_a_collective_inside_a_cuda_graph_capture_is_refused_and_the_capture_survives():
+    """Its ready event would be recorded into the capture and the engine's stream would join it:
+    refused at submit, before anything is recorded, so the capture goes on and replays."""
+    x = torch.ones(16, device=CUDA)
+    static = torch.ones(16, device=CUDA)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static.mul_(2)
+        with pytest.raises(hvd.HvliteNotSupportedError, match="cannot be captured in a CUDA graph"):
+            hvd.allreduce(x, name="captured")
+    graph.replay()
+    graph.replay()
+    assert torch.all(static == 4), static[:4]
+    assert hvd.allreduce(x, op=hvd.Sum, name="after.capture").sum().item() == 16 * SIZE
+
+
+def test_a_thread_local_capture_beside_the_engine_survives_its_allocations():
+    """A capture in the default (global) mode prohibits unsafe CUDA calls on every thread, the
+    engine's allocations among them, which then invalidate it; one in thread_local mode is not
+    disturbed: this thread captures while the main thread's collectives make the engine allocate
+    (a larger batch than any before: new staging or fusion memory)."""
+    static = torch.ones(1 << 10, device=CUDA)
+    graph, errors, started, done = torch.cuda.CUDAGraph(), [], threading.Event(), threading.Event()
+
+    def capture():
+        try:
+            torch.cuda.set_device(CUDA)
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                for _ in range(200):
+                    static.add_(1)
+                started.set()
+                done.wait(120)                        # open while the engine works
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            started.set()
+    thread = threading.Thread(target=capture)
+    thread.start()
+    try:
+        assert started.wait(60)
+        big = torch.full((64 << 20,), float(RANK + 1), device=CUDA)
+        got = hvd.allreduce(big, op=hvd.Sum, name="beside.capture")
+    finally:
+        done.set()
+        thread.join(60)
+    assert not errors, errors
+    assert torch.all(got == SIZE * (SIZE + 1) / 2)
+    graph.replay()
+    torch.cuda.current_stream().synchronize()        # test check only
+    assert torch.all(static == 201), static[:4]
