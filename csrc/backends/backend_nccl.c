@@ -364,7 +364,13 @@ static int run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_device
 {
     nccl_set *s = state;
     int reduces = b->kind.op == HVL_ALLREDUCE || b->kind.op == HVL_REDUCESCATTER;
-    for (int i = 0; i < b->ntensors; i++)     /* aborted now: the peers are entering its calls */
+    if (b->kind.op == HVL_ALLTOALL && b->ntensors != 1)   /* its counts are one tensor's */
+        return fail_set(s, hvl__fail(HVL_ERR_SYSTEM, "NCCL alltoall of tensor '%s': a batch of %d tensors, where "
+                                     "an alltoall batch holds one (an hvlite bug: please report it)", b->name,
+                                     b->ntensors));
+    /* The coordinator refuses a tensor on another GPU than its set's (ready.c); were one to get
+     * here all the same, the communicator is aborted now: the peers are entering its calls. */
+    for (int i = 0; i < b->ntensors; i++)
         if (b->tensors[i].device >= 0 && b->tensors[i].device != s->device)
             return fail_set(s, hvl__fail(HVL_ERR_INVALID_ARG, "tensor '%s' is on cuda:%d, but this rank's NCCL "
                                          "communicator for process set %d is on cuda:%d (its first CUDA tensor's): "

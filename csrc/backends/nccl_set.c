@@ -28,6 +28,7 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -199,6 +200,17 @@ int hvl__nccl_set_poll(hvl_bound bound, ncclComm_t comm, int dev, void *event, d
         HVL_CHECK(hvl__nccl_set_overdue(&bound, since, what, name));
         hvl__nap(&nap_s, 50e-6);            /* NCCL calls take microseconds and up: short naps */
     }
+}
+
+/* NCCL's threads (its nonblocking init's, its proxies, those that connect its transports in the
+ * first collectives) take the CPU affinity of the thread that starts them: under
+ * HVLITE_THREAD_AFFINITY the engine thread's one core, where they would vie with it. The set-up
+ * runs on the cores the engine thread had before it was pinned (engine.c), then it is pinned
+ * again. Send/recv pairs, which connect at their first use, start theirs from the pinned thread. */
+static void unpin(const hvl_engine *e, int unpinned)
+{
+    if (e->pinned)
+        pthread_setaffinity_np(pthread_self(), sizeof(cpu_set_t), unpinned ? &e->cpus_before : &e->cpus_pinned);
 }
 
 /* This member's communicator for the set (collective over the set's members). */
@@ -406,8 +418,10 @@ int hvl__nccl_set_prepare(hvl_engine *e, hvl_pset *ps, void *state, const hvl_ba
     if (v == 0) stay_staged(ps, s, why);
     if (v <= 0) return rc;                  /* v < 0: a member has no device yet; next batch */
     s->device = device;
+    unpin(e, 1);
     int everywhere = 0, local = create_comm(e, ps, s);
     if (local == HVL_OK) local = warm_up(e, s);
+    unpin(e, 0);
     if (local != HVL_OK) hvl__nccl_set_drop(s);
     /* A member whose set-up failed at once gets here while the others still wait for it in
      * NCCL's bootstrap or in the warm-up, up to the peer timeout each, and then up to that again

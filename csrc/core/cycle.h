@@ -72,7 +72,12 @@ void hvl__entry_detach(hvl_engine *e, hvl_entry *en);
 void hvl__queue_fail_set(hvl_engine *e, int set, const char *message);  /* pending entries of a set */
 void hvl__queue_fail_all(hvl_engine *e, int status, const char *message);  /* stops accepting */
 
-/* ---- holding (ready.c) ---- */
+/* ---- admission and holding (ready.c) ---- */
+/* An entry goes pending (queue.c's drain): whether it is held for the GPU (HVLITE_GPU_READY_ONLY)
+ * and, for a CUDA tensor, the device rule: the set's first CUDA tensor on this rank pins the
+ * set's device (ps->cuda_device); one on another device is marked (en->d.set_device), so the
+ * coordinator fails it on every rank, before any NCCL call. Cannot fail. */
+void hvl__ready_admit(hvl_engine *e, hvl_entry *en);
 /* Marks the pending entries kept out of this cycle's negotiation (en->held): CUDA tensors the
  * GPU has not written yet, and the groups they belong to (see ready.c). Cannot fail. */
 void hvl__ready_hold(hvl_engine *e);

@@ -210,9 +210,16 @@ static ncclResult_t nccl_call(const char *name, int64_t a0, int64_t a1, int64_t 
 }
 static ncclResult_t p_version(int *v) { *v = 22809; return NC_SUCCESS; }
 static ncclResult_t p_unique_id(ncclUniqueId *id) { memset(id, 7, sizeof(*id)); return nccl_call("get_unique_id", 0, 0, 0, 0, 0); }
+/* The calling thread's cores: where a thread NCCL starts now would run. */
+static int cpus_here(void)
+{
+    cpu_set_t set;
+    return pthread_getaffinity_np(pthread_self(), sizeof(set), &set) == 0 ? CPU_COUNT(&set) : -1;
+}
 static ncclResult_t p_init(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank, nccl_config *config)
 {
     *comm = COMM;
+    note("cpus", cpus_here(), 0, 0, 0, 0);
     return nccl_call("init", nranks, rank, config->blocking, (unsigned char)id.internal[0], 0);
 }
 static ncclResult_t p_abort(ncclComm_t comm)
@@ -246,6 +253,7 @@ static ncclResult_t p_broadcast(const void *send, void *recv, size_t count, nccl
                                 ncclComm_t comm, cudaStream_t stream)
 {
     (void)comm, (void)stream, (void)type;
+    note("cpus", cpus_here(), 0, 0, 0, 0);
     return nccl_call("broadcast", (intptr_t)send, (intptr_t)recv, (int64_t)count, root, 0);
 }
 static ncclResult_t p_reduce_scatter(const void *send, void *recv, size_t count, ncclDataType_t type,
@@ -441,10 +449,33 @@ int probe_settle(void *ticket, int how, int *done)
     return probe_backend_nccl.settle(&probe_engine, &pset, state, ticket, how, done, phases);
 }
 int probe_abandon(void) { return probe_backend_nccl.abandon(&probe_engine, &pset, state); }
+static int cpus_after;
+/* The set's decision, on a thread pinned as the engine's is under HVLITE_THREAD_AFFINITY when
+ * probe_pin said so; probe_cpus_after() is its cores when prepare returned. */
 int probe_prepare(int dev)
 {
     hvl_batch_kind k = batch.kind;
-    return probe_backend_nccl.prepare(&probe_engine, &pset, state, &k, dev);
+    if (probe_engine.pinned) pthread_setaffinity_np(pthread_self(), sizeof(cpu_set_t), &probe_engine.cpus_pinned);
+    int rc = probe_backend_nccl.prepare(&probe_engine, &pset, state, &k, dev);
+    cpus_after = cpus_here();
+    return rc;
+}
+int probe_cpus_after(void) { return cpus_after; }
+/* The engine thread pinned to the first of this process's cores (1), or not (0); the cores it
+ * had before are the process's. Returns how many the process has. */
+int probe_pin(int pinned)
+{
+    cpu_set_t all;
+    if (sched_getaffinity(0, sizeof(all), &all) != 0) return -1;
+    probe_engine.pinned = pinned;
+    probe_engine.cpus_before = all;
+    CPU_ZERO(&probe_engine.cpus_pinned);
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &all)) {
+            CPU_SET(c, &probe_engine.cpus_pinned);
+            break;
+        }
+    return CPU_COUNT(&all);
 }
 int probe_can_run(void) { return probe_backend_nccl.can_run(&probe_engine, &pset, state, &batch.kind); }
 void probe_close(void)

@@ -36,7 +36,7 @@ from c_check import bounded, load_probe  # tests/unit, beside this file
 ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER = 0, 1, 2, 3, 4    # csrc/hvlite.h
 SUM, AVERAGE, MIN, MAX, PRODUCT = 0, 1, 2, 3, 4
 UINT8, FLOAT16, BFLOAT16, FLOAT32, FLOAT64 = 0, 6, 7, 8, 9
-OK, INVALID_ARG, TIMEOUT, NCCL, SHUT_DOWN = 0, 1, 3, 5, 8
+OK, INVALID_ARG, TIMEOUT, NCCL, SYSTEM, SHUT_DOWN = 0, 1, 3, 5, 6, 8
 NC_FLOAT16, NC_FLOAT32, NC_FLOAT64, NC_BFLOAT16 = 6, 7, 8, 9                # nccl_lib.h
 NC_SUM, NC_PROD, NC_MAX, NC_MIN, NC_AVG = 0, 1, 2, 3, 4
 NC_SYSTEM_ERROR, NC_REMOTE_ERROR, NC_IN_PROGRESS = 2, 6, 7
@@ -310,6 +310,16 @@ def test_a_tensor_on_another_gpu_than_the_sets_is_refused_naming_both_and_the_pe
     assert "cuda:1" in p.error and "cuda:0" in p.error and "'t0'" in p.error
     # the peers are in this batch's NCCL calls: the abort ends them, not their peer timeout
     assert p.aborted() and not p.log("all_reduce", "group_start")
+
+
+def test_an_alltoall_batch_of_more_than_one_tensor_is_refused_before_any_call(probe):
+    """Its counts describe one tensor: two would each be sent with them (an hvlite bug)."""
+    p = Plane(probe, size=2).batch(op=ALLTOALL, dtype=UINT8)
+    p.tensor(4).tensor(4)
+    probe.probe_counts(4, (ctypes.c_int64 * 4)(2, 2, 2, 2))
+    assert p.run() == SYSTEM
+    assert "an alltoall batch holds one" in p.error and "hvlite bug" in p.error
+    assert not p.log("send", "recv", "group_start") and p.aborted()
 
 
 # ---- never hanging ----
@@ -732,3 +742,18 @@ def test_without_memory_pools_allgather_and_alltoall_stay_staged(probe):
     for op in (ALLGATHER, ALLTOALL):
         p.batch(op=op)
         assert probe.probe_can_run() == 0
+
+
+def test_nccls_threads_start_on_the_cores_the_engine_thread_had_before_it_was_pinned(probe):
+    """Under HVLITE_THREAD_AFFINITY the engine thread has one core; the threads NCCL starts in
+    its set-up (the nonblocking init's, the proxies, those of the warm-up's connections) would
+    inherit it. The set-up runs on the cores the thread had before, then it is pinned again."""
+    p = Plane(probe, nccl=False).batch()
+    cores = probe.probe_pin(1)
+    if cores < 2:
+        pytest.skip("one core here: nothing to tell apart")
+    assert p.prepare() == OK, p.error
+    assert p.state("mode") == USE_NCCL
+    seen = [c.args[0] for c in p.log("cpus")]
+    assert seen == [cores, cores]                   # at the init and at the warm-up's calls
+    assert probe.probe_cpus_after() == 1            # pinned again
