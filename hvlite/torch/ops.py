@@ -192,13 +192,30 @@ class _DeviceResult:
                 "strides": None, "version": 2}
 
 
+def _is_external(stream):
+    """Whether ``stream`` wraps a CUDA stream torch did not make (``torch.cuda.ExternalStream``),
+    which its maker may destroy at any time. torch gives such a stream its handle as its id (an
+    even number); its own streams have odd ids, its default stream 0. Unknown: taken as external."""
+    sid = getattr(stream, "stream_id", None)
+    return not isinstance(sid, int) or (sid != 0 and sid % 2 == 0)
+
+
 def _adopt_device(buffer, nbytes, device):
     """A uint8 tensor over an engine result on ``device``, freed (stream-ordered) on the stream
     that is current when it is adopted: the caller's, where the result is safe to use. torch's
     ``record_stream`` does nothing for memory it did not allocate, so a caller that uses the
-    result on another stream keeps it alive until that stream is done with it (or clones it)."""
-    buffer.stream = torch.cuda.current_stream(device).cuda_stream
-    return torch.as_tensor(_DeviceResult(buffer, nbytes), device=device)
+    result on another stream keeps it alive until that stream is done with it (or clones it).
+    On an external stream, which may be gone by the time the result is freed, the result is
+    copied into torch's own memory on it instead, and the engine's freed behind the copy."""
+    stream = torch.cuda.current_stream(device)
+    buffer.stream = stream.cuda_stream
+    adopted = torch.as_tensor(_DeviceResult(buffer, nbytes), device=device)
+    if not _is_external(stream):
+        return adopted
+    copy = adopted.clone()
+    del adopted
+    buffer.free()
+    return copy
 
 
 _outputs = {}
