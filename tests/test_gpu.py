@@ -2,7 +2,9 @@
 under hvlrun at 1, 2 and 4 ranks, all ranks sharing the machine's GPUs (local rank modulo the
 devices), three ways: as they are (NCCL refuses ranks sharing a GPU: the staged path serves
 them), with an NCCL_HOSTID per rank (NCCL then runs them over sockets: the NCCL plane), and so
-with NCCL batches left running (HVLITE_NCCL_OVERLAP=1):
+with NCCL batches left running (HVLITE_NCCL_OVERLAP=1); at 2 ranks also with CUDA tensors held
+until the GPU wrote them (HVLITE_GPU_READY_ONLY=1), staged and on NCCL (both switches are
+experimental, off by default):
 - every collective x dtype x in-place and out-of-place form, DistributedOptimizer,
   broadcast_parameters/_optimizer_state, SyncBatchNorm and join on CUDA models, against the same
   references as on the CPU (tests/parallel/test_torch_ops.py, test_torch_training.py with
@@ -50,12 +52,21 @@ def test_gpu_spmd_file(path, plane, np_):
     run_spmd(np_, path, timeout=600, env=dict(SPMD_FILES[path], **PLANES[plane]))
 
 
+@pytest.mark.parametrize("plane", ["shared-gpu", "nccl-hostid"])
+@pytest.mark.parametrize("path", sorted(SPMD_FILES))
+def test_gpu_spmd_file_holding_cuda_tensors(path, plane):
+    """The experimental switch HVLITE_GPU_READY_ONLY=1 (CUDA tensors held out of negotiation
+    until the GPU wrote them) under the same files, at 2 ranks, staged and on NCCL."""
+    run_spmd(2, path, timeout=600, env=dict(SPMD_FILES[path], HVLITE_GPU_READY_ONLY="1", **PLANES[plane]))
+
+
 @pytest.mark.parametrize("plane", sorted(PLANES))
 def test_a_held_tensor_is_negotiated_once_written_not_a_cycle_time_later(plane):
-    """Long cycles (500 ms) make a cycle's wait visible: the tensor held for the GPU must not
-    wait for it once written (tests/gpu/test_cuda_only.py, the test of the same name)."""
+    """Long cycles (500 ms) make a cycle's wait visible: the tensor held for the GPU
+    (HVLITE_GPU_READY_ONLY=1) must not wait for it once written (tests/gpu/test_cuda_only.py,
+    the test of the same name)."""
     run_spmd(2, "tests/gpu/test_cuda_only.py", timeout=300, select="once_written",
-             env=dict(PLANES[plane], HVLITE_CYCLE_TIME="500"))
+             env=dict(PLANES[plane], HVLITE_CYCLE_TIME="500", HVLITE_GPU_READY_ONLY="1"))
 
 
 @pytest.mark.skipif(GPUS > 1, reason="needs ranks that share a GPU")

@@ -49,7 +49,8 @@ typedef struct {
     int nccl_disable;           /* 1: CUDA tensors never use NCCL (the staged path) */
     int nccl_grouped;           /* 1: fused NCCL batches as groups of per-tensor calls, no buffer */
     int nccl_overlap;           /* 1: NCCL batches run on while the engine negotiates the next */
-    int gpu_ready_only;         /* 1: CUDA tensors are negotiated once the GPU wrote them (ready.c) */
+    int gpu_ready_only;         /* 1: CUDA tensors are negotiated once the GPU wrote them (ready.c;
+                                   experimental, off by default) */
     char nccl_lib[HVL_PATH_MAX];   /* the NCCL library to load; "" = the loader's libnccl.so.2 */
     int test_fake_hosts;        /* tests only: split each host's ranks as if on this many hosts */
     char test_stop_at[HVL_PATH_MAX];   /* tests only: "R:POINT", see hvl__test_stop_point */

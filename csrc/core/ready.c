@@ -34,7 +34,8 @@
  * a cycle time to them (negotiated at submit, the batch would wait on the GPU with no delay).
  * While other held tensors are still being written, the cycle time stands: what the GPU writes
  * meanwhile fuses into one batch.
- * HVLITE_GPU_READY_ONLY=0 turns holding off.
+ * Holding is off unless HVLITE_GPU_READY_ONLY=1 (experimental: not yet run on a GPU); without it
+ * a CUDA tensor is negotiated at once and its batch waits for its ready event on the GPU.
  * Admission (hvl__ready_admit, as an entry goes pending): a rank's CUDA tensors of one process
  * set stay on one device, its first one's (NCCL's communicator is per device). One on another
  * device says so in its request (d.set_device), and the coordinator fails it on every rank with

@@ -173,6 +173,16 @@ def test_unknown_setting_warns_and_horovod_alias_is_read():
     assert "settings: fusion_threshold=134217728" in r.stderr, r.stderr   # debug via the alias
 
 
+def test_the_gpu_defaults_are_the_paths_that_ran_on_a_gpu():
+    """What has not run on a GPU is one switch away, off by default and marked experimental in
+    the settings table: holding CUDA tensors until written, NCCL batches left running, staged
+    pieces."""
+    r = run_py("import hvlite; hvlite.init(); hvlite.shutdown()", env={"HVLITE_LOG_LEVEL": "trace"})
+    for name, default in (("GPU_READY_ONLY", "0"), ("NCCL_OVERLAP", "0"), ("STAGED_PIECE", "0")):
+        line = "HVLITE_%s (default %s): experimental (not yet run on a GPU)" % (name, default)
+        assert line in r.stderr, (name, r.stderr[-3000:])
+
+
 def test_init_rejects_unsupported_arguments():
     with pytest.raises(ValueError, match="comm"):
         hvd.init(comm=object())
