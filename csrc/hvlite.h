@@ -210,6 +210,13 @@ int hvl_result_take(int64_t handle, void **data);
  * hvl_buffer_free), or CUDA device *device's memory where a GPU plane (NCCL) ran it (freed with
  * hvl_device_buffer_free); the staged path's results are host memory. */
 int hvl_result_memory(int64_t handle, int *memory, int *device);
+/* After a completed handle's error: *busy = 1 if work the engine queued for the request and gave
+ * up on (a copy, a collective on the GPU or in MPI) may still read or write its buffers, which
+ * the caller must then keep for the life of the process (a leak rather than memory reused while
+ * it is written); 0 if none can: the error was decided before any data moved (a bad argument, a
+ * mismatch, a deadlock, ...), or the engine saw the GPU get past that work after stopping it.
+ * 0 for a handle that succeeded. Before hvl_release. */
+int hvl_buffers_busy(int64_t handle, int *busy);
 /* Frees a CUDA result taken with hvl_result_take, stream-ordered after the work queued on
  * `stream` so far (a CUstream / cudaStream_t of the device's primary context, the one the caller
  * used the result on; NULL: the legacy default stream). Any thread, also after hvl_shutdown;

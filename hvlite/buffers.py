@@ -16,7 +16,8 @@ Contract:
 - ``DeviceBuffer(data, device)``: a result the engine left in CUDA device memory (a GPU
   plane's allgather or alltoall; ``hvl_result_memory`` says so), owned by the object: ``free``
   gives it back stream-ordered on the stream it was last used on (``stream``, a CUstream as an
-  int; 0 until a framework wraps it), and so does garbage collection. It never reads the memory.
+  int; 0 until a framework wraps it), and so does garbage collection (but at interpreter exit,
+  when the memory goes with the device's context). It never reads the memory.
 - ``memory(owner, nbytes)``: a writable buffer-protocol object over the memory that keeps
   ``owner`` alive; ``np.frombuffer``/``torch.frombuffer`` views of it keep it alive in turn, so
   a result outlives its handle and everything else.
@@ -42,6 +43,7 @@ therefore the engine's cache threshold (read at every call: the tests lower it t
 size through engine memory).
 """
 import math
+import sys
 from typing import NamedTuple
 
 import numpy as np
@@ -97,7 +99,7 @@ class DeviceBuffer:
 
     def free(self):
         data, self.data = self.data, ffi.NULL
-        if data != ffi.NULL:
+        if data != ffi.NULL and not sys.is_finalizing():    # at exit it goes with its context
             lib.hvl_device_buffer_free(self.device, data, ffi.cast("void *", self.stream))
 
     __del__ = free

@@ -18,7 +18,9 @@ Contract:
   second time, whatever the timing, as Horovod's duplicate-name tests expect. After an
   error the engine met once data could move (a timeout, a lost peer, a GPU or MPI failure), a
   copy or collective it gave up on may still touch the buffers, so ``keep`` is never let go (a
-  leak rather than memory reused while a GPU or MPI writes into it).
+  leak rather than memory reused while a GPU or MPI writes into it); the engine says which
+  (``hvl_buffers_busy``: also a batch stopped on the GPU behind another's error, until the GPU
+  was seen past it).
 - ``Handle.wait()`` blocks (with the GIL released, and Ctrl-C still works) and returns
   ``finish``'s result, or raises the engine's error for that tensor on every rank it affects.
 - ``wait_all(handles)`` waits for every handle even when one raises (so every name is freed),
@@ -48,21 +50,27 @@ _counters = {}
 # Handle, so that a dropped handle (or an exception between submit and wait) cannot free a
 # buffer the engine still reads or writes; wait() releases the entry.
 _keep_alive = {}
-# What failed requests may still be touched through (see the contract), and the errors that are
-# decided before any data moves, after which nothing can
+# What failed requests may still be touched through (see the contract)
 _stranded = []
-_DECIDED_BEFORE_DATA = (lib.HVL_ERR_INVALID_ARG, lib.HVL_ERR_MISMATCH, lib.HVL_ERR_DEADLOCK,
-                        lib.HVL_ERR_UNSUPPORTED, lib.HVL_ERR_NOT_INITIALIZED)
 # Ids of handles dropped before their wait (appended by any thread's garbage collection: a
 # deque's append and popleft are atomic, so no lock that a collection could re-enter); released
 # after waits, once done (see the contract)
 _orphans = collections.deque()
 
 
-def _let_go(hid, rc):
-    """After handle ``hid`` finished with status ``rc`` and was released: its buffers."""
+def _buffers_busy(hid, rc):
+    """Whether work the engine gave up on may still touch finished handle ``hid``'s buffers (it
+    ended with status ``rc``); asked before its release. A failed question counts as busy."""
+    if rc == lib.HVL_OK:
+        return False
+    busy = ffi.new("int *")
+    return lib.hvl_buffers_busy(hid, busy) != lib.HVL_OK or bool(busy[0])
+
+
+def _let_go(hid, busy):
+    """After handle ``hid`` was released: its buffers, kept for good if ``busy``."""
     keep = _keep_alive.pop(hid, None)
-    if rc != lib.HVL_OK and rc not in _DECIDED_BEFORE_DATA:
+    if busy:
         _stranded.append(keep)
 
 
@@ -81,8 +89,9 @@ def _release_finished_orphans():
             _orphans.append(hid)
             continue
         rc = lib.hvl_wait(hid, 0.0)                 # done: its final status, at once
+        busy = _buffers_busy(hid, rc)
         lib.hvl_release(hid)
-        _let_go(hid, rc)
+        _let_go(hid, busy)
 
 
 def reset_auto_names():
@@ -137,9 +146,10 @@ class Handle:
             _check(rc)
             self._result = self._finish(self) if self._finish else None
         finally:
+            busy = _buffers_busy(self._id, rc)
             lib.hvl_release(self._id)
             self._done = True
-            _let_go(self._id, rc)
+            _let_go(self._id, busy)
             if _orphans:
                 _release_finished_orphans()
         return self._result

@@ -14,7 +14,8 @@ Rules (the reasons are in ../shared/DESIGN.md and the headers named):
    where it happens (hvl__fail / hvl__oom) and callers pass the status on.
 3. Private headers stay private: cache.h and coordinator.h belong to the negotiation
    (core/negotiate.c and their own .c), shm.h to backends/, timeline_writer.h to observe/,
-   stage.h to the core files that run (or free) the staged path.
+   stage.h to the core files that run (or free) the staged path, nccl_lib.h and nccl_set.h to
+   the NCCL plane's files (and nccl_lib.h to its own .c).
 4. A data plane is named only in backends/: nothing else mentions ``hvl__backend_<name>`` or
    includes a plane's private header.
 5. util/ and kernels/ know nothing of the engine: they include only their own headers and
@@ -42,7 +43,8 @@ PRIVATE_HEADERS = {
     "shm.h": ("backends/",),
     "timeline_writer.h": ("observe/",),
     "stage.h": ("core/execute.c", "core/stage.c", "core/engine.c"),
-    "nccl_lib.h": ("backends/backend_nccl.c", "util/nccl_lib.c"),
+    "nccl_lib.h": ("backends/backend_nccl.c", "backends/nccl_set.", "util/nccl_lib.c"),
+    "nccl_set.h": ("backends/backend_nccl.c", "backends/nccl_set.c"),
 }
 LEAF_FOLDERS = {"util/": {"util.h", "cuda_driver.h", "nccl_lib.h", "hvlite.h"}, "kernels/": {"kernels.h", "half.h", "util.h", "hvlite.h"}}
 LEAF_CALLS = {"util/": ("util/",), "kernels/": ("kernels/", "util/")}   # where a leaf's callees may live

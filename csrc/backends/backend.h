@@ -112,8 +112,9 @@ typedef struct {
     int (*settle)(hvl_engine *e, hvl_pset *ps, void *state, void *ticket, int how, int *done, double *phases);
     /* With settle: the engine gives up on every batch it left running on this set (it stops on
      * an error): the plane stops them (NCCL: aborts the communicator) before their handles
-     * fail, and frees their tickets. */
-    void (*abandon)(hvl_engine *e, hvl_pset *ps, void *state);
+     * fail, and frees their tickets. Returns 1 once it saw the GPU get past them (their buffers
+     * may be let go), 0 if it could not (bounded; the device is then marked stuck). */
+    int (*abandon)(hvl_engine *e, hvl_pset *ps, void *state);
     /* In place when src == dst. count elements. */
     int (*allreduce)(hvl_engine *e, hvl_pset *ps, void *state, const void *src, void *dst,
                      int64_t count, int dtype, int reduce_op);

@@ -183,6 +183,30 @@ static char *mismatch_message(const record_t *rec, const hvl_desc *first, int si
 
 static void rank_list(const hvl_coordinator *c, const record_t *rec, int want, char *out, size_t n);
 
+/* "tensor 'x' is on another GPU than its process set's earlier CUDA tensors on rank 1 (cuda:1,
+ * not cuda:0); ..." (malloc'd; NULL if none is, or if out of memory): ready.c marked them. */
+static char *device_message(const record_t *rec, const hvl_desc *first, int size)
+{
+    size_t cap = strlen(first->name) + 300 + (size_t)size * 64, len = 0;
+    char *msg = NULL;
+    int listed = 0;
+    for (int r = 0; r < size; r++) {
+        const hvl_desc *q = &rec->by_rank[r];
+        if (!q->name || q->set_device < 0) continue;
+        if (!msg) {
+            if (!(msg = malloc(cap))) return NULL;
+            len = (size_t)snprintf(msg, cap, "tensor '%s' is on another GPU than the earlier CUDA tensors of "
+                                   "process set %d on rank", first->name, first->process_set);
+        }
+        len += (size_t)snprintf(msg + len, cap - len, "%s %d (cuda:%d, not cuda:%d)", listed++ ? ", rank" : "", r,
+                                q->device, q->set_device);
+    }
+    if (msg)
+        snprintf(msg + len, cap - len, ": a rank's CUDA tensors of one process set stay on one GPU, its first "
+                 "one's (NCCL's communicator is per device; torch.cuda.set_device(hvd.local_rank()) pins it)");
+    return msg;
+}
+
 static int member_count(const hvl_coordinator *c, const record_t *rec)
 {
     const hvl_pset *ps = hvl__pset(c->engine, rec->set);
@@ -207,6 +231,12 @@ static int decide(hvl_coordinator *c, record_t *rec, hvl_response *out)
         out->error = mismatch_message(rec, first, c->size, f);
         return HVL_OK;   /* later fields may not even compare once the op differs */
     }
+    for (int r = 0; r < c->size && first->memory == HVL_MEMORY_CUDA; r++)
+        if (rec->by_rank[r].name && rec->by_rank[r].set_device >= 0) {
+            out->status = HVL_ERR_INVALID_ARG;
+            out->error = device_message(rec, first, c->size);
+            return HVL_OK;
+        }
     if (rec->count < member_count(c, rec) && !hvl__op_is(first->op, HVL_OPF_JOINED_OK) &&
         !hvl__op_is(first->op, HVL_OPF_WHOLE_JOB)) {
         /* As Horovod: once a rank has joined, only allreduce and barrier go on without it; any

@@ -27,7 +27,12 @@ typedef struct {
     int64_t *recv_splits;       /* moved into the handle */
     int nsplits;                /* entries of recv_splits */
     int64_t value;              /* join: the last rank that joined; add_process_set: the set id */
+    int buffers;                /* after an error, whether the buffers may still be touched
+                                   (hvl_buffers_busy): HVL_BUFFERS_BY_STATUS, _BUSY or _FREE */
 } hvl_outcome;
+/* hvl_outcome.buffers: decided by the error's kind (those decided before any data moved leave
+ * the buffers free; any other may have left work queued on them), or known. */
+enum { HVL_BUFFERS_BY_STATUS, HVL_BUFFERS_BUSY, HVL_BUFFERS_FREE };
 /* Completes a handle; waiters see it at the next hvl__handles_notify (once per batch, so a fused
  * batch of many tensors wakes a waiting thread once, not once per tensor). */
 void hvl__handle_complete(int64_t id, hvl_outcome *o);
@@ -67,7 +72,12 @@ void hvl__entry_detach(hvl_engine *e, hvl_entry *en);
 void hvl__queue_fail_set(hvl_engine *e, int set, const char *message);  /* pending entries of a set */
 void hvl__queue_fail_all(hvl_engine *e, int status, const char *message);  /* stops accepting */
 
-/* ---- holding (ready.c) ---- */
+/* ---- admission and holding (ready.c) ---- */
+/* An entry goes pending (queue.c's drain): whether it is held for the GPU (HVLITE_GPU_READY_ONLY)
+ * and, for a CUDA tensor, the device rule: the set's first CUDA tensor on this rank pins the
+ * set's device (ps->cuda_device); one on another device is marked (en->d.set_device), so the
+ * coordinator fails it on every rank, before any NCCL call. Cannot fail. */
+void hvl__ready_admit(hvl_engine *e, hvl_entry *en);
 /* Marks the pending entries kept out of this cycle's negotiation (en->held): CUDA tensors the
  * GPU has not written yet, and the groups they belong to (see ready.c). Cannot fail. */
 void hvl__ready_hold(hvl_engine *e);

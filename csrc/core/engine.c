@@ -105,7 +105,7 @@ static long nth_number(const char *list, int n)    /* -1: the list is shorter; -
     }
 }
 
-static void pin_thread(const hvl_engine *e)
+static void pin_thread(hvl_engine *e)
 {
     const char *list = e->params.thread_affinity;
     if (!list[0]) return;
@@ -122,11 +122,14 @@ static void pin_thread(const hvl_engine *e)
     }
     cpu_set_t set;
     CPU_ZERO(&set);
-    int err = core < CPU_SETSIZE ? 0 : EINVAL;
+    int err = core < CPU_SETSIZE ? pthread_getaffinity_np(pthread_self(), sizeof(e->cpus_before), &e->cpus_before)
+                                 : EINVAL;
     if (!err) {
         CPU_SET((int)core, &set);
         err = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
     }
+    e->pinned = !err;
+    e->cpus_pinned = set;
     if (err)
         hvl__log_once("thread affinity core", HVL_LOG_WARNING, "HVLITE_THREAD_AFFINITY: cannot pin the engine "
                       "thread of local rank %d to core %ld: %s", e->local_rank, core, strerror(err));

@@ -11,6 +11,7 @@
 #ifndef HVLITE_ENGINE_H
 #define HVLITE_ENGINE_H
 
+#include <sched.h>
 #include "request.h"
 
 typedef struct hvl_engine hvl_engine;
@@ -48,7 +49,8 @@ typedef struct {
     int nccl_disable;           /* 1: CUDA tensors never use NCCL (the staged path) */
     int nccl_grouped;           /* 1: fused NCCL batches as groups of per-tensor calls, no buffer */
     int nccl_overlap;           /* 1: NCCL batches run on while the engine negotiates the next */
-    int gpu_ready_only;         /* 1: CUDA tensors are negotiated once the GPU wrote them (ready.c) */
+    int gpu_ready_only;         /* 1: CUDA tensors are negotiated once the GPU wrote them (ready.c;
+                                   experimental, off by default) */
     char nccl_lib[HVL_PATH_MAX];   /* the NCCL library to load; "" = the loader's libnccl.so.2 */
     int test_fake_hosts;        /* tests only: split each host's ranks as if on this many hosts */
     char test_stop_at[HVL_PATH_MAX];   /* tests only: "R:POINT", see hvl__test_stop_point */
@@ -75,6 +77,8 @@ typedef struct hvl_pset {
     int *ranks;                 /* members' global ranks, ascending (owned) */
     MPI_Comm comm;              /* the members' communicator; MPI_COMM_NULL on non-members */
     int one_host;               /* every member runs on this process's host */
+    int cuda_device;            /* this rank's device for the set's CUDA tensors: its first one's
+                                   (-1: none yet; ready.c) */
     /* Each data plane's own state for this set (backends/backend.c opens and closes them; the
      * index is the plane's place in the registry). NULL: that plane does not serve the set. */
     void *plane_state[HVL_MAX_BACKENDS];
@@ -104,6 +108,10 @@ struct hvl_engine {
     int mpi_initialized_here;
     int failed_everywhere;      /* init failed on rank 0's verdict, so on every rank alike */
     hvl_params params;          /* agreed settings come from rank 0 (hvl__params_agree) */
+    int pinned;                 /* HVLITE_THREAD_AFFINITY pinned the bg thread (engine.c) */
+    cpu_set_t cpus_pinned;      /* its core then */
+    cpu_set_t cpus_before;      /* the cores it had before: what a library's threads it starts
+                                   get (NCCL's, nccl_set.c), not its one core */
 
     /* queue_lock */
     pthread_mutex_t queue_lock;

@@ -412,17 +412,31 @@ static void in_flight_pop(hvl_engine *e, hvl_in_flight *out)
     memmove(e->in_flight, e->in_flight + 1, sizeof(hvl_in_flight) * (size_t)--e->nin_flight);
 }
 
+/* A batch left running that fails behind another's error keeps that error, but never as one
+ * decided before any data moved (its handles would let go of buffers the GPU may still write):
+ * a tensor on another GPU than its set's fails its own batch with HVL_ERR_INVALID_ARG, and the
+ * batches still running with HVL_ERR_SHUT_DOWN. Their buffers are free only once the plane saw
+ * the GPU get past them (hvl_buffers_busy). */
 void hvl__execute_abandon(hvl_engine *e, int status, const char *message)
 {
+    int passed = 1;
     for (int i = 0; i < e->nin_flight; i++) {      /* each set's plane once, before any handle fails */
         const hvl_in_flight *r = &e->in_flight[i];
-        if (i == 0 || r->p.state != r[-1].p.state) r->p.be->abandon(e, r->b.ps, r->p.state);
+        if (i == 0 || r->p.state != r[-1].p.state) passed &= r->p.be->abandon(e, r->b.ps, r->p.state);
     }
+    int decided = status == HVL_ERR_INVALID_ARG || status == HVL_ERR_MISMATCH || status == HVL_ERR_DEADLOCK ||
+                  status == HVL_ERR_UNSUPPORTED || status == HVL_ERR_NOT_INITIALIZED;
     while (e->nin_flight) {
         hvl_in_flight r;
         in_flight_pop(e, &r);
         for (int i = 0; i < r.b.count; i++) {
-            hvl_outcome o = {.status = status, .message = strdup(message)};
+            hvl_outcome o = {.status = decided ? HVL_ERR_SHUT_DOWN : status,
+                             .buffers = passed ? HVL_BUFFERS_FREE : HVL_BUFFERS_BUSY};
+            char text[1200];
+            snprintf(text, sizeof(text), "%s%s%s%s", decided ? "tensor '" : "", decided ? r.b.entries[i]->d.name : "",
+                     decided ? "' was still running on the GPU when another tensor's error stopped the engine: " : "",
+                     message);
+            o.message = strdup(text);
             hvl__entry_finish(e, r.b.entries[i], &o);
         }
         free(r.b.entries);

@@ -227,6 +227,17 @@ int hvl_result_memory(int64_t id, int *memory, int *device)
     return HVL_OK;
 }
 
+int hvl_buffers_busy(int64_t id, int *busy)
+{
+    hvl_outcome o;
+    *busy = 0;
+    HVL_CHECK(read_done(id, &o));
+    int decided = o.status == HVL_ERR_INVALID_ARG || o.status == HVL_ERR_MISMATCH || o.status == HVL_ERR_DEADLOCK ||
+                  o.status == HVL_ERR_UNSUPPORTED || o.status == HVL_ERR_NOT_INITIALIZED;
+    *busy = o.status != HVL_OK && (o.buffers == HVL_BUFFERS_BUSY || (o.buffers == HVL_BUFFERS_BY_STATUS && !decided));
+    return HVL_OK;
+}
+
 void hvl__result_free(hvl_outcome *o)
 {
     if (o->result_memory == HVL_MEMORY_CUDA) hvl__cuda_result_free(o->result_device, o->result, NULL);

@@ -31,8 +31,9 @@ static const param_def table[] = {
     {"ALLREDUCE_PIECE", P_INT64, RANK0, F(allreduce_piece), "1048576",
      "bytes per allreduce call; pieces stay in cache through copy-in, reduce and copy-out (0 = whole)"},
     {"STAGED_PIECE", P_INT64, RANK0, F(staged_piece), "0",
-     "bytes per piece of a staged CUDA allreduce: copies to and from the GPU overlap the reduction "
-     "piece by piece (0 = the batch whole: copied in, reduced, copied back)"},
+     "experimental (not yet run on a GPU): bytes per piece of a staged CUDA allreduce, whose copies "
+     "to and from the GPU then overlap the reduction piece by piece (0 = the batch whole: copied "
+     "in, reduced, copied back)"},
     {"CYCLE_TIME", P_DOUBLE, RANK0, F(cycle_time_ms), "1", "ms between engine cycles when idle"},
     {"CACHE_CAPACITY", P_INT, RANK0, F(cache_capacity), "1024", "response cache entries (0 = off)"},
     {"STALL_CHECK_TIME_SECONDS", P_DOUBLE, LOCAL, F(stall_check_s), "60",
@@ -83,11 +84,13 @@ static const param_def table[] = {
      "1: a fused batch of CUDA tensors on NCCL is one group of per-tensor calls, not one call on a "
      "device fusion buffer"},
     {"NCCL_OVERLAP", P_INT, RANK0, F(nccl_overlap), "0",
-     "1: the engine negotiates and queues the next batches while NCCL batches run on the GPU (their "
-     "handles complete when the GPU is seen to finish them), instead of waiting for each"},
-    {"GPU_READY_ONLY", P_INT, LOCAL, F(gpu_ready_only), "1",
-     "1: a CUDA tensor enters negotiation once the GPU has written it (the event recorded at submit), "
-     "so batches follow the GPU's progress as DDP's buckets do; 0: as soon as it is submitted"},
+     "experimental (not yet run on a GPU): 1: the engine negotiates and queues the next batches while "
+     "NCCL batches run on the GPU (their handles complete when the GPU is seen to finish them), "
+     "instead of waiting for each"},
+    {"GPU_READY_ONLY", P_INT, LOCAL, F(gpu_ready_only), "0",
+     "experimental (not yet run on a GPU): 1: a CUDA tensor enters negotiation once the GPU has "
+     "written it (the event recorded at submit), so batches follow the GPU's progress as DDP's "
+     "buckets do; 0: as soon as it is submitted, its batch waiting on the GPU for the event"},
     {"NCCL_LIB", P_PATH, LOCAL, F(nccl_lib), "",
      "the NCCL library (libnccl.so.2) the GPU plane loads; hvlite.init() sets it to torch's "
      "nvidia-nccl wheel when unset; else the loader's libnccl.so.2"},

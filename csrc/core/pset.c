@@ -49,6 +49,7 @@ int hvl__psets_create(hvl_engine *e)
     ps->rank = e->rank;
     ps->comm = e->comm;              /* borrowed: the engine frees it */
     ps->one_host = members_on_one_host(e, ps);
+    ps->cuda_device = -1;
     e->psets[0] = ps;
     e->npsets = 1;
     return hvl__planes_open(e, ps);  /* collective: the data planes' state for the set */
@@ -173,6 +174,7 @@ int hvl__pset_add(hvl_engine *e, const int64_t *members, int n, int *id_out, int
     HVL_CHECK_GOTO(hvl__comm_split(e->comm, ps->rank >= 0 ? 0 : MPI_UNDEFINED, e->rank, 0, &ps->comm,
                                    hvl__peer_bound(e), "add_process_set: MPI_Comm_split"), rc, fail);
     ps->one_host = members_on_one_host(e, ps);
+    ps->cuda_device = -1;
     HVL_CHECK_GOTO(insert(e, ps), rc, fail);
     *id_out = ps->id;
     hvl__log(HVL_LOG_DEBUG, "process set %d added: %d ranks, this rank %d", ps->id, n, ps->rank);

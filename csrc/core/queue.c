@@ -173,12 +173,13 @@ static hvl_entry *entry_new(const hvl_request *q, int set_size)
                        .target_set = q->op == HVL_PROCESS_SET_REMOVE ? q->root_rank : 0,
                        .ndim = data ? q->ndim : 0, .prescale = reduces ? q->prescale : 1.0,
                        .postscale = reduces ? q->postscale : 1.0,
-                       .memory = data ? q->memory : HVL_MEMORY_HOST, .name = engine_name(q)};
+                       .memory = data ? q->memory : HVL_MEMORY_HOST, .device = -1, .set_device = -1,
+                       .name = engine_name(q)};
     memcpy(en->d.shape, q->shape, sizeof(int64_t) * (size_t)en->d.ndim);
     en->input = q->input;
     en->output = q->output;
     int cuda = en->d.memory == HVL_MEMORY_CUDA;
-    en->device = cuda ? q->device : -1;
+    en->device = en->d.device = cuda ? q->device : -1;
     en->ready_event = cuda ? q->ready_event : NULL;
     en->nsplits = q->op == HVL_ALLTOALL ? set_size : q->op == HVL_PROCESS_SET_ADD ? q->nsplits : 0;
     if (en->nsplits) {
@@ -342,7 +343,7 @@ int hvl__queue_drain(hvl_engine *e)
         /* after a failure (fatal) the rest are still linked, so the stop frees them */
         if (rc == HVL_OK) rc = hvl__strmap_put(&e->pending, en->d.name, en);
         if (en->d.op == HVL_JOIN) e->joined = 1;
-        en->gpu_pending = en->ready_event && e->params.gpu_ready_only;
+        hvl__ready_admit(e, en);
         en->ready_at = en->enqueued_at;
         en->prev_pending = e->pending_tail;
         en->next_pending = NULL;

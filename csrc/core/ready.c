@@ -1,4 +1,4 @@
-/* ready.c: which pending requests enter this cycle's negotiation. A CUDA tensor is submitted
+/* ready.c: which pending requests enter this cycle's negotiation, and how. A CUDA tensor is submitted
  * once the framework has queued the kernels that write it, usually long before the GPU runs
  * them: the host runs ahead. Negotiated at once, the gradients of a backward pass fall into one
  * or two batches, and the last of them waits for the end of the backward pass, then runs whole
@@ -34,7 +34,13 @@
  * a cycle time to them (negotiated at submit, the batch would wait on the GPU with no delay).
  * While other held tensors are still being written, the cycle time stands: what the GPU writes
  * meanwhile fuses into one batch.
- * HVLITE_GPU_READY_ONLY=0 turns holding off.
+ * Holding is off unless HVLITE_GPU_READY_ONLY=1 (experimental: not yet run on a GPU); without it
+ * a CUDA tensor is negotiated at once and its batch waits for its ready event on the GPU.
+ * Admission (hvl__ready_admit, as an entry goes pending): a rank's CUDA tensors of one process
+ * set stay on one device, its first one's (NCCL's communicator is per device). One on another
+ * device says so in its request (d.set_device), and the coordinator fails it on every rank with
+ * a message naming the ranks and devices: agreed before any NCCL call, so no peer waits for it
+ * inside NCCL until the peer timeout.
  * bg thread only. */
 #include "cuda_driver.h"
 #include "cycle.h"
@@ -63,6 +69,15 @@ static const char *released(const hvl_engine *e, hvl_entry *en, double now, int 
         return "its ready event could not be queried";
     }
     return done ? "the GPU wrote it" : NULL;
+}
+
+void hvl__ready_admit(hvl_engine *e, hvl_entry *en)
+{
+    en->gpu_pending = en->ready_event && e->params.gpu_ready_only;
+    hvl_pset *ps = en->device >= 0 ? hvl__pset(e, en->d.process_set) : NULL;
+    if (!ps) return;
+    if (ps->cuda_device < 0) ps->cuda_device = en->device;
+    else if (en->device != ps->cuda_device) en->d.set_device = ps->cuda_device;
 }
 
 void hvl__ready_hold(hvl_engine *e)

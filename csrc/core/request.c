@@ -66,7 +66,8 @@ int hvl__desc_matches(const hvl_desc *a, const hvl_desc *b)
 {
     if (a->op != b->op || a->dtype != b->dtype || a->ndim != b->ndim || a->reduce_op != b->reduce_op ||
         a->root_rank != b->root_rank || a->process_set != b->process_set || a->target_set != b->target_set ||
-        a->prescale != b->prescale || a->postscale != b->postscale || a->memory != b->memory)
+        a->prescale != b->prescale || a->postscale != b->postscale || a->memory != b->memory ||
+        a->set_device != b->set_device)
         return 0;
     for (int i = hvl__op_is(a->op, HVL_OPF_FREE_DIM0) ? 1 : 0; i < a->ndim; i++)
         if (a->shape[i] != b->shape[i]) return 0;

@@ -31,6 +31,9 @@ typedef struct {
     int64_t shape[HVL_MAX_DIMS];
     double prescale, postscale;
     int memory;                 /* hvl_memory of the buffers (data ops; HOST otherwise) */
+    int device;                 /* CUDA memory: the submitting rank's device (for messages only) */
+    int set_device;             /* -1, or the device of this rank's earlier CUDA tensors of the set
+                                   when this one is on another (ready.c): refused on every rank */
     char *name;                 /* the engine's name (see queue.c); owned by the holder */
 } hvl_desc;
 

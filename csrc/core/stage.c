@@ -387,7 +387,7 @@ void hvl__stage_end(hvl_engine *e, hvl_batch *b, hvl_stage *st)
         b->entries[i]->input = st->saved[i].input;
         b->entries[i]->output = st->saved[i].output;
     }
-    for (int k = 0; st->events && k < st->npieces; k++) hvl__cuda_event_free(st->device, st->events[k]);
+    for (int k = 0; st->events && k < st->npieces; k++) hvl__cuda_event_free(st->device, st->events[k], 0);
     free(st->events);
     free(st->saved);
     memset(st, 0, sizeof(*st));

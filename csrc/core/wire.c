@@ -18,6 +18,8 @@ void hvl__wire_put_desc(hvl_buf *b, const hvl_desc *d)
     hvl__buf_f64(b, d->prescale);
     hvl__buf_f64(b, d->postscale);
     hvl__buf_i32(b, d->memory);
+    hvl__buf_i32(b, d->device);
+    hvl__buf_i32(b, d->set_device);
     hvl__buf_str(b, d->name);
 }
 
@@ -50,6 +52,8 @@ int hvl__wire_get_desc(hvl_buf *b, hvl_desc *d)
     d->postscale = hvl__buf_get_f64(b);
     d->memory = hvl__buf_get_i32(b);
     if (d->memory < 0 || d->memory >= HVL_MEMORY_COUNT) b->bad = 1;
+    d->device = hvl__buf_get_i32(b);
+    d->set_device = hvl__buf_get_i32(b);
     d->name = hvl__buf_get_str(b);
     if (!d->name) b->bad = 1;
     return b->bad ? corrupt(b, "tensor description") : HVL_OK;

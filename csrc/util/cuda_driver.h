@@ -25,8 +25,9 @@ int hvl__cuda_driver_version(void);    /* e.g. 13000 for CUDA 13.0; 0 if not loa
 
 /* Each call below names a device (its ordinal) and first makes that device's primary context
  * (the one the frameworks use) current on this thread. The engine's stream on the device is
- * made on first use, non-blocking with respect to the legacy default stream, and is the
- * engine's until hvl__cuda_release. HVL_ERR_CUDA for a device the driver does not have. */
+ * made on first use, non-blocking with respect to the legacy default stream, at the device's
+ * greatest priority, and is the engine's until hvl__cuda_release. HVL_ERR_CUDA for a device the
+ * driver does not have. */
 int hvl__cuda_use(int dev);
 /* Any thread: makes device `dev`'s context, which the background thread already took
  * (hvl__cuda_use), current on the calling thread; for a helper thread the bg thread started
@@ -54,32 +55,41 @@ void hvl__cuda_host_free(void *p);
 int hvl__cuda_stream(int dev, void **stream);
 /* The device's PCI bus id, "0000:3b:00.0": what tells two ranks' GPUs apart on one host. */
 int hvl__cuda_bus_id(int dev, char *out, int len);
-/* Device memory (cuMemAlloc), freed with the device's context current; NULL-safe free. */
+/* Device memory (cuMemAlloc), freed with the device's context current; NULL-safe free. The free
+ * waits for the whole device (cuMemFree): only where nothing may still run there. */
 int hvl__cuda_device_alloc(int dev, void **out, int64_t bytes);
 void hvl__cuda_device_free(int dev, void *p);
 /* Events of the caller's own, for points of the engine's stream that outlive one call (a
  * device batch left running on the GPU): made on device `dev`, timed (cuEventElapsedTime can
  * measure between two; HVL_ERR_CUDA where the driver cannot) or not; recorded at the stream's
  * current end; *done = 1 once the stream passed it (never waits); the GPU's seconds from `from`
- * to `to`, once the stream passed both (timed ones); freed NULL-safe (an event the stream has
- * not reached yet is released by the driver once it is). */
+ * to `to`, once the stream passed both (timed ones); freed NULL-safe, saying whether it was
+ * made timed: kept for the next event_new of its kind (so a batch does not cost an event
+ * creation per point), recorded anew there; destroyed with the stream (hvl__cuda_release). */
 int hvl__cuda_event_new(int dev, int timed, void **event);
 int hvl__cuda_event_record(int dev, void *event);
 int hvl__cuda_event_reached(int dev, void *event, int *done);
 int hvl__cuda_event_seconds(int dev, void *from, void *to, double *seconds);
-void hvl__cuda_event_free(int dev, void *event);
+void hvl__cuda_event_free(int dev, void *event, int timed);
 /* Whether the device has stream-ordered memory pools (cuMemAllocAsync): *supported 1 or 0 (0
  * also where the driver predates them, CUDA 11.2). */
 int hvl__cuda_pools(int dev, int *supported);
-/* Device memory for a result that outlives the batch (allgather, alltoall on a device plane):
- * stream-ordered on the engine's stream (cuMemAllocAsync), so work queued there after this call
- * may write it; the host never waits. HVL_ERR_NO_MEMORY where the GPU has no room (the device's
- * default pool, which PyTorch's caching allocator does not lend to). Freed with
- * hvl__cuda_result_free. */
+/* Device memory from the device's default pool, stream-ordered on the engine's stream
+ * (cuMemAllocAsync), so work queued there after this call may use it; the host never waits:
+ * a result that outlives the batch (allgather, alltoall on a device plane), or a buffer of the
+ * engine's own. HVL_ERR_NO_MEMORY where the GPU has no room (the default pool, which PyTorch's
+ * caching allocator does not lend to). The pool's release threshold is raised to the most it
+ * has had in use at once, so memory freed to it stays mapped across synchronisations. Freed
+ * with hvl__cuda_result_free (any thread) or hvl__cuda_stream_free. */
 int hvl__cuda_result_alloc(int dev, void **out, int64_t bytes);
+/* Frees such memory on the engine's stream (cuMemFreeAsync), after the work queued there before:
+ * the host never waits, however busy the device. NULL-safe; cannot fail. */
+void hvl__cuda_stream_free(int dev, void *p);
 /* Any thread: frees such a result, stream-ordered on `stream` (a stream of the device's primary
  * context; NULL: the legacy default stream), after the work queued there before; the calling
- * thread's current context is kept. NULL-safe; cannot fail (a free that fails leaks). */
+ * thread's current context is kept. NULL-safe; cannot fail (a free that fails leaks). Where the
+ * device's primary context is no longer alive (every user released it: a process at exit), its
+ * memory went with it and nothing is done. */
 void hvl__cuda_result_free(int dev, void *p, void *stream);
 /* Zeroes device memory, asynchronously on the engine's stream. */
 int hvl__cuda_zero(int dev, void *device, int64_t bytes);

@@ -24,7 +24,8 @@ CUDA tensors: results come back on the input's device. At submit an event is rec
 current stream of the tensor's device (after the output is allocated), which the engine's copies
 wait for on the engine's own stream; when the handle completes the result is written, for any
 stream. Every rank of the set must use the same kind of memory for a tensor (else MismatchError
-on every rank).
+on every rank). A collective of CUDA tensors inside a CUDA graph capture is refused at submit
+(``HvliteNotSupportedError``): the engine runs it on its own stream, outside any graph.
 
 Errors: ``TypeError`` for a non-tensor, an unsupported dtype or a tensor on another device kind
 (neither CPU nor CUDA); ``ValueError`` for bad arguments; ``HvliteError`` subclasses for what the
@@ -41,7 +42,7 @@ from ..basics import rank, size
 from ..buffers import CUDA_MEMORY, NULL, DeviceBuffer, allocate, memory, pointer
 from ..collectives import Adasum, Average, InPlace, Max, Min, Product, Source, Sum, reduce_op
 from ..dtypes import by_name
-from ..errors import HvliteInvalidArgument
+from ..errors import HvliteInvalidArgument, HvliteNotSupportedError
 from ..handles import Group, Handle, auto_name, burst, submit_group, wait_all
 from ..process_sets import rank_and_size
 from .compression import Compression
@@ -108,10 +109,28 @@ class _ReadyEvent:
         return pointer(self.event.cuda_event)
 
 
+def _refuse_capture(device):
+    """Refuses a CUDA collective while the current stream of ``device`` is capturing a CUDA graph
+    (``torch.cuda.graph``): its ready event would be recorded into the capture, and the engine's
+    stream, waiting on it from outside the graph, would join the capture and invalidate it (and
+    fail the engine's own work). Checked before anything is recorded or submitted."""
+    if device.index == torch.cuda.current_device():
+        capturing = torch.cuda.is_current_stream_capturing()
+    else:
+        with torch.cuda.device(device):
+            capturing = torch.cuda.is_current_stream_capturing()
+    if capturing:
+        raise HvliteNotSupportedError(
+            "hvlite.torch: a collective of CUDA tensors cannot be captured in a CUDA graph (the current "
+            "stream of %s is capturing): hvlite runs it on its own stream, outside the graph; call it "
+            "before or after the capture, outside torch.cuda.graph" % device)
+
+
 def _source(tensor):
     """The engine's view of a contiguous, detached tensor (CPU or CUDA)."""
     if not tensor.is_cuda:
         return Source(_ptr(tensor), _engine_dtype(tensor), tuple(tensor.shape), tensor)
+    _refuse_capture(tensor.device)
     ready = _ReadyEvent(tensor.device)
     return Source(_ptr(tensor), _engine_dtype(tensor), tuple(tensor.shape), (tensor, ready),
                   CUDA_MEMORY, tensor.device.index, ready)
@@ -173,13 +192,30 @@ class _DeviceResult:
                 "strides": None, "version": 2}
 
 
+def _is_external(stream):
+    """Whether ``stream`` wraps a CUDA stream torch did not make (``torch.cuda.ExternalStream``),
+    which its maker may destroy at any time. torch gives such a stream its handle as its id (an
+    even number); its own streams have odd ids, its default stream 0. Unknown: taken as external."""
+    sid = getattr(stream, "stream_id", None)
+    return not isinstance(sid, int) or (sid != 0 and sid % 2 == 0)
+
+
 def _adopt_device(buffer, nbytes, device):
     """A uint8 tensor over an engine result on ``device``, freed (stream-ordered) on the stream
     that is current when it is adopted: the caller's, where the result is safe to use. torch's
     ``record_stream`` does nothing for memory it did not allocate, so a caller that uses the
-    result on another stream keeps it alive until that stream is done with it (or clones it)."""
-    buffer.stream = torch.cuda.current_stream(device).cuda_stream
-    return torch.as_tensor(_DeviceResult(buffer, nbytes), device=device)
+    result on another stream keeps it alive until that stream is done with it (or clones it).
+    On an external stream, which may be gone by the time the result is freed, the result is
+    copied into torch's own memory on it instead, and the engine's freed behind the copy."""
+    stream = torch.cuda.current_stream(device)
+    buffer.stream = stream.cuda_stream
+    adopted = torch.as_tensor(_DeviceResult(buffer, nbytes), device=device)
+    if not _is_external(stream):
+        return adopted
+    copy = adopted.clone()
+    del adopted
+    buffer.free()
+    return copy
 
 
 _outputs = {}

@@ -229,6 +229,21 @@ def test_check_build_report_built():
     assert "engine: could not be loaded" in unloadable and "[ ] MPI" in unloadable
 
 
+def test_check_build_marks_the_experimental_gpu_switches():
+    """The GPU defaults are the paths that have run on a GPU; what has not is one switch away,
+    marked experimental, each said on or off for this environment."""
+    info = {"version": "0.1.0", "mpi_source": "site"}
+    engine = {"planes": ["nccl", "shm", "mpi"], "nccl": True, "shm": True, "cuda": True}
+    report = build_info.check_build_report(info, None, "not found", {"HVLITE_NCCL_OVERLAP": "1"}, engine)
+    tail = report.split("Experimental GPU switches (not yet run on a GPU; off unless set):\n")[1].splitlines()
+    assert tail[0].startswith("    HVLITE_GPU_READY_ONLY: off: hold CUDA tensors")
+    assert tail[1].startswith("    HVLITE_NCCL_OVERLAP: ON here (1): leave NCCL batches running")
+    assert tail[2].startswith("    HVLITE_STAGED_PIECE: off: stage an allreduce")
+    assert "GPU paths that have run on a GPU (the defaults)" in report
+    no_cuda = build_info.check_build_report(info, None, "not found", {}, dict(engine, cuda=False))
+    assert "Experimental GPU" not in no_cuda
+
+
 def test_check_build_asks_the_engines_registry():
     """The planes come from the built engine (its registry), in its order, not from a list kept
     beside it."""

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA GPU here (torch.cuda.is_available() is False)")
 RANK, SIZE = hvd.rank(), hvd.size()
 CYCLE_S = float(os.environ.get("HVLITE_CYCLE_TIME", os.environ.get("HOROVOD_CYCLE_TIME", "1"))) / 1000
+HOLDING = os.environ.get("HVLITE_GPU_READY_ONLY", "0") not in ("", "0")      # experimental, off by default
 CUDA = torch.device("cuda", hvd.local_rank() % max(1, torch.cuda.device_count()))
 if torch.cuda.is_available():
     torch.cuda.set_device(CUDA)
@@ -55,7 +56,8 @@ def test_a_tensor_still_being_written_on_a_side_stream_is_reduced_after_the_writ
         assert torch.all(out == SIZE * (SIZE + 1) / 2), (trial, out[:4])
 
 
-@pytest.mark.skipif(os.environ.get("HVLITE_GPU_READY_ONLY") == "0", reason="holding is off")
+@pytest.mark.skipif(not HOLDING, reason="holding is off (experimental: HVLITE_GPU_READY_ONLY=1 turns it on, "
+                    "as tests/test_gpu.py's held runs do)")
 def test_a_cuda_tensor_the_gpu_has_not_written_waits_out_of_negotiation_holding_nothing_up():
     """A CUDA tensor enters negotiation once the GPU has written it (csrc/core/ready.c). One
     submitted behind about a second of GPU work is held there (the counter says so), while a host
@@ -79,7 +81,8 @@ def test_a_cuda_tensor_the_gpu_has_not_written_waits_out_of_negotiation_holding_
     assert waiting and host_s < 0.5, ("the host allreduce waited for the GPU", host_s)
 
 
-@pytest.mark.skipif(os.environ.get("HVLITE_GPU_READY_ONLY") == "0", reason="holding is off")
+@pytest.mark.skipif(not HOLDING, reason="holding is off (experimental: HVLITE_GPU_READY_ONLY=1 turns it on, "
+                    "as tests/test_gpu.py's held runs do)")
 @pytest.mark.skipif(CYCLE_S < 0.3, reason="a cycle time of 300 ms or more tells a cycle's wait apart "
                     "(tests/test_gpu.py runs this with HVLITE_CYCLE_TIME=500)")
 def test_a_held_tensor_is_negotiated_once_written_not_a_cycle_time_later():
@@ -109,8 +112,8 @@ def test_a_held_tensor_is_negotiated_once_written_not_a_cycle_time_later():
 
 
 def test_an_op_without_data_never_overtakes_a_cuda_tensor_still_being_written():
-    """A held CUDA tensor is released when an op without data (here a barrier) is submitted
-    after it, so it runs first, as submitted: once the barrier returns, it is done."""
+    """A CUDA tensor submitted before a barrier is done once the barrier returns (held for the
+    GPU, HVLITE_GPU_READY_ONLY=1, it is released when the barrier is submitted)."""
     x = torch.zeros(1 << 16, device=CUDA)
     torch.cuda.synchronize()                          # test set-up only
     torch.cuda._sleep(1_000_000_000)                  # ~0.5 s of GPU time on the current stream
@@ -242,3 +245,55 @@ def test_a_set_of_one_rank_gives_every_element_back(dtype):
     finally:
         for one in sets if SIZE > 1 else []:
             hvd.remove_process_set(one)
+
+
+def test_a_collective_inside_a_cuda_graph_capture_is_refused_and_the_capture_survives():
+    """Its ready event would be recorded into the capture and the engine's stream would join it:
+    refused at submit, before anything is recorded, so the capture goes on and replays."""
+    x = torch.ones(16, device=CUDA)
+    static = torch.ones(16, device=CUDA)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static.mul_(2)
+        with pytest.raises(hvd.HvliteNotSupportedError, match="cannot be captured in a CUDA graph"):
+            hvd.allreduce(x, name="captured")
+    graph.replay()
+    graph.replay()
+    assert torch.all(static == 4), static[:4]
+    assert hvd.allreduce(x, op=hvd.Sum, name="after.capture").sum().item() == 16 * SIZE
+
+
+def test_a_thread_local_capture_beside_the_engine_survives_its_allocations():
+    """A capture in the default (global) mode prohibits unsafe CUDA calls on every thread, the
+    engine's allocations among them, which then invalidate it; one in thread_local mode is not
+    disturbed: this thread captures while the main thread's collectives make the engine allocate
+    (a larger batch than any before: new staging or fusion memory)."""
+    static = torch.ones(1 << 10, device=CUDA)
+    graph, errors, started, done = torch.cuda.CUDAGraph(), [], threading.Event(), threading.Event()
+
+    def capture():
+        try:
+            torch.cuda.set_device(CUDA)
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                for _ in range(200):
+                    static.add_(1)
+                started.set()
+                done.wait(120)                        # open while the engine works
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            started.set()
+    thread = threading.Thread(target=capture)
+    thread.start()
+    try:
+        assert started.wait(60)
+        big = torch.full((64 << 20,), float(RANK + 1), device=CUDA)
+        got = hvd.allreduce(big, op=hvd.Sum, name="beside.capture")
+    finally:
+        done.set()
+        thread.join(60)
+    assert not errors, errors
+    assert torch.all(got == SIZE * (SIZE + 1) / 2)
+    graph.replay()
+    torch.cuda.current_stream().synchronize()        # test check only
+    assert torch.all(static == 201), static[:4]

@@ -31,7 +31,8 @@
 /* ---- the log ---- */
 typedef struct {
     const char *what;           /* "run", "settle", "abandon", "finish", "detach", "stopped", "prepare" */
-    int a, b, c;                /* run/settle: batch; how; set. finish/detach: entry; status */
+    int a, b, c, d;             /* run/settle: batch; how; set. finish/detach: entry; status; set;
+                                   finish: its buffers (hvl_outcome.buffers) */
     char message[160];
 } log_record;
 
@@ -41,16 +42,17 @@ typedef struct {
 static log_record records[LOG_MAX];
 static int nrecords, dropped;
 
-static void note(const char *what, int a, int b, int c, const char *message)
+static void note4(const char *what, int a, int b, int c, int d, const char *message)
 {
     if (nrecords == LOG_MAX) {
         dropped++;
         return;
     }
     log_record *r = &records[nrecords++];
-    *r = (log_record){what, a, b, c, ""};
+    *r = (log_record){what, a, b, c, d, ""};
     if (message) snprintf(r->message, sizeof(r->message), "%s", message);
 }
+static void note(const char *what, int a, int b, int c, const char *message) { note4(what, a, b, c, 0, message); }
 
 /* ---- the probe's device plane: a batch is known by its first entry's index ---- */
 enum { RUNNING, ENDED, FAILS };
@@ -60,7 +62,8 @@ static char names[ENTRIES_MAX][16];
 static float host_data[ENTRIES_MAX][4];
 static int nentries;
 static int batch_state[ENTRIES_MAX];      /* per batch (first entry): RUNNING, ENDED or FAILS */
-static int run_fails[ENTRIES_MAX];        /* run_device of that batch fails */
+static int run_fails[ENTRIES_MAX];        /* run_device of that batch fails with this status (0: not) */
+static int abandon_drains = 1;            /* the plane's abandon saw the GPU get past its batches */
 static int set_states[4];                 /* the plane's state per set: &set_states[id] */
 static hvl_pset psets[4];
 static int members[2] = {0, 1};
@@ -73,7 +76,7 @@ static int plane_run_device(hvl_engine *e, hvl_pset *ps, void *state, const hvl_
     (void)e, (void)state;
     int id = batch_of(b->name);
     note("run", id, b->ticket != NULL, ps->id, NULL);
-    if (run_fails[id]) return hvl__fail(HVL_ERR_NCCL, "the probe's run of batch %d fails", id);
+    if (run_fails[id]) return hvl__fail(run_fails[id], "the probe's run of batch %d fails", id);
     if (b->ticket) *b->ticket = &batch_state[id];      /* left running */
     return HVL_OK;
 }
@@ -88,10 +91,11 @@ static int plane_settle(hvl_engine *e, hvl_pset *ps, void *state, void *ticket, 
         return hvl__fail(HVL_ERR_TIMEOUT, "batch %d: waited for, never ended (the probe)", id);
     return HVL_OK;
 }
-static void plane_abandon(hvl_engine *e, hvl_pset *ps, void *state)
+static int plane_abandon(hvl_engine *e, hvl_pset *ps, void *state)
 {
     (void)e;
     note("abandon", (int)((int *)state - set_states), 0, ps->id, NULL);
+    return abandon_drains;
 }
 static int plane_can_run(const hvl_engine *e, const hvl_pset *ps, const void *state, const hvl_batch_kind *k)
 {
@@ -126,7 +130,7 @@ void probe_plane_count(hvl_engine *e, const hvl_plane *p, int64_t bytes) { (void
 void probe_entry_finish(hvl_engine *e, hvl_entry *en, hvl_outcome *o)
 {
     (void)e;
-    note("finish", entry_index(en), o->status, en->d.process_set, o->message);
+    note4("finish", entry_index(en), o->status, en->d.process_set, o->buffers, o->message);
     free(o->message);
     o->message = NULL;
 }
@@ -157,6 +161,7 @@ void probe_reset(int overlap)
     for (int i = 0; i < 4; i++) psets[i] = (hvl_pset){.id = i, .size = 2, .rank = 0, .ranks = members};
     memset(batch_state, 0, sizeof(batch_state));
     memset(run_fails, 0, sizeof(run_fails));
+    abandon_drains = 1;
     nrecords = dropped = nentries = nbatches = 0;
 }
 
@@ -198,7 +203,8 @@ int probe_batch(int op, int cuda, int set, int count)
 }
 
 void probe_batch_state(int id, int state) { batch_state[id] = state; }
-void probe_run_fails(int id) { run_fails[id] = 1; }
+void probe_run_fails(int id, int status) { run_fails[id] = status; }
+void probe_abandon_drains(int drains) { abandon_drains = drains; }
 
 /* The engine's calls: this cycle's batches (then none are listed), a settle, an abandon. */
 int probe_execute(void)
@@ -215,5 +221,5 @@ int probe_in_flight(void) { return engine.nin_flight; }
 int probe_log_count(void) { return nrecords; }
 int probe_log_dropped(void) { return dropped; }
 const char *probe_log_what(int i) { return records[i].what; }
-int probe_log_arg(int i, int j) { return j == 0 ? records[i].a : j == 1 ? records[i].b : records[i].c; }
+int probe_log_arg(int i, int j) { return j == 0 ? records[i].a : j == 1 ? records[i].b : j == 2 ? records[i].c : records[i].d; }
 const char *probe_log_message(int i) { return records[i].message; }

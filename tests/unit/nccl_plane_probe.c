@@ -1,6 +1,7 @@
-/* Test probe (tests/unit/test_nccl_plane.py): the NCCL plane's file compiled whole, so the test
+/* Test probe (tests/unit/test_nccl_plane.py): the NCCL plane's files compiled whole, so the test
  * can call its decision rules, which are static there. Loaded after the engine (whose symbols
  * it uses) was made global; nothing here runs NCCL, CUDA or MPI. */
+#include "nccl_set.c"
 #include "backend_nccl.c"
 
 /* verdict() over n members with global ranks `ranks`, each described by host, bus, device, ok
@@ -33,7 +34,7 @@ int probe_can_run(int nccl_chosen, int pools, int op, int reduce_op, int dtype, 
                   .comm = nccl_chosen ? (ncclComm_t)&s : NULL};
     hvl_batch_kind k = {op, reduce_op, dtype, memory, 4096, prescale, postscale, even_rows};
     hvl_pset ps = {.size = nranks};
-    return can_run(NULL, &ps, &s, &k);
+    return hvl__nccl_set_can_run(NULL, &ps, &s, &k);
 }
 
 void probe_host_key(char *out, int len) { host_key(out, (size_t)len); }

@@ -1,7 +1,7 @@
-/* Test probe (tests/unit/test_nccl_run_single.py): how the NCCL plane runs and ends batches
- * (backend_nccl.c with its binding nccl_lib.c), on a machine without a GPU. Both files are
- * compiled into this probe with their NCCL table, CUDA driver calls and MPI exchanges going to
- * the probe, which logs each call and answers it as the test says: an event or a stream mark is
+/* Test probe (tests/unit/test_nccl_run_single.py): how the NCCL plane decides, runs and ends
+ * batches (backend_nccl.c and nccl_set.c with their binding nccl_lib.c), on a machine without a
+ * GPU. The files are compiled into this probe with their NCCL table, CUDA driver calls and MPI
+ * exchanges going to the probe, which logs each call and answers it as the test says: an event or a stream mark is
  * reached after so many looks, or never; ncclCommGetAsyncError says "in progress" so many
  * times, then success or an error; an abort returns, or hangs until the test lets it go.
  * Nothing runs on a device: the pointers are addresses that are never read. The test checks from
@@ -34,6 +34,8 @@
 #define hvl__cuda_bus_id probe_cuda_bus_id
 #define hvl__cuda_device_alloc probe_cuda_device_alloc
 #define hvl__cuda_device_free probe_cuda_device_free
+#define hvl__cuda_result_alloc probe_cuda_result_alloc
+#define hvl__cuda_stream_free probe_cuda_stream_free
 #define hvl__cuda_event_new probe_cuda_event_new
 #define hvl__cuda_event_record probe_cuda_event_record
 #define hvl__cuda_event_reached probe_cuda_event_reached
@@ -45,7 +47,20 @@
 #define hvl__bcast_bytes probe_bcast_bytes
 #define hvl__allgather_i64 probe_allgather_i64
 #define hvl__agree probe_agree
+#define hvl__nccl_type probe_nccl_type
+#define hvl__nccl_set_open probe_nccl_set_open
+#define hvl__nccl_set_close probe_nccl_set_close
+#define hvl__nccl_set_prepare probe_nccl_set_prepare
+#define hvl__nccl_set_can_run probe_nccl_set_can_run
+#define hvl__nccl_set_look probe_nccl_set_look
+#define hvl__nccl_set_overdue probe_nccl_set_overdue
+#define hvl__nccl_set_poll probe_nccl_set_poll
+#define hvl__nccl_set_drop probe_nccl_set_drop
+#define hvl__nccl_ticket_free probe_nccl_ticket_free
+#define hvl__nccl_set_grow probe_nccl_set_grow
+#define hvl__nccl_set_drained probe_nccl_set_drained
 #include "../../csrc/util/nccl_lib.c"
+#include "../../csrc/backends/nccl_set.c"
 #include "../../csrc/backends/backend_nccl.c"
 
 hvl_engine probe_engine;
@@ -72,6 +87,8 @@ static void note(const char *name, int64_t a0, int64_t a1, int64_t a2, int64_t a
 
 /* ---- the answers the test sets ---- */
 static int event_looks, mark_looks;    /* looks until reached; -1: never */
+static int aborted, stuck_after_abort; /* atomic: an abort ran; then the stream drains (its NCCL
+                                          kernels end), unless the test says it stays stuck */
 static int event_seen[EVENTS_MAX], event_ids[EVENTS_MAX], nevents;
 static int mark_seen;
 static int async_pending, async_ok, async_result;   /* "in progress" this many looks more, then
@@ -109,9 +126,13 @@ int probe_cuda_mark(int dev)
     mark_seen = 0;
     return cuda_call("mark", dev, 0, 0, 0);
 }
+static int drains(void)
+{
+    return __atomic_load_n(&aborted, __ATOMIC_ACQUIRE) && !stuck_after_abort;
+}
 int probe_cuda_mark_reached(int dev, int *done)
 {
-    *done = mark_looks >= 0 && ++mark_seen > mark_looks;
+    *done = drains() || (mark_looks >= 0 && ++mark_seen > mark_looks);
     return cuda_call("mark_look", dev, *done, 0, 0);
 }
 int probe_cuda_stream(int dev, void **stream)
@@ -124,21 +145,27 @@ int probe_cuda_bus_id(int dev, char *out, int len)
     snprintf(out, (size_t)len, "0000:%02x:00.0", dev + 0x10);
     return cuda_call("bus_id", dev, 0, 0, 0);
 }
+static int pools_here = 1;                /* this rank's GPU has memory pools */
 int probe_cuda_pools(int dev, int *supported)
 {
-    *supported = 1;
+    *supported = pools_here;
     return cuda_call("pools", dev, 0, 0, 0);
 }
-int probe_cuda_device_alloc(int dev, void **out, int64_t bytes)
+/* Device memory: logged as "device_alloc" (dev, bytes, address, 1 if stream-ordered from the
+ * pool) and "device_free" (dev, address, 1 if stream-ordered). */
+static int device_alloc(int dev, void **out, int64_t bytes, int pool)
 {
     int64_t at = next_address;      /* logged as a[2] */
     *out = NULL;
-    HVL_CHECK(cuda_call("device_alloc", dev, bytes, at, 0));
+    HVL_CHECK(cuda_call("device_alloc", dev, bytes, at, pool));
     next_address += (bytes + 0xffff) / 0x10000 * 0x10000 + 0x10000;
     *out = (void *)(intptr_t)at;
     return HVL_OK;
 }
+int probe_cuda_device_alloc(int dev, void **out, int64_t bytes) { return device_alloc(dev, out, bytes, 0); }
+int probe_cuda_result_alloc(int dev, void **out, int64_t bytes) { return device_alloc(dev, out, bytes, 1); }
 void probe_cuda_device_free(int dev, void *p) { if (p) note("device_free", dev, (intptr_t)p, 0, 0, 0); }
+void probe_cuda_stream_free(int dev, void *p) { if (p) note("device_free", dev, (intptr_t)p, 1, 0, 0); }
 /* An event is a slot of event_ids; the log shows its index. */
 int probe_cuda_event_new(int dev, int timed, void **event)
 {
@@ -158,7 +185,7 @@ int probe_cuda_event_record(int dev, void *event)
 int probe_cuda_event_reached(int dev, void *event, int *done)
 {
     int i = *(int *)event;
-    *done = event_looks >= 0 && ++event_seen[i] > event_looks;
+    *done = drains() || (event_looks >= 0 && ++event_seen[i] > event_looks);
     return cuda_call("event_look", dev, i, *done, 0);
 }
 int probe_cuda_event_seconds(int dev, void *from, void *to, double *seconds)
@@ -166,10 +193,10 @@ int probe_cuda_event_seconds(int dev, void *from, void *to, double *seconds)
     *seconds = 0.001 * (*(int *)to - *(int *)from);     /* 1 ms per point */
     return cuda_call("event_seconds", dev, *(int *)from, *(int *)to, 0);
 }
-void probe_cuda_event_free(int dev, void *event)
+void probe_cuda_event_free(int dev, void *event, int timed)
 {
     if (!event) return;
-    note("event_free", dev, *(int *)event, 0, 0, 0);
+    note("event_free", dev, *(int *)event, timed, 0, 0);
     live_events--;
 }
 void probe_cuda_stuck(void) { note("cuda_stuck", 0, 0, 0, 0, 0); }
@@ -183,9 +210,16 @@ static ncclResult_t nccl_call(const char *name, int64_t a0, int64_t a1, int64_t 
 }
 static ncclResult_t p_version(int *v) { *v = 22809; return NC_SUCCESS; }
 static ncclResult_t p_unique_id(ncclUniqueId *id) { memset(id, 7, sizeof(*id)); return nccl_call("get_unique_id", 0, 0, 0, 0, 0); }
+/* The calling thread's cores: where a thread NCCL starts now would run. */
+static int cpus_here(void)
+{
+    cpu_set_t set;
+    return pthread_getaffinity_np(pthread_self(), sizeof(set), &set) == 0 ? CPU_COUNT(&set) : -1;
+}
 static ncclResult_t p_init(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank, nccl_config *config)
 {
     *comm = COMM;
+    note("cpus", cpus_here(), 0, 0, 0, 0);
     return nccl_call("init", nranks, rank, config->blocking, (unsigned char)id.internal[0], 0);
 }
 static ncclResult_t p_abort(ncclComm_t comm)
@@ -194,6 +228,7 @@ static ncclResult_t p_abort(ncclComm_t comm)
     note("abort_begins", (intptr_t)comm, 0, 0, 0, 0);
     while (__atomic_load_n(&abort_hangs, __ATOMIC_ACQUIRE)) usleep(1000);
     note("abort", (intptr_t)comm, 0, 0, 0, 0);
+    __atomic_store_n(&aborted, 1, __ATOMIC_RELEASE);
     __atomic_store_n(&abort_returned, 1, __ATOMIC_RELEASE);
     __atomic_sub_fetch(&aborts_running, 1, __ATOMIC_ACQ_REL);
     return NC_SUCCESS;
@@ -218,6 +253,7 @@ static ncclResult_t p_broadcast(const void *send, void *recv, size_t count, nccl
                                 ncclComm_t comm, cudaStream_t stream)
 {
     (void)comm, (void)stream, (void)type;
+    note("cpus", cpus_here(), 0, 0, 0, 0);
     return nccl_call("broadcast", (intptr_t)send, (intptr_t)recv, (int64_t)count, root, 0);
 }
 static ncclResult_t p_reduce_scatter(const void *send, void *recv, size_t count, ncclDataType_t type,
@@ -319,6 +355,11 @@ void probe_reset(int rank, int size, double timeout_s)
 {
     __atomic_store_n(&abort_hangs, 0, __ATOMIC_RELEASE);      /* a hung abort left by a test ends */
     for (int i = 0; i < 5000 && __atomic_load_n(&aborts_running, __ATOMIC_ACQUIRE); i++) usleep(1000);
+    event_looks = mark_looks = 0;             /* the last test's set closes on a stream that drains */
+    stuck_after_abort = 0;
+    async_pending = async_ok = 0;
+    async_result = NC_SUCCESS;
+    fail_name[0] = '\0';
     if (state) probe_backend_nccl.close(state, 1);
     state = NULL;
     memset(&probe_engine, 0, sizeof(probe_engine));
@@ -336,7 +377,9 @@ void probe_reset(int rank, int size, double timeout_s)
     async_result = NC_SUCCESS;
     fail_name[0] = '\0';
     agree_fails_elsewhere = peers_share_gpu = 0;
+    pools_here = 1;
     __atomic_store_n(&abort_returned, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&aborted, 0, __ATOMIC_RELEASE);
     probe_nccl = (hvl_nccl_api){p_version, p_unique_id, p_init, p_abort, p_async, p_error_string, p_last_error,
                                 p_all_reduce, p_broadcast, p_reduce_scatter, p_all_gather, p_send, p_recv,
                                 p_group_start, p_group_end, p_premulsum, p_red_op_destroy};
@@ -351,7 +394,7 @@ void probe_use_nccl(int dev)
     s->mode = USE_NCCL;
     s->device = dev;
     s->comm = COMM;
-    s->pools = 1;
+    s->pools = s->pools_here = pools_here;
 }
 
 void probe_settings(int grouped, double timeout_s) { probe_engine.params.nccl_grouped = grouped, probe_engine.params.peer_timeout_s = timeout_s; }
@@ -360,7 +403,9 @@ void probe_async(int pending, int ok, int result) { async_pending = pending, asy
 void probe_fail(const char *name, int nth) { snprintf(fail_name, sizeof(fail_name), "%s", name), fail_name_nth = nth; }
 void probe_disable_nccl(int disable) { probe_engine.params.nccl_disable = disable; }
 void probe_pools(int pools) { ((nccl_set *)state)->pools = pools; }
+void probe_pools_here(int pools) { pools_here = pools; }   /* for the next probe_use_nccl or prepare */
 void probe_abort_hangs(int hangs) { __atomic_store_n(&abort_hangs, hangs, __ATOMIC_RELEASE); }
+void probe_stuck_after_abort(int stuck) { stuck_after_abort = stuck; }
 int probe_abort_returned(void) { return __atomic_load_n(&abort_returned, __ATOMIC_ACQUIRE); }
 void probe_shutdown(int requested) { probe_engine.shutdown_requested = requested; }
 void probe_peers(int share_gpu, int agree_fails) { peers_share_gpu = share_gpu, agree_fails_elsewhere = agree_fails; }
@@ -403,11 +448,34 @@ int probe_settle(void *ticket, int how, int *done)
 {
     return probe_backend_nccl.settle(&probe_engine, &pset, state, ticket, how, done, phases);
 }
-void probe_abandon(void) { probe_backend_nccl.abandon(&probe_engine, &pset, state); }
+int probe_abandon(void) { return probe_backend_nccl.abandon(&probe_engine, &pset, state); }
+static int cpus_after;
+/* The set's decision, on a thread pinned as the engine's is under HVLITE_THREAD_AFFINITY when
+ * probe_pin said so; probe_cpus_after() is its cores when prepare returned. */
 int probe_prepare(int dev)
 {
     hvl_batch_kind k = batch.kind;
-    return probe_backend_nccl.prepare(&probe_engine, &pset, state, &k, dev);
+    if (probe_engine.pinned) pthread_setaffinity_np(pthread_self(), sizeof(cpu_set_t), &probe_engine.cpus_pinned);
+    int rc = probe_backend_nccl.prepare(&probe_engine, &pset, state, &k, dev);
+    cpus_after = cpus_here();
+    return rc;
+}
+int probe_cpus_after(void) { return cpus_after; }
+/* The engine thread pinned to the first of this process's cores (1), or not (0); the cores it
+ * had before are the process's. Returns how many the process has. */
+int probe_pin(int pinned)
+{
+    cpu_set_t all;
+    if (sched_getaffinity(0, sizeof(all), &all) != 0) return -1;
+    probe_engine.pinned = pinned;
+    probe_engine.cpus_before = all;
+    CPU_ZERO(&probe_engine.cpus_pinned);
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &all)) {
+            CPU_SET(c, &probe_engine.cpus_pinned);
+            break;
+        }
+    return CPU_COUNT(&all);
 }
 int probe_can_run(void) { return probe_backend_nccl.can_run(&probe_engine, &pset, state, &batch.kind); }
 void probe_close(void)
@@ -432,6 +500,8 @@ int64_t probe_state(const char *what)
         return n;
     }
     if (!strcmp(what, "abort_stuck")) return s ? s->abort_stuck : 0;
+    if (!strcmp(what, "stream_stuck")) return s ? s->stream_stuck : 0;
+    if (!strcmp(what, "fusion_cap")) return s ? s->fusion_cap : 0;
     if (!strcmp(what, "live_events")) return live_events;
     return -1;
 }

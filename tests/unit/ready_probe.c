@@ -13,6 +13,7 @@
 #define hvl__cuda_loaded probe_cuda_loaded
 #define hvl__cuda_event_reached probe_event_reached
 #define hvl__ready_hold probe_ready_hold
+#define hvl__ready_admit probe_ready_admit
 #define hvl__ready_all_written probe_ready_all_written
 #include "../../csrc/core/ready.c"
 
@@ -23,6 +24,7 @@ static hvl_entry entries[MAX_ENTRIES];
 static char names[MAX_ENTRIES][16];
 static int gpu_state[MAX_ENTRIES];     /* 1: the GPU passed the entry's ready event, 0: not yet, -1: query fails */
 static int count, cuda_loaded;
+static hvl_pset sets[2], *set_table[2] = {&sets[0], &sets[1]};   /* sets 0 and 1 */
 
 int probe_cuda_loaded(void) { return cuda_loaded; }
 
@@ -43,6 +45,9 @@ void probe_reset(double deadlock_s, int loaded)
     memset(entries, 0, sizeof(entries));
     engine.params.deadlock_s = deadlock_s;
     engine.params.gpu_ready_only = 1;
+    for (int i = 0; i < 2; i++) sets[i] = (hvl_pset){.id = i, .cuda_device = -1};
+    engine.psets = set_table;
+    engine.npsets = 2;
     cuda_loaded = loaded;
     count = 0;
 }
@@ -72,6 +77,27 @@ int probe_add(int op, int on_gpu, uint64_t group, double age_s, int sent)
     engine.pending_tail = en;
     return i;
 }
+
+/* An entry of set `set` going pending (queue.c's drain calls hvl__ready_admit): on CUDA device
+ * `device` (-1: host memory, or a joined rank's stand-in), with a ready event if on a device;
+ * holding per `hold` (HVLITE_GPU_READY_ONLY). Returns its index; its set_device and
+ * gpu_pending say what admission decided. */
+int probe_admit(int set, int device, int hold)
+{
+    if (count == MAX_ENTRIES) return -1;
+    int i = count++;
+    hvl_entry *en = &entries[i];
+    snprintf(names[i], sizeof(names[i]), "t%d", i);
+    en->d = (hvl_desc){.op = HVL_ALLREDUCE, .process_set = set, .memory = device >= 0 ? HVL_MEMORY_CUDA : HVL_MEMORY_HOST,
+                       .device = device, .set_device = -1, .name = names[i]};
+    en->device = device;
+    en->ready_event = device >= 0 ? &gpu_state[i] : NULL;
+    engine.params.gpu_ready_only = hold;
+    probe_ready_admit(&engine, en);
+    return i;
+}
+int probe_set_device(int i) { return entries[i].d.set_device; }
+int probe_pinned(int set) { return sets[set].cuda_device; }
 
 void probe_gpu(int i, int state) { gpu_state[i] = state; }
 void probe_hold(void) { probe_ready_hold(&engine); }

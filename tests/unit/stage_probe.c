@@ -154,7 +154,7 @@ int probe_event_reached(int dev, void *event, int *done)
     *done = event_looks >= 0 && ++event_seen[i] > event_looks;
     return note(LOG_EVENT_LOOK, dev, (uint64_t)*done, 0, i);
 }
-void probe_event_free(int dev, void *event) { if (event) note(LOG_EVENT_FREE, dev, 0, 0, *(int *)event); }
+void probe_event_free(int dev, void *event, int timed) { if (event) note(LOG_EVENT_FREE, dev, timed, 0, *(int *)event); }
 void probe_stuck(void) { note(LOG_STUCK, -1, 0, 0, 0); }
 void probe_release(void) {}
 int probe_cuda_loaded(void) { return 1; }

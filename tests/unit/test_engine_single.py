@@ -77,6 +77,39 @@ def test_gathered_results_own_the_engines_memory():
     assert "has no result to take" in h.wait()
 
 
+@pytest.mark.parametrize("busy", [0, 1])
+def test_a_failed_handle_keeps_its_buffers_exactly_when_the_engine_says_they_are_busy(monkeypatch, busy):
+    """After an error, the engine says whether work it gave up on may still touch the buffers
+    (hvl_buffers_busy): kept for good then, let go otherwise. The engine's answer is set here
+    (an error of a batch stopped on the GPU needs a GPU); the handle's own wait is real."""
+    from hvlite import handles
+    from hvlite._lib import lib
+    from hvlite.handles import address, submit
+
+    class Answers:             # the engine's lib, but this handle "failed" and is as busy as said
+        def __getattr__(self, name):
+            return getattr(lib, name)
+
+        def hvl_wait(self, hid, timeout):
+            rc = lib.hvl_wait(hid, timeout)
+            return lib.HVL_ERR_SHUT_DOWN if rc == lib.HVL_OK else rc
+
+        def hvl_buffers_busy(self, hid, out):
+            assert lib.hvl_buffers_busy(hid, out) == lib.HVL_OK and out[0] == 0   # it succeeded
+            out[0] = busy
+            return lib.HVL_OK
+    x = np.ones(4, np.float32)
+    kept = len(handles._stranded)
+    monkeypatch.setattr(handles, "lib", Answers())
+    h = submit(lib.HVL_ALLREDUCE, "busy.%d" % busy, dtypes.to_engine(x.dtype), x.shape, address(x),
+               address(x), (x,), None)
+    with pytest.raises(hvd.HvliteError):
+        h.wait()
+    assert len(handles._stranded) == kept + busy
+    if busy:
+        assert handles._stranded[-1] == (x,)
+
+
 def test_reducescatter_rows_split():
     lib = hvd._lib.lib
     assert [lib.hvl_reducescatter_rows(7, r, 3) for r in range(3)] == [3, 2, 2]
@@ -138,6 +171,16 @@ def test_unknown_setting_warns_and_horovod_alias_is_read():
                env={"HVLITE_FUSION_TRESHOLD": "1", "HOROVOD_LOG_LEVEL": "debug"})
     assert "unknown setting HVLITE_FUSION_TRESHOLD" in r.stderr, r.stderr
     assert "settings: fusion_threshold=134217728" in r.stderr, r.stderr   # debug via the alias
+
+
+def test_the_gpu_defaults_are_the_paths_that_ran_on_a_gpu():
+    """What has not run on a GPU is one switch away, off by default and marked experimental in
+    the settings table: holding CUDA tensors until written, NCCL batches left running, staged
+    pieces."""
+    r = run_py("import hvlite; hvlite.init(); hvlite.shutdown()", env={"HVLITE_LOG_LEVEL": "trace"})
+    for name, default in (("GPU_READY_ONLY", "0"), ("NCCL_OVERLAP", "0"), ("STAGED_PIECE", "0")):
+        line = "HVLITE_%s (default %s): experimental (not yet run on a GPU)" % (name, default)
+        assert line in r.stderr, (name, r.stderr[-3000:])
 
 
 def test_init_rejects_unsupported_arguments():

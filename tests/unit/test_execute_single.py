@@ -21,7 +21,8 @@ import pytest
 from c_check import bounded, load_probe  # tests/unit, beside this file
 
 ALLREDUCE, BARRIER = 0, 5                  # csrc/hvlite.h
-OK, TIMEOUT, NCCL, SHUT_DOWN = 0, 3, 5, 8
+OK, INVALID_ARG, TIMEOUT, NCCL, SHUT_DOWN = 0, 1, 3, 5, 8
+BY_STATUS, BUSY, FREE = 0, 1, 2           # cycle.h: hvl_outcome.buffers
 LOOK, WAIT = 0, 1                          # engine.h
 RUNNING, ENDED, FAILS = 0, 1, 2            # execute_probe.c
 
@@ -60,7 +61,7 @@ class Engine:
         lib = self.lib
         assert lib.probe_log_dropped() == 0, "the probe's log overflowed"
         return [(lib.probe_log_what(i).decode(), lib.probe_log_arg(i, 0), lib.probe_log_arg(i, 1),
-                 lib.probe_log_arg(i, 2), lib.probe_log_message(i).decode())
+                 lib.probe_log_arg(i, 2), lib.probe_log_message(i).decode(), lib.probe_log_arg(i, 3))
                 for i in range(lib.probe_log_count())]
 
     def new(self):
@@ -72,7 +73,7 @@ class Engine:
     def finished(self, calls=None):
         """{entry: (status, message)} of the entries finished in `calls` (default: all)."""
         out = {}
-        for what, entry, status, _, message in calls if calls is not None else self.log():
+        for what, entry, status, _, message, _ in calls if calls is not None else self.log():
             if what == "finish":
                 assert entry not in out, f"entry {entry} finished twice"
                 out[entry] = (status, message)
@@ -183,7 +184,7 @@ def test_a_batch_that_fails_on_the_gpu_fails_every_batch_kept_after_it(probe):
 def test_a_failed_run_with_overlap_finishes_its_entries_with_the_error_at_once(probe):
     e = Engine(probe)
     a = e.batch()
-    probe.probe_run_fails(a)
+    probe.probe_run_fails(a, NCCL)
     assert e.execute() == NCCL
     assert "fails" in e.error
     calls = e.new()
@@ -197,7 +198,7 @@ def test_a_failed_run_behind_batches_left_running_fails_them_first(probe):
     it, with its error, so handles fail oldest first."""
     e, old = one_left_running(probe)
     new = e.batch()
-    probe.probe_run_fails(new)
+    probe.probe_run_fails(new, NCCL)
     assert e.execute() == NCCL
     calls = e.new()
     order = [c[1] for c in calls if c[0] == "finish"]
@@ -206,6 +207,33 @@ def test_a_failed_run_behind_batches_left_running_fails_them_first(probe):
     assert all("batch %d fails" % new in m for _, m in e.finished(calls).values())
     assert [c[0] for c in calls].count("abandon") == 1
     assert probe.probe_in_flight() == 0
+
+
+def buffers(calls):
+    """{entry: hvl_outcome.buffers} of the entries finished in `calls`."""
+    return {c[1]: c[5] for c in calls if c[0] == "finish"}
+
+
+@pytest.mark.parametrize("drains", [True, False])
+def test_a_bad_tensor_never_lets_go_of_the_buffers_of_batches_still_running(probe, drains):
+    """A tensor on another GPU than its set's fails its batch before anything is queued
+    (HVL_ERR_INVALID_ARG: its buffers are free). The batches still running behind it are stopped
+    on the GPU: they fail with a status that does not say "nothing moved", and their buffers are
+    free only once the plane saw the GPU get past them; else they stay busy (kept for good)."""
+    e, old = one_left_running(probe)
+    new = e.batch()
+    probe.probe_run_fails(new, INVALID_ARG)
+    probe.probe_abandon_drains(int(drains))
+    assert e.execute() == INVALID_ARG
+    calls = e.new()
+    finished = e.finished(calls)
+    assert {finished[i][0] for i in entries_of(old)} == {SHUT_DOWN}
+    assert all("'t%d' was still running on the GPU" % old in finished[i][1] and "batch %d fails" % new in finished[i][1]
+               for i in entries_of(old))
+    assert {finished[i][0] for i in entries_of(new)} == {INVALID_ARG}
+    kept = buffers(calls)
+    assert {kept[i] for i in entries_of(old)} == {FREE if drains else BUSY}
+    assert {kept[i] for i in entries_of(new)} == {BY_STATUS}      # decided before its data moved
 
 
 def test_a_batch_left_running_that_fails_while_waited_for_stops_the_barrier_behind_it(probe):

@@ -1,4 +1,5 @@
-"""The NCCL data plane (csrc/backends/backend_nccl.c, its binding csrc/util/nccl_lib.c), checked on a machine without a GPU.
+"""The NCCL data plane (csrc/backends/backend_nccl.c and nccl_set.c, its binding
+csrc/util/nccl_lib.c), checked on a machine without a GPU.
 
 What a GPU-less machine can show (the GPU runs are tests/test_gpu.py's):
 - the plane is built in and first in the registry, and ``--check-build`` says so;
@@ -54,8 +55,8 @@ def test_plane_declarations_match_nccl_h():
     if header is None or cuda is None:
         pytest.skip("no nccl.h (nvidia-nccl wheel) or no CUDA toolkit headers (nccl.h includes "
                     "cuda_runtime.h) on this machine")
-    compile_c(["-fsyntax-only", "-I", cuda, "-include", header,
-               os.path.join(CSRC, "backends", "backend_nccl.c")])
+    for plane_file in ("backend_nccl.c", "nccl_set.c"):
+        compile_c(["-fsyntax-only", "-I", cuda, "-include", header, os.path.join(CSRC, "backends", plane_file)])
     compile_c(["-fsyntax-only", "-I", cuda, "-include", header, os.path.join(CSRC, "util", "nccl_lib.c")])
 
 

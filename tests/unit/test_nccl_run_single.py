@@ -16,10 +16,13 @@ What it shows:
   batches fail; an abort that hangs is left behind after its bound; a batch left running is
   looked at without waiting; the shutdown flag ends a blocking wait, not an agreed stop's; a
   batch queued behind another is bounded from that one's end, not from its own queueing;
-- a buffer of the set (fusion, a joined rank's zeros or scratch) is replaced only once the
-  stream passed the batches left running, which may still read it;
+- a buffer of the set (fusion, a joined rank's zeros or scratch) grows without waiting for the
+  device: the one it outgrew, which batches left running may still read, is freed after them
+  on the engine's stream (memory pools) or kept until the set closes;
 - the set's decision: the communicator made from rank 0's id, nonblocking, its set-up bounded,
-  and every failure agreed so the set stays staged everywhere.
+  warmed up (an allreduce and a broadcast, where NCCL connects its transports) before the
+  members agree, and every failure, the warm-up's too, agreed so the set stays staged
+  everywhere.
 The plane on a real GPU and NCCL is tests/gpu/test_nccl_plane.py's (make test-gpu)."""
 import ctypes
 import struct
@@ -33,10 +36,10 @@ from c_check import bounded, load_probe  # tests/unit, beside this file
 ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER = 0, 1, 2, 3, 4    # csrc/hvlite.h
 SUM, AVERAGE, MIN, MAX, PRODUCT = 0, 1, 2, 3, 4
 UINT8, FLOAT16, BFLOAT16, FLOAT32, FLOAT64 = 0, 6, 7, 8, 9
-OK, INVALID_ARG, TIMEOUT, NCCL, SHUT_DOWN = 0, 1, 3, 5, 8
+OK, INVALID_ARG, TIMEOUT, NCCL, SYSTEM, SHUT_DOWN = 0, 1, 3, 5, 6, 8
 NC_FLOAT16, NC_FLOAT32, NC_FLOAT64, NC_BFLOAT16 = 6, 7, 8, 9                # nccl_lib.h
 NC_SUM, NC_PROD, NC_MAX, NC_MIN, NC_AVG = 0, 1, 2, 3, 4
-NC_REMOTE_ERROR, NC_IN_PROGRESS = 6, 7
+NC_SYSTEM_ERROR, NC_REMOTE_ERROR, NC_IN_PROGRESS = 2, 6, 7
 LOOK, WAIT, STOPPING = 0, 1, 2                                              # engine.h
 UNDECIDED, USE_NCCL, STAGED = 0, 1, 2                                       # backend_nccl.c
 HOST = -1                                                                   # a joined rank's stand-in
@@ -78,10 +81,11 @@ class Plane:
     """The NCCL plane's state for one set, driven through the probe; batches as the engine hands
     them over; the calls read back from the log."""
 
-    def __init__(self, lib, rank=0, size=2, timeout_s=30.0, grouped=False, nccl=True):
+    def __init__(self, lib, rank=0, size=2, timeout_s=30.0, grouped=False, nccl=True, pools=True):
         self.lib = lib
         lib.probe_reset(rank, size, timeout_s)
         lib.probe_settings(int(grouped), timeout_s)
+        lib.probe_pools_here(int(pools))          # this rank's GPU has memory pools
         if nccl:
             lib.probe_use_nccl(0)
         self.inputs, self.outputs, self.counts, self.devices = [], [], [], []
@@ -176,7 +180,7 @@ def test_a_fused_allreduce_is_one_nccl_call_on_the_fusion_buffer(probe):
     sizes = [4 * n for n in p.counts]
     offsets = np.cumsum([0] + [slot(s) for s in sizes])[:-1]
     alloc = [c.args for c in calls if c.name == "device_alloc"]
-    assert alloc == [(0, sum(slot(s) for s in sizes), fusion, 0, 0)]
+    assert alloc == [(0, sum(slot(s) for s in sizes), fusion, 1, 0)]      # from the pool, stream-ordered
     copies = [c.args[1:4] for c in calls if c.name == "copy"]
     device_ones = [i for i, d in enumerate(p.devices) if d != HOST]
     copies_in = [(fusion + offsets[i], p.inputs[i], sizes[i]) for i in device_ones]
@@ -308,6 +312,16 @@ def test_a_tensor_on_another_gpu_than_the_sets_is_refused_naming_both_and_the_pe
     assert p.aborted() and not p.log("all_reduce", "group_start")
 
 
+def test_an_alltoall_batch_of_more_than_one_tensor_is_refused_before_any_call(probe):
+    """Its counts describe one tensor: two would each be sent with them (an hvlite bug)."""
+    p = Plane(probe, size=2).batch(op=ALLTOALL, dtype=UINT8)
+    p.tensor(4).tensor(4)
+    probe.probe_counts(4, (ctypes.c_int64 * 4)(2, 2, 2, 2))
+    assert p.run() == SYSTEM
+    assert "an alltoall batch holds one" in p.error and "hvlite bug" in p.error
+    assert not p.log("send", "recv", "group_start") and p.aborted()
+
+
 # ---- never hanging ----
 
 def test_a_batch_whose_end_never_comes_fails_after_the_peer_timeout_and_aborts(probe):
@@ -376,15 +390,47 @@ def test_a_look_past_the_timeout_fails_and_the_sets_other_batches_fail_with_it(p
     assert p.ended_clean()
 
 
-def test_abandon_aborts_and_frees_every_ticket(probe):
-    p = Plane(probe).batch()
+@pytest.mark.parametrize("drains", [True, False])
+def test_abandon_aborts_frees_every_ticket_and_says_whether_the_gpu_got_past_them(probe, drains):
+    """The engine stops: the batches left running are aborted; their buffers may be let go only
+    once the stream is seen past them (bounded), else the device is marked stuck."""
+    p = Plane(probe, timeout_s=0.3).batch()
     p.tensor(100).tensor(50)
     probe.probe_pace(NEVER, NEVER)
     for _ in range(3):
         assert p.run(left_running=True) == OK
     assert p.state("tickets") == 3
-    probe.probe_abandon()
+    probe.probe_stuck_after_abort(int(not drains))
+    start = time.monotonic()
+    assert probe.probe_abandon() == int(drains)
+    assert time.monotonic() - start < 3.0
     assert p.aborted() and p.ended_clean()
+    names = [c.name for c in p.log()]
+    assert names.index("abort") < names.index("mark")
+    assert ("cuda_stuck" in names) == (not drains)
+
+
+@pytest.mark.parametrize("drains", [True, False])
+def test_after_a_timeout_the_stop_frees_only_what_a_drained_stream_let_go(probe, drains):
+    """A batch that timed out may wait on a kernel that never ends; cuMemFree and cuMemFreeHost
+    would then wait for ever at the engine's stop. After the abort the stream is looked at,
+    bounded: drained, the buffers are freed at the close; not, the device is marked stuck and
+    every buffer left to it (the staged path's pinned memory too: hvl__cuda_stuck)."""
+    p = Plane(probe, timeout_s=0.3, pools=False).batch()
+    p.tensor(100).tensor(100)
+    probe.probe_pace(NEVER, NEVER)
+    probe.probe_stuck_after_abort(int(not drains))
+    start = time.monotonic()
+    assert p.run() == TIMEOUT
+    assert time.monotonic() - start < 3.0          # the batch's bound, then the drain's (0.3 s each)
+    names = [c.name for c in p.log()]
+    looked = [i for i, n in enumerate(names) if n == "mark_look"]
+    assert looked and names.index("abort") < min(looked)
+    assert ("cuda_stuck" in names) == (not drains) and p.state("stream_stuck") == int(not drains)
+    fusion = p.state("fusion")
+    probe.probe_close()
+    frees = [c.args[1] for c in p.log("device_free")]
+    assert frees == ([fusion] if drains else [])
 
 
 def test_an_abort_that_hangs_is_left_behind_after_its_bound(probe):
@@ -424,28 +470,62 @@ def test_the_shutdown_flag_ends_a_blocking_wait_but_not_an_agreed_stops(probe):
     probe.probe_shutdown(0)
 
 
-def test_a_buffer_grows_only_once_the_batches_left_running_passed(probe):
-    p = Plane(probe).batch()
+def outgrown(p, calls, old, pools):
+    """The buffer at `old` was replaced without a wait: with memory pools freed stream-ordered
+    (after the batches queued before it), without them kept; no look at the stream first."""
+    frees = [c.args for c in calls if c.name == "device_free" and c.args[1] == old]
+    assert frees == ([(0, old, 1, 0, 0)] if pools else [])
+    assert not [c for c in calls if c.name in ("mark", "mark_look")]
+
+
+@pytest.mark.parametrize("pools", [True, False])
+def test_a_buffer_grows_without_waiting_for_the_batches_left_running(probe, pools):
+    """cuMemFree waits for the whole device (the framework's queued work too): a buffer the
+    batches left running may still read is freed after them on the engine's stream, or kept
+    until the set closes; the engine never waits for the device to grow one."""
+    p = Plane(probe, pools=pools).batch()
     p.tensor(100).tensor(50)
-    probe.probe_pace(NEVER, 2)
+    probe.probe_pace(NEVER, NEVER)             # the batches left running never end
     assert p.run(left_running=True) == OK
     old = p.state("fusion")
     p.batch().tensor(10000).tensor(5000)       # needs a larger fusion buffer
-    assert p.run(left_running=True) == OK
+    assert p.run(left_running=True) == OK, p.error
     calls = p.log()
-    names = [c.name for c in calls]
-    freed = names.index("device_free")
-    assert calls[freed].args[1] == old
-    marks = [i for i, c in enumerate(calls) if c.name == "mark_look" and c.args[1]]
-    assert marks and names.index("mark") < marks[0] < freed
     assert p.state("fusion") != old
+    grown = [c.args for c in calls if c.name == "device_alloc"][-1]
+    assert grown[2] == p.state("fusion") and grown[3] == int(pools)    # stream-ordered with pools
+    outgrown(p, calls, old, pools)
+    probe.probe_abandon()                      # the engine stops: now the stream drains
+    probe.probe_close()
+    frees = [c.args[1:3] for c in p.log("device_free")]
+    assert (old, 0) in frees if not pools else (old, 1) in frees      # kept ones freed at the close
+
+
+def test_without_pools_an_outgrown_buffer_is_kept_and_the_next_is_twice_as_large(probe):
+    p = Plane(probe, pools=False).batch()
+    p.tensor(1000).tensor(1000)                # 8 KiB of slots
+    assert p.run() == OK
+    first = p.state("fusion_cap")
+    p.batch().tensor(1200).tensor(1000)        # a little more: twice the first
+    assert p.run() == OK
+    assert p.state("fusion_cap") == 2 * first
+    # more again, within this buffer: the members still agree (one with memory pools has a
+    # buffer of exactly the last size, so it asks them), as on every larger fused batch
+    agreed = len(p.log("agree"))
+    p.batch().tensor(1500).tensor(1000)
+    assert p.run() == OK
+    assert p.state("fusion_cap") == 2 * first and len(p.log("agree")) == agreed + 1
+    p.batch().tensor(100000).tensor(1)         # far more: as much as it needs
+    assert p.run() == OK
+    assert p.state("fusion_cap") == slot(400000) + slot(4)
+    assert len(p.log("agree")) == 4 and not p.log("device_free")
 
 
 @pytest.mark.parametrize("grows", ["both", "scratch", "zeros"])
-def test_the_stand_ins_grow_only_once_the_batches_left_running_passed(probe, grows):
+def test_the_stand_ins_grow_without_waiting_for_the_batches_left_running(probe, grows):
     p = Plane(probe, grouped=True).batch()
     p.tensor(100).tensor(50, HOST).tensor(50, HOST).tensor(50, HOST)   # zeros 200 B, scratch 3 x 256
-    probe.probe_pace(NEVER, 2)
+    probe.probe_pace(NEVER, NEVER)
     assert p.run(left_running=True) == OK, p.error
     zeros, scratch = p.state("zeros"), p.state("scratch")
     assert zeros and scratch
@@ -458,13 +538,9 @@ def test_the_stand_ins_grow_only_once_the_batches_left_running_passed(probe, gro
         p.tensor(150, HOST)
     assert p.run(left_running=True) == OK, p.error
     calls = p.log()
-    names = [c.name for c in calls]
-    frees = [i for i, c in enumerate(calls) if c.name == "device_free"]
-    assert [calls[i].args[1] for i in frees] == {"both": [zeros, scratch], "scratch": [scratch], "zeros": [zeros]}[grows]
-    marks = [i for i, c in enumerate(calls) if c.name == "mark_look" and c.args[1]]
-    assert marks and names.index("mark") < marks[0] < frees[0]
-    waited = [i for i, c in enumerate(calls) if c.name == "mark_look" and not c.args[1]]
-    assert len(waited) == 2 and waited[-1] < marks[0]     # looked until the stream passed them
+    frees = [c.args[1:3] for c in calls if c.name == "device_free"]
+    assert frees == {"both": [(zeros, 1), (scratch, 1)], "scratch": [(scratch, 1)], "zeros": [(zeros, 1)]}[grows]
+    assert not [c for c in calls if c.name in ("mark", "mark_look")]
     assert (p.state("scratch") != scratch) == (grows != "zeros")
     assert (p.state("zeros") != zeros) == (grows != "scratch")
     if grows == "both":
@@ -523,7 +599,45 @@ def test_a_set_of_ranks_on_their_own_gpus_makes_its_communicator_from_rank_0s_id
         looks = [c.args[0] for c in p.log("async_look")]
         assert looks[-1] == 0 and NC_IN_PROGRESS in looks      # polled until it settled
         agree = p.log("agree")[0].args
-        assert agree[0] == OK and agree[1] == 3 * 30_000        # the agreement's bound: 3x the peer timeout
+        assert agree[0] == OK and agree[1] == 4 * 30_000        # the agreement's bound: 4x the peer timeout
+
+
+def test_a_new_communicator_is_warmed_up_before_the_set_agrees(probe):
+    """NCCL connects its transports inside a communicator's first collective: a one-byte
+    allreduce and broadcast on the engine's stream, waited for like a batch, before the
+    members agree on the communicator."""
+    p = Plane(probe, nccl=False).batch()
+    assert p.prepare() == OK, p.error
+    calls = p.log()
+    names = [c.name for c in calls]
+    reduce_at, bcast_at, agree_at = names.index("all_reduce"), names.index("broadcast"), names.index("agree")
+    assert names.index("init") < reduce_at < bcast_at < agree_at
+    scratch = p.state("scratch")
+    assert scratch and calls[reduce_at].args[:3] == (scratch, scratch, 1)
+    assert calls[bcast_at].args[:4] == (scratch, scratch, 1, 0)
+    # each call settled before the next; then the stream seen past both, before the agreement
+    settled = [i for i, c in enumerate(calls) if c.name == "async_look" and c.args[0] == 0]
+    assert any(reduce_at < i < bcast_at for i in settled)
+    reached = [i for i, c in enumerate(calls) if c.name == "mark_look" and c.args[1]]
+    assert reached and bcast_at < names.index("mark") < reached[0] < agree_at
+    assert p.state("mode") == USE_NCCL
+
+
+@pytest.mark.parametrize("how", ["error", "never ends"])
+def test_a_transport_failure_in_the_warm_up_leaves_the_set_staged_everywhere(probe, how):
+    """A first run's failures (a tiny /dev/shm, CUDA IPC denied) come in the first collective:
+    met in the warm-up, they are agreed and the set falls back to the staged path, not fatal."""
+    p = Plane(probe, timeout_s=0.3, nccl=False).batch()
+    if how == "error":
+        probe.probe_async(0, 1, NC_SYSTEM_ERROR)    # the init settles; the warm-up's first call fails
+    else:
+        probe.probe_pace(0, NEVER)                  # the warm-up's collectives never end
+    start = time.monotonic()
+    assert p.prepare() == OK, p.error               # not fatal
+    assert time.monotonic() - start < 3.0
+    assert p.state("mode") == STAGED and p.state("comm") == 0 and probe.probe_can_run() == 0
+    assert p.log("agree")[0].args[0] == (NCCL if how == "error" else TIMEOUT)
+    assert "abort" in [c.name for c in p.log()]
 
 
 def test_ranks_sharing_a_gpu_stay_staged_without_calling_nccl(probe):
@@ -628,3 +742,18 @@ def test_without_memory_pools_allgather_and_alltoall_stay_staged(probe):
     for op in (ALLGATHER, ALLTOALL):
         p.batch(op=op)
         assert probe.probe_can_run() == 0
+
+
+def test_nccls_threads_start_on_the_cores_the_engine_thread_had_before_it_was_pinned(probe):
+    """Under HVLITE_THREAD_AFFINITY the engine thread has one core; the threads NCCL starts in
+    its set-up (the nonblocking init's, the proxies, those of the warm-up's connections) would
+    inherit it. The set-up runs on the cores the thread had before, then it is pinned again."""
+    p = Plane(probe, nccl=False).batch()
+    cores = probe.probe_pin(1)
+    if cores < 2:
+        pytest.skip("one core here: nothing to tell apart")
+    assert p.prepare() == OK, p.error
+    assert p.state("mode") == USE_NCCL
+    seen = [c.args[0] for c in p.log("cpus")]
+    assert seen == [cores, cores]                   # at the init and at the warm-up's calls
+    assert probe.probe_cpus_after() == 1            # pinned again

@@ -170,3 +170,27 @@ def test_entries_gone_since_the_hold_end_the_wait_once(probe):
     assert probe.probe_all_written() == 1
     p.hold()
     assert probe.probe_held_for_gpu() == 0 and probe.probe_all_written() == 0
+
+
+# ---- admission: the device rule ----
+
+def test_a_ranks_cuda_tensors_of_one_set_stay_on_the_device_of_its_first(probe):
+    """The set's first CUDA tensor pins its device; one on another device is marked, so the
+    coordinator fails it on every rank before any NCCL call; host tensors and other sets are
+    not concerned."""
+    probe.probe_reset(5.0, 1)
+    first = probe.probe_admit(0, 1, 1)
+    assert probe.probe_pinned(0) == 1 and probe.probe_set_device(first) == -1
+    assert probe.probe_set_device(probe.probe_admit(0, 1, 1)) == -1          # the same device
+    wrong = probe.probe_admit(0, 0, 1)
+    assert probe.probe_set_device(wrong) == 1 and probe.probe_pinned(0) == 1   # marked, pin kept
+    assert probe.probe_set_device(probe.probe_admit(0, -1, 1)) == -1         # host memory
+    other = probe.probe_admit(1, 0, 1)                                       # set 1: its own pin
+    assert probe.probe_set_device(other) == -1 and probe.probe_pinned(1) == 0
+
+
+@pytest.mark.parametrize("hold", [0, 1])
+def test_admission_holds_a_cuda_tensor_only_where_holding_is_on(probe, hold):
+    probe.probe_reset(5.0, 1)
+    cuda, host = probe.probe_admit(0, 0, hold), probe.probe_admit(0, -1, hold)
+    assert probe.probe_gpu_pending(cuda) == hold and probe.probe_gpu_pending(host) == 0

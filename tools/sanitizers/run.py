@@ -43,8 +43,9 @@ SUITES = ["tests/test_spmd.py", "tests/test_failures.py", "tests/test_deadlock.p
           "tests/test_shm.py", "tests/test_fuzz.py"]
 # Every collective and its errors, in place and out of place, at 2 ranks; a deadlock and a
 # stopped peer; the killed-rank cleanup; the fuzzer on shared memory; the GPU code that can run
-# without a GPU (holding, staging, the NCCL plane, batches left running and results sized on the
-# GPU, the wait between cycles while tensors are held, through their unit probes).
+# without a GPU (holding and admission, staging, the NCCL plane, batches left running and results
+# sized on the GPU, the wait between cycles while tensors are held, the CUDA driver binding, the
+# coordinator's device rule, through their unit probes).
 SMOKE = ["tests/test_spmd.py::test_spmd_file[tests/parallel/test_collectives.py-2]",
          "tests/test_spmd.py::test_spmd_file[tests/parallel/test_errors.py-2]",
          "tests/test_spmd.py::test_spmd_file[tests/parallel/test_out_of_place.py-2]",
@@ -54,7 +55,8 @@ SMOKE = ["tests/test_spmd.py::test_spmd_file[tests/parallel/test_collectives.py-
          "tests/test_fuzz.py::test_fuzz[shm-2]",
          "tests/unit/test_ready_single.py", "tests/unit/test_stage_single.py",
          "tests/unit/test_nccl_run_single.py", "tests/unit/test_execute_single.py",
-         "tests/unit/test_gather_single.py", "tests/unit/test_wait_single.py"]
+         "tests/unit/test_gather_single.py", "tests/unit/test_wait_single.py",
+         "tests/unit/test_cuda_driver_single.py", "tests/unit/test_coordinator_single.py"]
 RUNTIME = {"address": "libasan.so", "thread": "libtsan.so"}
 MULTIPLIER = {"address": "4", "thread": "6"}
 # Not copied into the tree: version control, environments, build outputs, caches.

@@ -201,7 +201,25 @@ def check_build_report(info: Optional[Mapping], mpiexec: Optional[str], how: str
             lines.append("    CUDA tensors: on NCCL where it runs them; otherwise (ranks sharing "
                          "a GPU, no NCCL, Adasum, scale factors NCCL cannot fold: the GPU guide, "
                          "docs/guides/gpus.md) staged through host memory to the host planes")
+    if engine.get("cuda"):
+        lines += ["", "GPU paths that have run on a GPU (the defaults): NCCL batches waited for, "
+                      "the staged path whole, CUDA tensors negotiated as soon as submitted.",
+                  "Experimental GPU switches (not yet run on a GPU; off unless set):"]
+        lines += ["    %s %s" % (_switch(environ, suffix), what) for suffix, what in EXPERIMENTAL_GPU]
     return "\n".join(lines) + "\n"
+
+
+# The GPU mechanisms written since the paths above ran on a GPU: one switch away, off by default
+EXPERIMENTAL_GPU = [("GPU_READY_ONLY", "hold CUDA tensors out of negotiation until the GPU wrote them"),
+                    ("NCCL_OVERLAP", "leave NCCL batches running while the engine negotiates the next"),
+                    ("STAGED_PIECE", "stage an allreduce through host memory in pieces of that many bytes")]
+
+
+def _switch(environ: Optional[Mapping[str, str]], suffix: str) -> str:
+    """``HVLITE_<suffix>`` and whether this environment turns it on. Cannot fail."""
+    value = _setting(os.environ if environ is None else environ, suffix)
+    state = "ON here (%s)" % value if value not in ("", "0") else "off"
+    return "HVLITE_%s: %s:" % (suffix, state)
 
 
 def _describe_nccl_lib(found: Mapping) -> str:
