@@ -101,6 +101,6 @@ setup(
                     "examples": ["scikit-learn"]},
     cffi_modules=["hvlite/_build.py:ffibuilder"],
     cmdclass={"build_ext": BuildExt},
-    entry_points={"console_scripts": ["hvlrun = hvlite.runner:run"]},
+    entry_points={"console_scripts": ["hvlrun = hvlite.runner.cli.launch:run"]},
     zip_safe=False,
 )

@@ -534,7 +534,7 @@ def resolve_hvlite(hvlite, module, name):
     found = hvlite.resolve(module, name)
     if found is None and module.name == "hvlite":
         if name == "run":
-            return hvlite.resolve(hvlite.module("hvlite.func_job"), "run")
+            return hvlite.resolve(hvlite.module("hvlite.runner.func_run"), "run")
         listed = module.bindings.get("_API_MODULES")
         for sub in ast.literal_eval(listed[1]) if listed else ():
             sub_module = hvlite.module("hvlite." + sub)
