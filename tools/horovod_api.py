@@ -52,12 +52,14 @@ MODULES = [
 ]
 
 # Classes that a public factory returns (a script calls their methods): (module, public name,
-# Horovod class, hvlite class), compared method by method.
+# Horovod class, hvlite class, the framework class hvlite's is put in front of), compared method
+# by method. hvlite's torch optimizers are mixins placed before the wrapped optimizer's class,
+# so they have torch.optim.Optimizer's methods too.
 FACTORIES = [
     ("horovod.torch", "DistributedOptimizer", "horovod.torch.optimizer._DistributedOptimizer",
-     "hvlite.torch.optimizer._DistributedOptimizer"),
+     "hvlite.torch.optimizer._DistributedOptimizer", "torch.optim.Optimizer"),
     ("horovod.torch", "DistributedOptimizer(op=Adasum)", "horovod.torch.optimizer._DistributedAdasumOptimizer",
-     "hvlite.torch.adasum_optimizer._AdasumOptimizer"),
+     "hvlite.torch.adasum_optimizer._AdasumOptimizer", "torch.optim.Optimizer"),
 ]
 
 # Horovod modules whose names are helpers of Horovod's own, not API, wherever they are imported.
@@ -76,8 +78,13 @@ _KERAS_CALLBACK = "\n".join(
     + ["def on_%s_%s(self, logs=None): pass" % (mode, edge)
        for mode in ("train", "test", "predict") for edge in ("begin", "end")]
     + ["def set_model(self, model): pass", "def set_params(self, params): pass"])
+_TORCH_OPTIMIZER = "\n".join([
+    "def zero_grad(self, set_to_none=True): pass", "def step(self, closure=None): pass",
+    "def state_dict(self): pass", "def load_state_dict(self, state_dict): pass",
+    "def add_param_group(self, param_group): pass"])
 EXTERNAL_BASES = {"keras.callbacks.Callback": _KERAS_CALLBACK,
-                  "tf.keras.callbacks.Callback": _KERAS_CALLBACK}
+                  "tf.keras.callbacks.Callback": _KERAS_CALLBACK,
+                  "torch.optim.Optimizer": _TORCH_OPTIMIZER}
 
 # Defaults that differ in text only: (Horovod's, hvlite's) -> why they mean the same.
 SAME_DEFAULT = {
@@ -204,15 +211,13 @@ class Tree:
             return self.resolve(module, node.id, seen)
         if isinstance(node, ast.Attribute):
             base = self.resolve_expr(module, node.value, seen)
-            if base is None:
-                return None
-            if base[0] == "module":
+            if base is not None and base[0] == "module" and self.module(base[1]) is not None:
                 return self.resolve(self.module(base[1]), node.attr, seen)
-            if base[0] in ("class", "instance"):
+            if base is not None and base[0] in ("class", "instance"):
                 method = self.method(base, node.attr)
                 if method is not None:
                     return ("func", method[0], method[1], base[0] == "instance")
-            return None
+            return ("value", node, module)      # an attribute of something not followed
         if isinstance(node, ast.Call):
             callee = self.resolve_expr(module, node.func, seen)
             if callee is not None and callee[0] == "class":
@@ -234,14 +239,11 @@ class Tree:
         return out
 
     def external(self, cls):
-        """Method definitions ``cls`` inherits from the framework classes of EXTERNAL_BASES."""
-        defs = []
-        for c in self.bases(cls):
-            for base in c[1].bases:
-                source = EXTERNAL_BASES.get(ast.unparse(base))
-                if source is not None:
-                    defs += ast.parse(source).body
-        return defs
+        """Method definitions ``cls`` inherits from the framework classes of EXTERNAL_BASES
+        (also one it is put in front of: a 4th element of the triple, from FACTORIES)."""
+        names = list(cls[3:4]) + [ast.unparse(b) for c in self.bases(cls) for b in c[1].bases]
+        return [d for name in dict.fromkeys(names) if name in EXTERNAL_BASES
+                for d in ast.parse(EXTERNAL_BASES[name]).body]
 
     def method(self, cls, name):
         """(FunctionDef, Module) of method ``name`` of ``cls`` or a base, else None."""
@@ -249,7 +251,7 @@ class Tree:
             for item in c[1].body:
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == name:
                     return item, c[2]
-        for item in self.external(("class", cls[1], cls[2])):
+        for item in self.external(cls):
             if item.name == name:
                 return item, cls[2]
         return None
@@ -564,7 +566,7 @@ def compare_module(horovod, hvlite, pair):
         compare_names(horovod, hvlite, h_found, resolve_hvlite(hvlite, v_module, name), name, report)
     if pair[0] == "horovod.common.basics":
         report.add("HorovodBasics", "missing")
-    for module_name, label, h_class, v_class in FACTORIES:
+    for module_name, label, h_class, v_class, in_front_of in FACTORIES:
         if module_name != pair[0]:
             continue
         h_cls = horovod.resolve(horovod.module(h_class.rsplit(".", 1)[0]), h_class.rsplit(".", 1)[1])
@@ -574,7 +576,7 @@ def compare_module(horovod, hvlite, pair):
         if v_cls is None:
             report.add(label + " (its class)", "missing")
         else:
-            compare_methods(horovod, hvlite, h_cls, v_cls, label + "()", report)
+            compare_methods(horovod, hvlite, h_cls, v_cls + (in_front_of,), label + "()", report)
     return report
 
 
