@@ -12,7 +12,8 @@ its subclass ``HvliteInvalidArgument`` from the engine) on the rank that passed 
 exchange with other ranks: not a list or a communicator, a list naming a rank twice or a rank
 MPI_COMM_WORLD does not have, a list without this rank (Horovod would fall back to
 MPI_COMM_WORLD there, which waits for ranks that never join), MPI_COMM_NULL, an
-intercommunicator, or mpi4py built on another MPI than hvlite. In an srun step of several tasks where MPI sees one
+intercommunicator, or mpi4py built on another MPI than hvlite. Rank 0's first ``init()`` names
+each ``HOROVOD_*`` variable hvlite does not use, on stderr (``horovod_env.py``). In an srun step of several tasks where MPI sees one
 process per task (``srun --mpi=none``), ``init()`` raises ``HvliteError`` with the fix.
 ``shutdown()`` stops the engine on every rank (collectives pending anywhere fail with
 ``HvliteShutdownError``) and is registered to run at exit. Topology queries raise ``ValueError``
@@ -21,7 +22,7 @@ before ``init()``, as Horovod's do.
 import atexit
 import os
 
-from . import _nccl_find
+from . import _nccl_find, horovod_env
 from ._lib import ffi, lib
 from .errors import HvliteError, _check
 
@@ -186,6 +187,8 @@ def init(comm=None, process_sets=None):
         _refuse_split_slurm_step()
     _setup_global(size(), value if kind == "comm" else None)
     _started_with = _settings(process_sets, _world_ranks)
+    if rank() == 0:
+        horovod_env.say_once()     # HOROVOD_* variables hvlite does not use, once per process
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True

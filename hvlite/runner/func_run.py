@@ -25,8 +25,8 @@ Contract:
     runs again there) raises ``RuntimeError`` instead of starting a job per rank.
   * Raises ``RuntimeError`` when the job fails (hvlrun's exit code, and each failed rank's
     exception as it printed it), ``ValueError`` for a function that cannot be pickled or bad
-    arguments. Gloo is not part of hvlite: ``use_gloo=True`` is refused; ``disable_cache`` is
-    accepted and has no effect.
+    arguments. Gloo is not part of hvlite: ``use_gloo=True`` is refused; ``disable_cache`` holds
+    always (hvlrun caches no host checks).
   * ``python -m hvlite.runner.func_run FOLDER`` is the rank's side; not for direct use.
   * Like the rest of ``hvlite.runner``, this module loads no engine: the ranks' ``func`` does.
 """
