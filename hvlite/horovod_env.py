@@ -47,10 +47,10 @@ def _alias(setting: str, text: str = "") -> Variable:
 _NO_GLOO = "hvlite has no Gloo: it always runs on MPI, which hvlrun (or mpirun/srun) starts"
 _FROM_MPI = ("hvlite takes ranks and sizes from MPI (the process manager that started the job: "
              "hvlrun, mpirun, srun), not from variables")
-_BUILD_TEXT = ("they choose what Horovod's pip install compiles; hvlite compiles no framework "
-               "extension (one engine serves torch and TensorFlow as installed), builds against "
-               "the MPI it finds (HVLITE_MPICC, mpicc, else the MPICH wheel) and loads CUDA and "
-               "NCCL at run time")
+_BUILD_WHY = ("hvlite compiles no framework extension (one engine serves torch and TensorFlow as "
+              "installed), builds against the MPI it finds (HVLITE_MPICC, mpicc, else the MPICH "
+              "wheel) and loads CUDA and NCCL at run time")
+_BUILD_TEXT = "read by Horovod's pip install, to choose what it compiles; " + _BUILD_WHY
 _SPARK = ("read by Horovod's Spark launcher (horovod.spark.run); hvlite's launchers do not read "
           "it: give hvlite.spark.run the setting as an argument")
 
@@ -164,8 +164,9 @@ def notes(environ: Mapping[str, str]) -> List[str]:
             shown = "%s=%s" % (name, environ[name]) if variable.honoured_values else name
             lines.append("%s is not used by hvlite: %s" % (shown, variable.text))
     if build:
-        lines.append("%s %s not used by hvlite: %s" % (", ".join(build), "is" if len(build) == 1
-                                                       else "are", _BUILD_TEXT))
+        lines.append("%s %s not used by hvlite: Horovod's pip install reads %s to choose what it "
+                     "compiles; %s" % (", ".join(build), "is" if len(build) == 1 else "are",
+                                       "it" if len(build) == 1 else "them", _BUILD_WHY))
     for name in unknown:
         lines.append("%s is not used by hvlite: Horovod 0.28 reads no such variable either "
                      "(a typo? hvlite's settings are HVLITE_*, see its settings reference)" % name)

@@ -46,7 +46,7 @@ def test_notes_name_what_is_not_used_and_nothing_else():
     assert lines[0].startswith("HOROVOD_CONTROLLER=gloo is not used by hvlite: hvlite has no Gloo")
     assert lines[1].startswith("HOROVOD_TORUS_ALLREDUCE is not used by hvlite: hvlite has no torus")
     assert lines[2].startswith("HOROVOD_GPU_OPERATIONS, HOROVOD_WITH_PYTORCH are not used by hvlite: "
-                               "they choose what Horovod's pip install compiles")
+                               "Horovod's pip install reads them to choose what it compiles")
     assert lines[3].startswith("HOROVOD_FUSION_TRESHOLD is not used by hvlite: Horovod 0.28 reads "
                                "no such variable either")
     assert len(lines) == 4, lines      # honoured ones, and CPU_OPERATIONS=mpi, are not named
