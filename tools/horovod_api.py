@@ -535,8 +535,10 @@ def hvlite_public(hvlite, module):
 def resolve_hvlite(hvlite, module, name):
     found = hvlite.resolve(module, name)
     if found is None and module.name == "hvlite":
-        if name == "run":
-            return hvlite.resolve(hvlite.module("hvlite.runner.func_run"), "run")
+        if name == "run":       # hvlite/__init__.py's __getattr__ imports it by name
+            for path in ("hvlite.runner.func_run", "hvlite.func_job"):
+                if hvlite.module(path) is not None:
+                    return hvlite.resolve(hvlite.module(path), "run")
         listed = module.bindings.get("_API_MODULES")
         for sub in ast.literal_eval(listed[1]) if listed else ():
             sub_module = hvlite.module("hvlite." + sub)
