@@ -144,6 +144,18 @@ typedef struct {
  * HVLITE_PEER_TIMEOUT_SECONDS (this rank's value until rank 0's arrives): a rank that stops
  * or dies there fails init on the others with HVL_ERR_TIMEOUT, naming it where /proc shows it. */
 int hvl_init(void);
+/* hvl_init on a world other than MPI_COMM_WORLD (Horovod's init(comm=...)); every topology
+ * query, process set and data plane is then that world's. Either
+ *   mpi_comm (not NULL): points to an MPI_Comm of the MPI hvlite was built with (comm_bytes must
+ *     be its size) that every member passes; the engine runs on a duplicate of it. The caller
+ *     keeps it valid until this returns; or
+ *   ranks[0..nranks) (nranks > 0): ranks of MPI_COMM_WORLD, each once, this process's among
+ *     them; only they call this, all with the same list; the engine's rank i is world rank
+ *     ranks[i]. A process that is not in the list gets HVL_ERR_INVALID_ARG (Horovod would
+ *     fall back to MPI_COMM_WORLD there, which waits for ranks that never join).
+ * Both NULL/0: hvl_init. A bad argument fails with HVL_ERR_INVALID_ARG on the rank that passed
+ * it, before any exchange; members that passed different lists fail on each of them. */
+int hvl_init_on(const void *mpi_comm, size_t comm_bytes, const int *ranks, int nranks);
 /* Stop the engine on every rank: the first rank to call it ends the job's engine; requests still
  * pending anywhere fail with HVL_ERR_SHUT_DOWN. Finalizes MPI only if hvl_init initialised it.
  * Blocks until the background thread has exited. Safe to call when not running. A collective

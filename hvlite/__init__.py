@@ -46,7 +46,7 @@ def __getattr__(name):
     if name.startswith("__") and name != "__all__":
         raise AttributeError(name)
     if name == "run":     # Horovod's horovod.run: a launcher, so it loads no engine here
-        return importlib.import_module(".func_job", __name__).run
+        return importlib.import_module(".runner.func_run", __name__).run
     if importlib.util.find_spec("." + name, __name__) is not None:
         # a submodule asked for before it was imported (``from . import collectives`` looks
         # here first): import just it; loading the API now would import ``hvlite.ops`` half-made

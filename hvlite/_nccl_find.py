@@ -3,8 +3,11 @@
 NCCL is never linked: a CPU machine must load hvlite without it, and the NCCL a user has is
 usually the one their torch brought. Order, as documented in the README:
 
-1. ``HVLITE_NCCL_LIB``: a path to ``libnccl.so.2``. Set but not a file is an error (a setting
-   the user wrote is never silently passed over).
+1. ``HVLITE_NCCL_LIB``, else Horovod's ``HOROVOD_NCCL_LIB``, else Horovod's
+   ``HOROVOD_NCCL_HOME``: the first that is set names ``libnccl.so.2`` itself or the folder
+   holding it (Horovod's ``HOROVOD_NCCL_LIB`` is a folder; ``HOROVOD_NCCL_HOME`` is NCCL's
+   prefix, whose ``lib/`` holds it). Set but naming no library is an error (a setting the
+   user wrote is never silently passed over).
 2. The ``nvidia-nccl-cu*`` wheel installed in this Python (torch's CUDA builds depend on it),
    found through the wheel's own file list (:func:`hvlite._mpi_find.wheel_file`, which finds
    the mpich wheel's mpicc too).
@@ -14,11 +17,14 @@ usually the one their torch brought. Order, as documented in the README:
 Contract:
   * :func:`find_nccl` returns a :class:`NcclLibrary`: the path (or soname) and where it came
     from, or ``path`` None when none of the three has one; ``tried`` lists what was looked at,
-    for messages. Raises :class:`NcclNotFound` only for a ``HVLITE_NCCL_LIB`` that is not a
-    file. Loads nothing.
+    for messages. Raises :class:`NcclNotFound` only for a variable of step 1 that names no
+    library. Loads nothing.
   * :func:`engine_library` is what the engine is told to load (``hvlite.init()`` puts it in
-    ``HVLITE_NCCL_LIB`` when that is unset): the wheel's library, or None, where the engine's
-    own ``dlopen("libnccl.so.2")`` finds the system's. Reads metadata only; loads nothing.
+    ``HVLITE_NCCL_LIB``): the library a variable of step 1 names (a folder resolved to the file
+    in it), else the wheel's, else None, where the engine's own ``dlopen("libnccl.so.2")``
+    finds the system's; where Horovod's variables name no library it is what steps 2-3 find
+    (the soname for the system's), so the engine never reads Horovod's folder as a library.
+    Reads metadata only; loads nothing.
   * :func:`nccl_version` loads the library (``ctypes``; no GPU needed) and returns its version
     as ``"2.32.3"``. Raises :class:`NcclNotFound` when it cannot be loaded or is not NCCL (no
     ``ncclGetVersion``).
@@ -50,17 +56,39 @@ class NcclLibrary:
     tried: List[str] = field(default_factory=list)
 
 
+# Where a user names the library, first set first: hvlite's, then Horovod's two.
+VARIABLES = ("HVLITE_NCCL_LIB", "HOROVOD_NCCL_LIB", "HOROVOD_NCCL_HOME")
+
+
+def _given(environ: Mapping[str, str]):
+    """(variable, value) of the first variable of VARIABLES that is set, or (None, None)."""
+    for variable in VARIABLES:
+        value = environ.get(variable, "").strip()
+        if value:
+            return variable, value
+    return None, None
+
+
+def _library_at(variable: str, value: str) -> str:
+    """The library ``variable=value`` names: the file, or libnccl.so.2 in the folder (in its
+    ``lib/`` for HOROVOD_NCCL_HOME). NcclNotFound if there is none."""
+    path = os.path.join(value, "lib") if variable == "HOROVOD_NCCL_HOME" else value
+    if os.path.isdir(path):
+        path = os.path.join(path, SONAME)
+    if not os.path.isfile(path):
+        raise NcclNotFound("%s=%s: no %s there (it names the library or the folder holding it%s)"
+                           % (variable, value, SONAME,
+                              "; NCCL's prefix, with lib/" if variable == "HOROVOD_NCCL_HOME" else ""))
+    return os.path.abspath(path)
+
+
 def find_nccl(environ: Optional[Mapping[str, str]] = None) -> NcclLibrary:
     """The NCCL library to load, in the documented order (see the module's docstring)."""
     environ = os.environ if environ is None else environ
-    tried = []
-    given = environ.get("HVLITE_NCCL_LIB", "").strip()
-    if given:
-        if not os.path.isfile(given):
-            raise NcclNotFound("HVLITE_NCCL_LIB=%s: no such file (it should name %s)"
-                               % (given, SONAME))
-        return NcclLibrary(os.path.abspath(given), "HVLITE_NCCL_LIB", ["HVLITE_NCCL_LIB"])
-    tried.append("HVLITE_NCCL_LIB (unset)")
+    variable, value = _given(environ)
+    if variable:
+        return NcclLibrary(_library_at(variable, value), variable, [variable])
+    tried = ["%s (unset)" % "/".join(VARIABLES)]
     path, wheel = _from_wheel()
     if path:
         return NcclLibrary(path, wheel, tried + [wheel])
@@ -72,12 +100,17 @@ def find_nccl(environ: Optional[Mapping[str, str]] = None) -> NcclLibrary:
 
 
 def engine_library(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """The wheel's NCCL for the engine when ``HVLITE_NCCL_LIB`` is unset, else None (see the
-    module's docstring)."""
+    """The NCCL the engine is told to load (see the module's docstring)."""
     environ = os.environ if environ is None else environ
-    if environ.get("HVLITE_NCCL_LIB", "").strip():
-        return None
-    return _from_wheel()[0]
+    variable, value = _given(environ)
+    if variable:
+        try:
+            return _library_at(variable, value)
+        except NcclNotFound:
+            if variable == "HVLITE_NCCL_LIB":
+                return None       # the engine reports it where it loads it
+    path = _from_wheel()[0]
+    return path or (SONAME if variable else None)
 
 
 def _from_wheel():

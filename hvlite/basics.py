@@ -3,7 +3,17 @@
 Contract: ``init()`` must be called by every rank before any collective (it is collective: it
 creates MPI communicators); it reuses MPI if mpi4py or the application initialised it, and is
 a no-op when already running with the same settings (ValueError if a second call asks for
-other ``HVLITE_*`` values or process sets). In an srun step of several tasks where MPI sees one
+other ``HVLITE_*`` values, process sets or another ``comm``). ``init(comm=...)`` runs the job
+on part of MPI_COMM_WORLD, as Horovod's: an mpi4py communicator (the engine runs on a duplicate
+of it; every member calls init with it), or a list of ranks of MPI_COMM_WORLD (only those ranks
+call init with it, all with the same list; hvlite's rank i is the list's i-th). Every topology
+query, process set and data plane is then that world's. Bad input raises ``ValueError`` (or
+its subclass ``HvliteInvalidArgument`` from the engine) on the rank that passed it, before any
+exchange with other ranks: not a list or a communicator, a list naming a rank twice or a rank
+MPI_COMM_WORLD does not have, a list without this rank (Horovod would fall back to
+MPI_COMM_WORLD there, which waits for ranks that never join), MPI_COMM_NULL, an
+intercommunicator, or mpi4py built on another MPI than hvlite. Rank 0's first ``init()`` names
+each ``HOROVOD_*`` variable hvlite does not use, on stderr (``horovod_env.py``). In an srun step of several tasks where MPI sees one
 process per task (``srun --mpi=none``), ``init()`` raises ``HvliteError`` with the fix.
 ``shutdown()`` stops the engine on every rank (collectives pending anywhere fail with
 ``HvliteShutdownError``) and is registered to run at exit. Topology queries raise ``ValueError``
@@ -12,7 +22,7 @@ before ``init()``, as Horovod's do.
 import atexit
 import os
 
-from . import _nccl_find
+from . import _nccl_find, horovod_env
 from ._lib import ffi, lib
 from .errors import HvliteError, _check
 
@@ -28,19 +38,26 @@ _atexit_registered = False
 _started_with = None   # the settings the running engine was started with (see init)
 
 
-def _settings(process_sets):
+_world_ranks = None    # the running world's members as ranks of MPI_COMM_WORLD; None: all of it
+
+
+def _settings(process_sets, world_ranks):
     """What init() must see unchanged on a second call: HVLITE_*/HOROVOD_* variables (read
-    once, at the first init) and the process sets asked for (None: not asked)."""
+    once, at the first init), the process sets asked for (None: not asked) and the world."""
     env = {k: v for k, v in os.environ.items() if k.startswith(("HVLITE_", "HOROVOD_"))}
     sets = None
     if process_sets is not None and process_sets != "dynamic":
         sets = [list(p.ranks) if p.ranks is not None else repr(p.mpi_comm) for p in process_sets]
-    return env, sets
+    return env, sets, world_ranks
 
 
-def _check_same_settings(process_sets):
-    env, sets = _settings(process_sets)
-    old_env, old_sets = _started_with
+def _check_same_settings(process_sets, world_ranks):
+    env, sets, _ = _settings(process_sets, world_ranks)
+    old_env, old_sets, old_world = _started_with
+    if world_ranks != old_world:
+        raise ValueError("hvlite.init() was called again with comm=%s, but the engine runs on %s; "
+                         "call shutdown() first to start on another world"
+                         % (_say_world(world_ranks), _say_world(old_world)))
     changed = sorted(k for k in set(env) | set(old_env) if env.get(k) != old_env.get(k))
     if changed:
         raise ValueError("hvlite.init() was called again with different settings: %s changed "
@@ -61,34 +78,117 @@ def _tell_engine_where_nccl_is():
         os.environ["HVLITE_NCCL_LIB"] = path
 
 
+def _say_world(world_ranks):
+    return "all of MPI_COMM_WORLD" if world_ranks is None else "ranks %s of MPI_COMM_WORLD" % world_ranks
+
+
+def _mpi4py_comm(comm):
+    """``comm`` if it is an mpi4py communicator hvlite can run on (mpi4py built on hvlite's
+    MPI, not MPI_COMM_NULL, not an intercommunicator), else ValueError. Imports nothing: an
+    mpi4py object exists only where mpi4py was imported."""
+    import sys
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is None or not isinstance(comm, MPI.Comm):
+        raise ValueError("init(comm=...) takes a list of ranks of MPI_COMM_WORLD or an mpi4py "
+                         "communicator (mpi4py.MPI.Comm), not %s" % type(comm).__name__)
+    theirs = " ".join(MPI.Get_library_version().splitlines()[0].split())
+    ours = " ".join(mpi_vendor().split())
+    if theirs != ours:
+        raise ValueError("init(comm=...): mpi4py runs on another MPI (%s) than hvlite (%s), so its "
+                         "communicator means nothing to hvlite; build mpi4py against hvlite's MPI"
+                         % (theirs, ours))
+    if comm == MPI.COMM_NULL:
+        raise ValueError("init(comm=...): the communicator is MPI.COMM_NULL (this process is not "
+                         "in it): pass a communicator this process belongs to")
+    if comm.Is_inter():
+        raise ValueError("init(comm=...): an intercommunicator; hvlite runs on the ranks of an "
+                         "intracommunicator (merge it with comm.Merge() first)")
+    return comm
+
+
+def _parse_world(comm):
+    """init's ``comm`` as ("world", None), ("ranks", [ints, in the caller's order]) or ("comm",
+    an mpi4py communicator); ValueError for anything else. The engine checks the ranks."""
+    import operator
+    if comm is None:
+        return "world", None
+    if hasattr(comm, "Get_group"):
+        return "comm", _mpi4py_comm(comm)
+    try:
+        if isinstance(comm, (str, bytes)) or any(isinstance(r, bool) for r in comm):
+            raise TypeError("not ranks")
+        ranks = [operator.index(r) for r in comm]
+    except TypeError:
+        raise ValueError("init(comm=...) takes a list of ranks of MPI_COMM_WORLD (ints) or an "
+                         "mpi4py communicator, not %r" % (comm,)) from None
+    return ("ranks", ranks) if ranks else ("world", None)   # Horovod: [] is all of it
+
+
+def _world_ranks_of(kind, value):
+    """The members of a parsed world as ranks of MPI_COMM_WORLD (None: all of it)."""
+    if kind == "world":
+        return None
+    if kind == "ranks":
+        return list(value)
+    from mpi4py import MPI
+    group, world = value.Get_group(), MPI.COMM_WORLD.Get_group()
+    try:
+        ranks = [int(r) for r in MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world)]
+    finally:
+        group.Free()
+        world.Free()
+    return None if ranks == list(range(MPI.COMM_WORLD.Get_size())) else ranks
+
+
+def _start_engine(kind, value):
+    if kind == "world":
+        _check(lib.hvl_init())
+    elif kind == "ranks":
+        _check(lib.hvl_init_on(ffi.NULL, 0, value, len(value)))
+    else:
+        from mpi4py import MPI
+        _check(lib.hvl_init_on(ffi.cast("void *", MPI._addressof(value)), MPI._sizeof(MPI.Comm),
+                               ffi.NULL, 0))
+
+
 def init(comm=None, process_sets=None):
-    """Start hvlite on this rank (collective: every rank calls it).
+    """Start hvlite on this rank (collective: every rank of the world calls it).
 
     Args:
-        comm: must be None; hvlite always runs on MPI_COMM_WORLD so far.
+        comm: None (or an empty list): the job is MPI_COMM_WORLD. An mpi4py communicator: the
+            job is its ranks (the engine runs on a duplicate; every member passes it). A list
+            of ranks of MPI_COMM_WORLD: the job is those ranks, in the list's order (only they
+            call init with it, each with the same list). ``rank()``, ``size()``, ``local_*``,
+            ``cross_*`` and process sets are then the given world's. Where hvlite initialised
+            MPI itself, ``shutdown()`` finalizes it, which MPI completes once every process of
+            MPI_COMM_WORLD finalizes (all groups of a job end together).
         process_sets: None, "dynamic" (sets are added later with add_process_set; hvlite always
             allows that), or a list of ProcessSet to register now, in order, on every rank.
     A second call while running is a no-op if it asks for the same settings, else ValueError.
     Raises:
         HvliteError: MPI could not be initialised or the engine could not start.
-        ValueError: an unsupported argument, or settings that differ from the running engine's.
+        ValueError: a bad ``comm`` or ``process_sets`` (see the module docstring), or settings
+            that differ from the running engine's.
     """
-    global _atexit_registered, _started_with
-    if comm is not None:
-        raise ValueError("hvlite.init(comm=...) is not supported: hvlite runs on MPI_COMM_WORLD")
+    global _atexit_registered, _started_with, _world_ranks
     from .process_sets import ProcessSet, _setup_global, add_process_set
     if process_sets is not None and process_sets != "dynamic":
         process_sets = list(process_sets)
         if not all(isinstance(p, ProcessSet) for p in process_sets):
             raise ValueError("init(process_sets=...) takes a list of hvlite.ProcessSet, or 'dynamic'")
+    kind, value = _parse_world(comm)
     if is_initialized() and _started_with is not None:
-        _check_same_settings(process_sets)
+        _check_same_settings(process_sets, _world_ranks_of(kind, value))
         return
     _tell_engine_where_nccl_is()
-    _check(lib.hvl_init())
-    _refuse_split_slurm_step()
-    _setup_global(size())
-    _started_with = _settings(process_sets)
+    _start_engine(kind, value)
+    _world_ranks = _world_ranks_of(kind, value)
+    if kind == "world":
+        _refuse_split_slurm_step()
+    _setup_global(size(), value if kind == "comm" else None)
+    _started_with = _settings(process_sets, _world_ranks)
+    if rank() == 0:
+        horovod_env.say_once()     # HOROVOD_* variables hvlite does not use, once per process
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True
@@ -115,6 +215,12 @@ def _refuse_split_slurm_step():
         "`srun --mpi=none` (Slurm's default MpiDefault=none) does. Run `srun --mpi=pmi2 ...` (or "
         "set MpiDefault=pmi2 in slurm.conf), or start the job with hvlrun or mpiexec inside "
         "the allocation." % (tasks, tasks))
+
+
+def world_ranks():
+    """For the layers above (not exported): the running world's members as ranks of
+    MPI_COMM_WORLD, in hvlite's rank order; None when the world is all of MPI_COMM_WORLD."""
+    return _world_ranks
 
 
 def shutdown():

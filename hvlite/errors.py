@@ -11,7 +11,8 @@ from ._lib import ffi, lib
 
 __all__ = ["HvliteError", "HorovodInternalError", "HvliteInvalidArgument", "MismatchError",
            "HvliteTimeoutError", "HvliteShutdownError", "HvliteNotInitializedError",
-           "HvliteDeadlockError", "HvliteNotSupportedError", "HorovodVersionMismatchError"]
+           "HvliteDeadlockError", "HvliteNotSupportedError", "HorovodVersionMismatchError",
+           "HostsUpdatedInterrupt"]
 
 
 class HvliteError(RuntimeError):
@@ -43,6 +44,20 @@ class HorovodVersionMismatchError(ImportError):
         self.name = name
         self.version = version
         self.installed_version = installed_version
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """The job's hosts changed: raised on every rank at the same commit (or host check).
+
+    Attributes:
+        skip_sync: Horovod's flag (True when only hosts were removed); kept for compatibility.
+        committed: True when raised by ``commit()``, whose state is then stored.
+    """
+
+    def __init__(self, skip_sync: bool = False, committed: bool = False) -> None:
+        super().__init__("the job's hosts changed; the job re-forms from the last commit")
+        self.skip_sync = skip_sync
+        self.committed = committed
 
 
 class HvliteInvalidArgument(HvliteError, ValueError):

@@ -2,7 +2,10 @@
 
 Contract:
 - ``ProcessSet(ranks)`` names a group by its global ranks (any order; kept sorted, distinct), or
-  by an mpi4py communicator (``ProcessSet(comm)``: its members, as ranks of the job). It gets an
+  by an mpi4py communicator (``ProcessSet(comm)``: its members, as ranks of the job, which may
+  be part of MPI_COMM_WORLD: see ``init(comm=...)``). ``ProcessSet([])`` is every rank, as in
+  Horovod (whose global set is one): registering it adds a duplicate of the global set, which
+  raises ``HvliteInvalidArgument``. It gets an
   id when registered: by ``init(process_sets=[...])`` or ``add_process_set``. ``size()``,
   ``rank()`` (this process's rank within the set, -1 if not a member) and ``included()`` return
   None until then.
@@ -41,10 +44,7 @@ class ProcessSet:
             self.mpi_comm = ranks_or_comm
             self.ranks = None                            # resolved against the job at registration
         else:
-            ranks = sorted({int(r) for r in ranks_or_comm})
-            if not ranks:
-                raise ValueError("a process set needs at least one rank")
-            self.ranks = ranks
+            self.ranks = sorted({int(r) for r in ranks_or_comm})   # []: every rank
 
     def _info(self):
         if self.process_set_id is None:
@@ -81,17 +81,21 @@ def _ffi_ints():
 global_process_set = ProcessSet()
 
 
-def _setup_global(size):
-    """Called by init(): the global set is every rank, id 0."""
+def _setup_global(size, mpi_comm=None):
+    """Called by init(): the global set is every rank, id 0 (with init's communicator, if any,
+    as Horovod keeps it)."""
     global_process_set.ranks = list(range(size))
+    global_process_set.mpi_comm = mpi_comm
     global_process_set.process_set_id = 0
     _registered.clear()
     _registered[0] = global_process_set
 
 
 def _resolve_comm(process_set):
-    """Ranks (in the job) of the members of an mpi4py communicator."""
+    """Ranks (in the job) of the members of an mpi4py communicator: their ranks in
+    MPI_COMM_WORLD, mapped to the job's (which init(comm=...) may have made of part of it)."""
     from mpi4py import MPI
+    from .basics import world_ranks
     group = process_set.mpi_comm.Get_group()
     world = MPI.COMM_WORLD.Get_group()
     try:
@@ -99,7 +103,14 @@ def _resolve_comm(process_set):
     finally:
         group.Free()
         world.Free()
-    return sorted(int(r) for r in ranks)
+    job = world_ranks()
+    if job is None:
+        return sorted(int(r) for r in ranks)
+    outside = sorted(int(r) for r in ranks if r not in job)
+    if outside:
+        raise ValueError("process set %r: ranks %s of MPI_COMM_WORLD are not in the job's world "
+                         "(init(comm=...) made it of ranks %s)" % (process_set, outside, job))
+    return sorted(job.index(r) for r in ranks)
 
 
 def add_process_set(process_set):
@@ -122,6 +133,7 @@ def add_process_set(process_set):
         process_set.ranks = _resolve_comm(process_set)
     if process_set.ranks is None:
         raise ValueError("a process set needs ranks or an MPI communicator")
+    members = process_set.ranks or list(range(global_process_set.size() or 0))   # []: every rank
 
     def finish(h):
         from ._lib import ffi
@@ -129,7 +141,8 @@ def add_process_set(process_set):
         _check(lib.hvl_result_value(h._id, value))
         return int(value[0])
     set_id = submit(lib.HVL_PROCESS_SET_ADD, auto_name("add_process_set"), lib.HVL_UINT8, (),
-                    NULL, NULL, None, finish, splits=list(process_set.ranks)).wait()
+                    NULL, NULL, None, finish, splits=members).wait()
+    process_set.ranks = members
     process_set.process_set_id = set_id
     _registered[set_id] = process_set
     return process_set

@@ -8,11 +8,13 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
-from hvlite.runner.procs.job_files import PREFIXES, SHM_DIR
+from hvlite.runner.procs.job_files import held_files
+from hvlite.runner.procs.proctree import descendants
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTIPLIER = float(os.environ.get("HVLITE_TEST_TIMEOUT_MULTIPLIER", "1"))
@@ -27,17 +29,46 @@ def job_env(extra=None):
     return env
 
 
-def run_job(np_, args, timeout, env=None, hvlrun_args=()):
-    """Run ``hvlrun -np np_ [hvlrun_args] args...``; returns CompletedProcess (text).
+class JobFiles:
+    """The files of MPI's and hvlite's in /dev/shm (and MPICH's in /tmp) that the processes
+    below ``root`` hold, looked at every 20 ms until ``stop()`` (hvlrun's own watcher looks
+    rarely after the first seconds; a test's short job may map MPI's files for less)."""
+
+    def __init__(self, root):
+        self.paths = set()
+        self._root = root
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self):
+        while not self._stop.is_set():
+            for pid in descendants(self._root):
+                self.paths |= held_files(pid)
+            self._stop.wait(0.02)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return set(self.paths)
+
+
+def run_job(np_, args, timeout, env=None, hvlrun_args=(), watch_files=False):
+    """Run ``hvlrun -np np_ [hvlrun_args] args...``; return CompletedProcess (text).
     A leading "python" means this interpreter (the venv's, whatever PATH says).
     A job past its timeout fails the test; hvlrun gets SIGTERM first (it ends its ranks and
     removes the job's /dev/shm files, which a SIGKILL would leave behind), SIGKILL after
-    ``STOP_GRACE`` seconds."""
+    ``STOP_GRACE`` seconds. ``watch_files``: the result's ``job_files`` are the files of
+    MPI's and hvlite's in /dev/shm (and MPICH's in /tmp) that the job's own processes were
+    seen holding while it ran (:class:`JobFiles` on hvlrun's process tree), for
+    :func:`assert_job_left_no_files`."""
     if args and args[0] == "python":
         args = [sys.executable, *args[1:]]
     cmd = [sys.executable, "-m", "hvlite.runner", "-np", str(np_), *hvlrun_args, *args]
+    watcher = None
     with subprocess.Popen(cmd, cwd=ROOT, env=job_env(env), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL) as proc:
+        watcher = JobFiles(proc.pid) if watch_files else None
         try:
             out, err = proc.communicate(timeout=timeout * MULTIPLIER)
         except subprocess.TimeoutExpired:
@@ -47,9 +78,13 @@ def run_job(np_, args, timeout, env=None, hvlrun_args=()):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 out, err = proc.communicate()
-            pytest.fail("job timed out after %.0f s (a hang): %s\n--- stdout\n%s\n--- stderr\n%s"
-                        % (timeout * MULTIPLIER, " ".join(cmd), out[-4000:], err[-4000:]))
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+            pytest.fail("job timed out (a hang): %s\n--- stdout\n%s\n--- stderr\n%s"
+                        % (" ".join(cmd), out[-4000:], err[-4000:]))
+        finally:
+            files = watcher.stop() if watcher else None
+    job = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    job.job_files = files
+    return job
 
 
 def run_spmd(np_, path, timeout, env=None, select=None):
@@ -83,15 +118,23 @@ def processes_here(script):
     return here
 
 
-def shm_files():
-    """The MPI and hvlite files in /dev/shm now (the names hvlrun's cleanup looks after)."""
-    return {SHM_DIR + f for f in os.listdir(SHM_DIR) if f.startswith(PREFIXES)}
-
-
-def assert_no_new_shm_files(before, out):
-    """No MPI or hvlite file in /dev/shm beyond ``before`` (the tests run one job at a time)."""
-    new = sorted(shm_files() - before)
-    assert not new, "left behind in /dev/shm: %s\n%s" % (new, out[-3000:])
+def assert_job_left_no_files(job, out, saw_mpi=True):
+    """None of the job's files exists once it is over: those its processes were seen holding
+    (``run_job(..., watch_files=True)``) and those its ranks listed (``shm files of rank R:``,
+    tests/scenarios/job_files.py). Only this job's files count: another MPI job may run beside
+    the suite, its files coming and going in /dev/shm meanwhile. ``saw_mpi``: the job ran long
+    enough for MPI's files (MPICH maps ``mpich_shm_*`` from init to finalize) to be seen, which
+    must then be so, else a leak could not have been seen either (not so for a job whose init
+    fails, which holds them for a moment)."""
+    assert job.job_files is not None, "run the job with watch_files=True"
+    paths = set(job.job_files)
+    for listed in re.findall(r"shm files of rank \d+: ([^\n]*)", out):
+        paths.update(listed.split())
+    if saw_mpi:
+        assert any("mpich_shm_" in p for p in paths), \
+            "none of the job's MPI files was seen: %s\n%s" % (sorted(paths), out[-3000:])
+    left = sorted(p for p in paths if os.path.exists(p))
+    assert not left, "left behind: %s\n%s" % (left, out[-3000:])
 
 
 def assert_nothing_left(out, script, wait=5.0):

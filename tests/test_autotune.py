@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from jobs import assert_no_new_shm_files, run_job, shm_files
+from jobs import assert_job_left_no_files, run_job
 
 HEADER = ["sample", "phase", "fusion_threshold", "cycle_time_ms", "response_cache", "cycles",
           "bytes", "seconds", "bytes_per_second"]
@@ -89,11 +89,11 @@ def test_autotune_converges_and_ranks_agree(np_, how, tmp_path):
 def test_bad_autotune_settings_fail_init_on_every_rank(env, fragment):
     script = ("import hvlite\ntry:\n    hvlite.init()\nexcept hvlite.HvliteError as e:\n"
               "    print('init failed:', type(e).__name__, e, flush=True)\n    raise SystemExit(3)\n")
-    before = shm_files()
-    job = run_job(2, ["python", "-c", script], timeout=60, env=dict(env, HVLITE_AUTOTUNE="1"))
+    job = run_job(2, ["python", "-c", script], timeout=60, env=dict(env, HVLITE_AUTOTUNE="1"),
+                  watch_files=True)
     out = job.stdout + job.stderr
     assert job.returncode == 3, out
-    assert_no_new_shm_files(before, out)      # the failed init finalized MPI on every rank
+    assert_job_left_no_files(job, out, saw_mpi=False)   # the failed init finalized MPI everywhere
     for rank in (0, 1):
         lines = [l for l in job.stdout.splitlines() if l.startswith("[%d]" % rank) and "init failed" in l]
         assert len(lines) == 1 and "HvliteInvalidArgument" in lines[0] and fragment in lines[0], out

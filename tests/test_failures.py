@@ -5,11 +5,12 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
-from jobs import MULTIPLIER, ROOT, assert_nothing_left, job_env, run_job
+from jobs import MULTIPLIER, ROOT, assert_job_left_no_files, assert_nothing_left, job_env, run_job
 
 
 def test_stall_warning_names_tensor_and_missing_rank():
@@ -21,6 +22,44 @@ def test_stall_warning_names_tensor_and_missing_rank():
         assert out.count("stall: tensor 'lonely'") == 2, out    # new, then cached
         assert out.count("missing ranks: %d" % (np_ - 1)) == 2, out
         assert out.count("stall scenario done") == np_, out
+
+
+def test_leftover_checks_count_only_their_own_jobs_files(tmp_path):
+    """Another MPI job started beside a job (a benchmark beside the suite) makes its own files
+    in /dev/shm while the job runs: the job's leftover check counts only the files the job's
+    own processes held, so it passes, with none of the other job's files among them."""
+    go = tmp_path / "go"
+    script = ("import os, time, hvlite\nhvlite.init()\ndeadline = time.monotonic() + 60\n"
+              "while not os.path.exists(%r) and time.monotonic() < deadline:\n    time.sleep(0.05)\n"
+              "hvlite.barrier()\nhvlite.shutdown()\n" % str(go))
+    done = {}
+    ours = threading.Thread(target=lambda: done.update(job=run_job(2, ["python", "-c", script], timeout=120,
+                                                                   watch_files=True)))
+    ours.start()
+    beside = subprocess.Popen(
+        [sys.executable, "-m", "hvlite.runner", "-np", "2", sys.executable, "-c",
+         "import sys, time, hvlite\nhvlite.init()\nsys.path.insert(0, 'tests/scenarios')\n"
+         "import job_files\njob_files.report(hvlite.rank())\ntime.sleep(60)\n"],
+        cwd=ROOT, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdin=subprocess.DEVNULL)
+    try:
+        lines = []
+        while sum("shm files of rank" in line for line in lines) < 2 and beside.poll() is None:
+            lines.append(beside.stdout.readline())
+        theirs = {p for line in lines if "shm files of rank" in line
+                  for p in line.split(": ", 2)[-1].split() if "mpich_shm_" in p}
+        assert theirs and all(os.path.exists(p) for p in theirs), lines
+        go.touch()                   # their files were made while ours ran: now let ours end
+        ours.join(timeout=180 * MULTIPLIER)
+        job = done["job"]
+        assert job.returncode == 0, job.stdout + job.stderr
+        assert_job_left_no_files(job, job.stdout + job.stderr)
+        assert not theirs & job.job_files and all(os.path.exists(p) for p in theirs)
+    finally:
+        go.touch()
+        beside.terminate()           # hvlrun ends its ranks and removes their files
+        beside.communicate(timeout=30)
+        ours.join(timeout=180 * MULTIPLIER)
 
 
 def test_stall_shutdown_fails_every_rank_in_bounded_time():

@@ -21,8 +21,8 @@ import time
 
 import pytest
 
-from jobs import (MULTIPLIER, ROOT, assert_no_new_shm_files, job_env, processes_here, run_job, run_spmd,
-                  shm_files)
+from jobs import (MULTIPLIER, ROOT, assert_job_left_no_files, job_env, processes_here, run_job,
+                  run_spmd)
 
 
 def _gpu_count():
@@ -135,9 +135,10 @@ def test_a_rank_lost_inside_a_nccl_allreduce_ends_the_job_naming_it(signal_name,
     the engine, or left running on the GPU: HVLITE_NCCL_OVERLAP); the others end within the
     peer timeout (10 s here) and the communicator's abort, naming it, and nothing is left
     behind."""
-    before, start = shm_files(), time.monotonic()
+    start = time.monotonic()
     job = run_job(2, ["python", "tests/scenarios/lose_rank_in_nccl.py", signal_name], timeout=180,
-                  env={"HVLITE_PEER_TIMEOUT_SECONDS": "10", "HVLITE_NCCL_OVERLAP": overlap})
+                  env={"HVLITE_PEER_TIMEOUT_SECONDS": "10", "HVLITE_NCCL_OVERLAP": overlap},
+                  watch_files=True)
     elapsed = time.monotonic() - start
     out = job.stdout + job.stderr
     assert job.returncode != 0, out
@@ -148,7 +149,7 @@ def test_a_rank_lost_inside_a_nccl_allreduce_ends_the_job_naming_it(signal_name,
     assert elapsed < 60 * MULTIPLIER, "job took %.1f s to end after rank 1 was lost" % elapsed
     assert "unreachable" not in out
     assert not processes_here("lose_rank_in_nccl.py"), "processes left behind"
-    assert_no_new_shm_files(before, out)
+    assert_job_left_no_files(job, out)
 
 
 def test_killed_rank_during_a_cuda_allreduce_ends_the_job_naming_it():

@@ -1,4 +1,4 @@
-"""hvlite.run (Horovod's horovod.run): a function of the caller's own script runs on every rank
+"""hvlite.run and hvlite.runner.run (Horovod's horovod.run and horovod.runner.run): a function of the caller's own script runs on every rank
 of a new job, and the results come back by rank; the script's `if __name__ == "__main__"` block
 does not run again on the ranks; the function's own init() settings hold; sys.exit(0) returns
 None; a rank's exception reaches the caller as a RuntimeError naming the rank; an unpicklable
@@ -67,6 +67,10 @@ SCRIPT = textwrap.dedent('''
         what = sys.argv[1]
         if what == "ok":
             for result in hvlite.run(work, args=(3,), kwargs={"scale": 2}, np=3):
+                print("RESULT", sorted(result.items()), flush=True)
+        elif what == "runner":             # Horovod's module path and deprecated np=
+            from hvlite.runner import run
+            for result in run(work, args=(5,), np=3, hosts="localhost:3"):
                 print("RESULT", sorted(result.items()), flush=True)
         elif what == "fail":
             try:
@@ -141,9 +145,18 @@ def test_results_come_back_by_rank(tmp_path):
     assert "LEFT []" in out, out
 
 
+def test_hvlite_runner_run_is_horovods_runner_run(tmp_path):
+    out, err = drive(tmp_path, "runner")
+    results = [dict(eval(line[len("RESULT "):])) for line in out.splitlines()   # noqa: S307
+               if line.startswith("RESULT")]
+    assert [(r["rank"], r["size"], r["value"], r["total"]) for r in results] == \
+        [(0, 3, 5, 6.0), (1, 3, 5, 6.0), (2, 3, 5, 6.0)], out + err
+    assert "LEFT []" in out, out
+
+
 def test_a_rank_exception_reaches_the_caller(tmp_path):
     out, err = drive(tmp_path, "fail")
-    assert "FAILED hvlite.run: the job failed (hvlrun exited with code" in out, out + err
+    assert "FAILED hvlite.runner.run: the job failed (hvlrun exited with code" in out, out + err
     assert "rank 1 raised:" in out and "KeyError: 'no such thing on rank 1'" in out, out
     assert "rank 0 raised" not in out and "rank 2" not in out, out   # "fine", and sys.exit(0)
     assert "LEFT []" in out, out
@@ -151,7 +164,7 @@ def test_a_rank_exception_reaches_the_caller(tmp_path):
 
 def test_unpicklable_argument_is_refused_before_starting(tmp_path):
     out, err = drive(tmp_path, "unpicklable")
-    assert "REFUSED hvlite.run: cannot pickle the function and its arguments" in out, out + err
+    assert "REFUSED hvlite.runner.run: cannot pickle the function and its arguments" in out, out + err
     assert "LEFT []" in out and "hvlrun" not in err, out + err
     assert sorted(os.listdir(tmp_path)) == ["driver.py"]
 
@@ -164,7 +177,7 @@ def test_a_function_of_the_main_block_goes_by_value(tmp_path):
         import cloudpickle  # noqa: F401
         assert "RESULT [2, 2]" in out, out + err
     except ImportError:
-        assert "FAILED hvlite.run: the job failed" in out and "in_main_block" in out, out + err
+        assert "FAILED hvlite.runner.run: the job failed" in out and "in_main_block" in out, out + err
 
 
 def test_a_script_without_main_guard_fails_saying_so(tmp_path):
@@ -175,7 +188,7 @@ def test_a_script_without_main_guard_fails_saying_so(tmp_path):
                       "print('RESULT', hvlite.run(f, num_proc=2), flush=True)\n")
     r = run_driver([str(script)], str(tmp_path))
     assert r.returncode != 0 and "RESULT" not in r.stdout, r.stdout + r.stderr
-    assert r.stderr.count("RuntimeError: hvlite.run: the job failed") == 1, r.stderr  # one job
+    assert r.stderr.count("RuntimeError: hvlite.runner.run: the job failed") == 1, r.stderr  # one job
     assert "put the call under `if __name__ == '__main__':`" in r.stderr, r.stderr
 
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import timeline_trace as tt
-from jobs import MULTIPLIER, assert_no_new_shm_files, run_job as _run_job, shm_files
+from jobs import MULTIPLIER, assert_job_left_no_files, run_job as _run_job
 
 
 def run_job(np_, argv, env=None, **kw):
@@ -74,11 +74,10 @@ def test_timeline_survives_a_killed_rank(np_, tmp_path):
 
 def test_unwritable_timeline_fails_init_on_every_rank(tmp_path):
     path = str(tmp_path / "missing-dir" / "timeline.json")
-    before = shm_files()
     job = run_job(3, ["python", "tests/scenarios/timeline_bad_path.py"], timeout=60,
-                  env={"HVLITE_TIMELINE": path})
+                  env={"HVLITE_TIMELINE": path}, watch_files=True)
     out = job.stdout + job.stderr
-    assert_no_new_shm_files(before, out)      # the failed init finalized MPI on every rank
+    assert_job_left_no_files(job, out, saw_mpi=False)   # the failed init finalized MPI everywhere
     lines = [line for line in job.stdout.splitlines() if "init failed:" in line]
     assert len(lines) == 3 and "UNEXPECTED" not in out, out
     for line in lines:
@@ -117,11 +116,13 @@ def test_a_plane_that_streams_its_allreduce_still_shows_it(tmp_path):
               "for step in range(2):\n"
               "    got = hvd.allreduce(np.full(1 << 18, hvd.rank() + 1.0, np.float32), name='streamed', op=hvd.Sum)\n"
               "    assert (got == 3.0).all()\n"
+              "import sys; sys.path.insert(0, 'tests/scenarios'); import job_files\n"
+              "job_files.report(hvd.rank())\n"
               "hvd.shutdown()\n")
-    before = shm_files()
-    job = _run_job(2, ["python", "-c", script], timeout=120, hvlrun_args=["--timeline-filename", str(path)])
+    job = _run_job(2, ["python", "-c", script], timeout=120, hvlrun_args=["--timeline-filename", str(path)],
+                   watch_files=True)
     assert job.returncode == 0, job.stdout + job.stderr
-    assert_no_new_shm_files(before, job.stdout + job.stderr)
+    assert_job_left_no_files(job, job.stdout + job.stderr)
     trace = tt.load(path)
     ops = trace.of("streamed", "X", "ALLREDUCE")
     assert [op["args"]["backend"] for op in ops] == ["shm", "shm"], ops

@@ -22,6 +22,8 @@ Rules (the reasons are in ../shared/DESIGN.md and the headers named):
    hvlite.h (util.h for kernels), and they call only functions defined in the leaves (util/
    calls util/; kernels/ calls kernels/ and util/). A call is judged by the file that defines
    the function, whatever its name: a public ``hvl_`` name defined in core/ is still core's.
+6. Only core/world.c names MPI_COMM_WORLD: everything else derives the job from the engine's
+   world communicator (``e->comm``), which ``init(comm=...)`` may make of part of it.
 
 Calls are found by name: every function a .c file defines without ``static`` (any name) is
 looked up in the other .c files; a name defined by no file (libc, MPI) is not a call between
@@ -149,6 +151,10 @@ def check_c(root):
                 if name.startswith(folder) and header not in allowed:
                     problems.append("%s:%d: %s includes %s; it may include only %s"
                                     % (name, line_of(files[name], m.start()), folder, header, ", ".join(sorted(allowed))))
+        if name != "core/world.c":
+            for m in re.finditer(r"\bMPI_COMM_WORLD\b", text):
+                problems.append("%s:%d: names MPI_COMM_WORLD; the job's world is the engine's e->comm "
+                                "(core/world.c makes it)" % (name, line_of(text, m.start())))
         if not name.startswith("backends/"):
             for m in re.finditer(r"\bhvl__backend_(?!for\b)\w+", text):
                 problems.append("%s:%d: names the data plane %s outside backends/"

@@ -1,15 +1,16 @@
 /* engine.c: the engine's life and its cycle, on top of every other file (nothing calls up into
  * it). hvl_init starts the bg thread, which owns MPI: it initialises MPI (or reuses an existing
- * init, e.g. mpi4py's), builds the communicators and then runs the cycle until every rank agrees
- * to stop or a fatal error occurs:
+ * init, e.g. mpi4py's), builds the communicators (world.c) and then runs the cycle until every
+ * rank agrees to stop or a fatal error occurs:
  *     wait for work (or the tick: every cycle while requests are pending, else every 20 ms)
  *     -> drain queue -> negotiate -> claim entries -> fuse -> execute -> repeat
  * Requests still pending when it stops fail with the reason. MPI is finalized by the bg thread
  * only if it initialised it, and only after a stop every rank agreed to (all are at the same
- * point, so MPI_Finalize waits on nobody). Startup's exchanges are bounded by the peer timeout
- * (this rank's own until hvl__params_agree brings rank 0's): communicators come from
- * MPI_Comm_idup and hvl__comm_split, settings, pids and verdicts from nonblocking collectives
- * under the progress wait. Only MPI_Init_thread is unbounded: it is MPI's own start-up through
+ * point, so MPI_Finalize waits on nobody but, in a world init made of part of MPI_COMM_WORLD,
+ * the processes outside it, as MPI_Finalize does). Startup's exchanges are bounded by the peer
+ * timeout (this rank's own until hvl__params_agree brings rank 0's): communicators come from
+ * MPI_Comm_idup, hvl__comm_split and hvl__comm_create_group, settings, pids and verdicts from
+ * nonblocking collectives under the progress wait. Only MPI_Init_thread is unbounded: it is MPI's own start-up through
  * the launcher, before there is anything to bound it with (a rank that dies there ends the job
  * through hvlrun). hvl_init/hvl_shutdown are serialised by life_lock. */
 #include <stdio.h>
@@ -34,60 +35,6 @@ static int startup_status;      /* life_lock */
 static char startup_message[1024];
 static int mpi_finalized_here;  /* atomic */
 static int granted_multiple;    /* MPI granted MPI_THREAD_MULTIPLE: set by the bg thread, read after its join */
-
-/* The ranks with this rank's local rank, one per host. */
-static int make_cross_comm(hvl_engine *e)
-{
-    HVL_CHECK(hvl__comm_split(e->comm, e->local_rank, e->rank, 0, &e->cross_comm, hvl__peer_bound(e),
-                              "MPI_Comm_split (ranks of this local rank)"));
-    MPI_Comm_rank(e->cross_comm, &e->cross_rank);
-    MPI_Comm_size(e->cross_comm, &e->cross_size);
-    return HVL_OK;
-}
-
-static int make_comms(hvl_engine *e)
-{
-    int provided = 0, flag = 0;
-    MPI_Initialized(&flag);
-    if (!flag) {
-        int wanted = e->params.mpi_threads_disable ? MPI_THREAD_SERIALIZED : MPI_THREAD_MULTIPLE;
-        HVL_CHECK(hvl__mpi_check(MPI_Init_thread(NULL, NULL, wanted, &provided), "MPI_Init_thread"));
-        e->mpi_initialized_here = 1;
-    } else {
-        MPI_Query_thread(&provided);
-    }
-    e->thread_multiple = provided == MPI_THREAD_MULTIPLE;
-    granted_multiple = e->thread_multiple;
-    MPI_Request req;
-    HVL_CHECK(hvl__mpi_check(MPI_Comm_idup(MPI_COMM_WORLD, &e->comm, &req), "MPI_Comm_idup"));
-    HVL_CHECK(hvl__mpi_progress_wait(&req, hvl__peer_bound(e), "MPI_Comm_idup (hvlite's communicator)"));
-    MPI_Comm_set_errhandler(e->comm, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(e->comm, &e->rank);
-    MPI_Comm_size(e->comm, &e->size);
-    HVL_CHECK(hvl__comm_split(e->comm, 0, e->rank, 1, &e->local_comm, hvl__peer_bound(e),
-                              "MPI_Comm_split_type (ranks on this host)"));
-    MPI_Comm_rank(e->local_comm, &e->local_rank);
-    MPI_Comm_size(e->local_comm, &e->local_size);
-    return make_cross_comm(e);
-}
-
-/* HVLITE_TEST_FAKE_HOSTS=H (tests only): each host's ranks are split into H consecutive groups
- * that the engine treats as hosts of their own (local and cross communicators, topology
- * queries, process sets' one_host), so multi-host paths run on one machine. */
-static int split_fake_hosts(hvl_engine *e)
-{
-    int hosts = e->params.test_fake_hosts;
-    MPI_Comm local;
-    if (hosts < 2) return HVL_OK;
-    HVL_CHECK(hvl__comm_split(e->local_comm, (int)((int64_t)e->local_rank * hosts / e->local_size), e->rank, 0,
-                              &local, hvl__peer_bound(e), "MPI_Comm_split (fake hosts)"));
-    MPI_Comm_free(&e->local_comm);
-    MPI_Comm_free(&e->cross_comm);
-    e->local_comm = local;
-    MPI_Comm_rank(e->local_comm, &e->local_rank);
-    MPI_Comm_size(e->local_comm, &e->local_size);
-    return make_cross_comm(e);
-}
 
 /* HVLITE_THREAD_AFFINITY "c0,c1,...": local rank i pins this (the bg) thread to core c_i, which
  * keeps the engine off the cores the framework computes on; threads it starts later (timeline
@@ -139,11 +86,13 @@ static void pin_thread(hvl_engine *e)
 
 static int startup(hvl_engine *e)
 {
-    HVL_CHECK(make_comms(e));
+    int rc = hvl__world_make(e);
+    granted_multiple = e->thread_multiple;
+    HVL_CHECK(rc);
     hvl__log_set(e->params.log_level, e->rank, !e->params.log_hide_time);
     hvl__params_warn();
     HVL_CHECK(hvl__params_agree(&e->params, e->comm, hvl__peer_bound(e)));
-    HVL_CHECK(split_fake_hosts(e));
+    HVL_CHECK(hvl__world_split_fake_hosts(e));
     HVL_CHECK(hvl__peers_learn(e));
     pin_thread(e);
     if (e->rank == 0) hvl__params_log(&e->params);
@@ -158,8 +107,10 @@ static int startup(hvl_engine *e)
 }
 
 /* Frees what startup made. Collective parts (communicators, finalize) only after a clean,
- * agreed stop: after a fatal error the other ranks may never arrive. */
-static void teardown(hvl_engine *e, int clean)
+ * agreed stop: after a fatal error the other ranks may never arrive. MPI_Finalize also waits
+ * for every process of MPI_COMM_WORLD, so `finalize` is 0 after an init of a part of it failed:
+ * the other parts may run on for long, and the caller may try init again. */
+static void teardown(hvl_engine *e, int clean, int finalize)
 {
     hvl__timeline_close();          /* writes what is left; the file ends valid either way */
     hvl__negotiation_destroy(e->negotiation);
@@ -181,7 +132,7 @@ static void teardown(hvl_engine *e, int clean)
     if (e->cross_comm != MPI_COMM_NULL) MPI_Comm_free(&e->cross_comm);
     if (e->local_comm != MPI_COMM_NULL) MPI_Comm_free(&e->local_comm);
     if (e->comm != MPI_COMM_NULL) MPI_Comm_free(&e->comm);
-    if (e->mpi_initialized_here) {
+    if (e->mpi_initialized_here && finalize) {
         MPI_Finalize();
         __atomic_store_n(&mpi_finalized_here, 1, __ATOMIC_RELEASE);  /* life_lock is held by the joiner */
     }
@@ -337,7 +288,7 @@ static void *bg_main(void *arg)
     report_startup(rc);
     /* An init that failed alike on every rank ends as cleanly as a shutdown: MPI_Finalize
      * removes MPI's /dev/shm files, which a process exiting without it leaves behind. */
-    if (rc != HVL_OK) { teardown(e, e->failed_everywhere); return NULL; }
+    if (rc != HVL_OK) { teardown(e, e->failed_everywhere, e->whole_world); return NULL; }
     rc = hvl__peers_explain(e, run_cycles(e));   /* a timeout names the silent ranks it can see */
     char message[1024];
     stop_reason(rc, message, sizeof(message));
@@ -356,7 +307,7 @@ static void *bg_main(void *arg)
     }
     hvl__execute_abandon(e, rc, message);
     hvl__queue_fail_all(e, rc, message);
-    teardown(e, clean);
+    teardown(e, clean, 1);
     return NULL;
 }
 
@@ -375,7 +326,9 @@ static void reset_engine(hvl_engine *e)
     hvl__log_set(e->params.log_level, -1, !e->params.log_hide_time);
 }
 
-int hvl_init(void)
+int hvl_init(void) { return hvl_init_on(NULL, 0, NULL, 0); }
+
+int hvl_init_on(const void *mpi_comm, size_t comm_bytes, const int *ranks, int nranks)
 {
     pthread_mutex_lock(&life_lock);
     int rc = HVL_OK;
@@ -395,6 +348,7 @@ int hvl_init(void)
                        "it cannot be initialized again in this process");
         goto out;
     }
+    if ((rc = hvl__world_ask(mpi_comm, comm_bytes, ranks, nranks)) != HVL_OK) goto out;
     hvl__forget_topology();         /* before the fields it guards are reset */
     reset_engine(&hvl__engine);
     startup_done = 0;

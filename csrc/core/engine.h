@@ -100,12 +100,14 @@ int hvl__pset_lookup(hvl_engine *e, int id, int *size, int *rank, int other, int
 /* ---- the engine (one instance, state.c) ---- */
 struct hvl_engine {
     /* set once by the bg thread before init completes, read-only afterwards */
-    MPI_Comm comm;              /* dup of COMM_WORLD, MPI_ERRORS_RETURN */
+    MPI_Comm comm;              /* the job's world (dup of COMM_WORLD, of init's communicator, or
+                                   made of init's ranks), MPI_ERRORS_RETURN */
     MPI_Comm local_comm, cross_comm;
     int rank, size, local_rank, local_size, cross_rank, cross_size;
     int thread_multiple;
     int homogeneous;            /* 1: every host runs the same number of ranks (peers.c) */
     int mpi_initialized_here;
+    int whole_world;            /* e->comm is all of MPI_COMM_WORLD (init was given no comm) */
     int failed_everywhere;      /* init failed on rank 0's verdict, so on every rank alike */
     hvl_params params;          /* agreed settings come from rank 0 (hvl__params_agree) */
     int pinned;                 /* HVLITE_THREAD_AFFINITY pinned the bg thread (engine.c) */
@@ -169,6 +171,15 @@ static inline hvl_bound hvl__peer_bound(hvl_engine *e)
 int hvl__peers_learn(hvl_engine *e);
 void hvl__peers_forget(void);
 int hvl__peers_explain(hvl_engine *e, int rc);
+
+/* The job's world (world.c). ask: the thread calling hvl_init_on, under the life lock: which
+ * world the next startup makes (a copy of the communicator handle or of the ranks is kept);
+ * HVL_ERR_INVALID_ARG for a communicator of another MPI. make: bg thread at startup, collective
+ * over the world: MPI's init, e->comm, rank and size, local and cross communicators and
+ * thread_multiple. split_fake_hosts: HVLITE_TEST_FAKE_HOSTS, once the settings are agreed. */
+int hvl__world_ask(const void *mpi_comm, size_t comm_bytes, const int *ranks, int nranks);
+int hvl__world_make(hvl_engine *e);
+int hvl__world_split_fake_hosts(hvl_engine *e);
 
 /* Life status (state.c). The bg thread marks the engine running once startup succeeded, and
  * stopped (with the reason) when its cycle ends. Any thread may ask. */

@@ -50,8 +50,9 @@ static const param_def table[] = {
      "(a collective) for this long: a stopped, dead or unreachable rank (0 = never); rank 0's "
      "value holds on every rank, so every rank gives up alike"},
     {"LOG_LEVEL", P_LEVEL, LOCAL, F(log_level), "warning", "trace, debug, info, warning or error"},
-    {"LOG_HIDE_TIME", P_INT, LOCAL, F(log_hide_time), "1",
-     "0: engine log lines start with the date and time (to the microsecond)"},
+    {"LOG_HIDE_TIME", P_INT, LOCAL, F(log_hide_time), "0",
+     "1: engine log lines without the date and time they otherwise start with (to the microsecond, "
+     "as Horovod's)"},
     {"THREAD_AFFINITY", P_PATH, LOCAL, F(thread_affinity), "",
      "core numbers, one per rank on the host (c0,c1,...): local rank i pins its engine thread to core c_i"},
     {"MPI_THREADS_DISABLE", P_INT, LOCAL, F(mpi_threads_disable), "0",
@@ -68,7 +69,8 @@ static const param_def table[] = {
     {"AUTOTUNE_GAUSSIAN_PROCESS_NOISE", P_DOUBLE, RANK0, F(autotune_noise), "0.8",
      "autotune's Gaussian-process noise variance, relative to the scores' variance"},
     {"TIMELINE", P_PATH, LOCAL, F(timeline_path), "",
-     "Chrome trace (JSON) file that rank 0 writes; open it in Perfetto or chrome://tracing"},
+     "Chrome trace (JSON) file that rank 0 writes from init; open it in Perfetto or chrome://tracing. "
+     "DYNAMIC (Horovod's word): none at init, the program calls start_timeline() later"},
     {"TIMELINE_MARK_CYCLES", P_INT, LOCAL, F(timeline_mark_cycles), "0",
      "1: also mark every engine cycle on the timeline (CYCLE_START)"},
     {"SHM_DISABLE", P_INT, RANK0, F(shm_disable), "0",
@@ -92,8 +94,9 @@ static const param_def table[] = {
      "written it (the event recorded at submit), so batches follow the GPU's progress as DDP's "
      "buckets do; 0: as soon as it is submitted, its batch waiting on the GPU for the event"},
     {"NCCL_LIB", P_PATH, LOCAL, F(nccl_lib), "",
-     "the NCCL library (libnccl.so.2) the GPU plane loads; hvlite.init() sets it to torch's "
-     "nvidia-nccl wheel when unset; else the loader's libnccl.so.2"},
+     "the NCCL library (libnccl.so.2, or the folder holding it) the GPU plane loads; when unset, "
+     "hvlite.init() sets it from Horovod's HOROVOD_NCCL_LIB (a folder) or HOROVOD_NCCL_HOME, else "
+     "to torch's nvidia-nccl wheel; else the loader's libnccl.so.2"},
     {"TEST_FAKE_HOSTS", P_INT, RANK0, F(test_fake_hosts), "0",
      "tests only: split each host's ranks into this many consecutive fake hosts"},
     {"TEST_STOP_AT", P_PATH, LOCAL, F(test_stop_at), "",

@@ -288,10 +288,14 @@ int hvl_timeline_stop(void)
 
 void hvl__timeline_close(void) { hvl_timeline_stop(); }
 
+/* Horovod's HOROVOD_TIMELINE=DYNAMIC: no timeline at init; the program starts one later with
+ * start_timeline() (which hvlite allows either way). */
+#define TIMELINE_DYNAMIC "DYNAMIC"
+
 int hvl__timeline_startup(hvl_engine *e)
 {
     struct { int32_t rc; char message[1020]; } verdict = {HVL_OK, ""};
-    if (e->rank == 0 && e->params.timeline_path[0]) {
+    if (e->rank == 0 && e->params.timeline_path[0] && strcmp(e->params.timeline_path, TIMELINE_DYNAMIC) != 0) {
         pthread_mutex_lock(&life_lock);
         verdict.rc = open_locked(e->params.timeline_path, e->params.timeline_mark_cycles != 0, e->size);
         pthread_mutex_unlock(&life_lock);

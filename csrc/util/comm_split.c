@@ -1,5 +1,5 @@
-/* comm_split.c: communicator creation bounded like a collective. MPI_Comm_split and
- * MPI_Comm_split_type have no nonblocking form, and a rank that stops (SIGSTOP, a debugger) or
+/* comm_split.c: communicator creation bounded like a collective. MPI_Comm_split,
+ * MPI_Comm_split_type and MPI_Comm_create_group have no nonblocking form, and a rank that stops (SIGSTOP, a debugger) or
  * hangs before it reaches the call would hold every other rank inside it for ever. So the call
  * runs on a short-lived helper thread, and the calling (bg) thread waits for it on a condition
  * variable, looking at the bound (peer timeout, shutdown and fatal flags) every 10 ms. On a
@@ -20,11 +20,16 @@
 
 /* One call, shared by the waiter and the helper; `done` and `abandoned` (lock) say who frees
  * it: the waiter once it saw done, the helper if it finishes after the waiter gave up. */
+enum { SPLIT, SPLIT_BY_HOST, CREATE_GROUP };
+
 typedef struct {
     pthread_mutex_t lock;
     pthread_cond_t done_cond;
     MPI_Comm parent;
-    int color, key, by_host;
+    int kind;
+    int color, key;             /* SPLIT, SPLIT_BY_HOST */
+    MPI_Group group;            /* CREATE_GROUP: the members; the helper frees it after the call */
+    int tag;
     MPI_Comm out;               /* the helper's result; the waiter's once done */
     int mpi_rc;
     int done, abandoned;        /* lock */
@@ -32,6 +37,7 @@ typedef struct {
 
 static void call_free(split_call *c)
 {
+    if (c->group != MPI_GROUP_NULL) MPI_Group_free(&c->group);   /* a call that never started */
     pthread_cond_destroy(&c->done_cond);
     pthread_mutex_destroy(&c->lock);
     free(c);
@@ -48,8 +54,14 @@ static void *helper(void *arg)
      * tools and tests look up; a helper may outlive its call for a moment */
     pthread_setname_np(pthread_self(), "hvl-comm-split");
     MPI_Comm out = MPI_COMM_NULL;
-    int mpi_rc = c->by_host ? MPI_Comm_split_type(c->parent, MPI_COMM_TYPE_SHARED, c->key, MPI_INFO_NULL, &out)
-                            : MPI_Comm_split(c->parent, c->color, c->key, &out);
+    int mpi_rc;
+    if (c->kind == CREATE_GROUP) {
+        mpi_rc = MPI_Comm_create_group(c->parent, c->group, c->tag, &out);
+        MPI_Group_free(&c->group);
+    } else {
+        mpi_rc = c->kind == SPLIT_BY_HOST ? MPI_Comm_split_type(c->parent, MPI_COMM_TYPE_SHARED, c->key, MPI_INFO_NULL, &out)
+                                          : MPI_Comm_split(c->parent, c->color, c->key, &out);
+    }
     pthread_mutex_lock(&c->lock);
     c->out = out;
     c->mpi_rc = mpi_rc;
@@ -64,7 +76,7 @@ static void *helper(void *arg)
     return NULL;
 }
 
-static split_call *call_new(MPI_Comm parent, int color, int key, int by_host)
+static split_call *call_new(MPI_Comm parent, int kind)
 {
     split_call *c = calloc(1, sizeof(*c));
     if (!c) return NULL;
@@ -75,9 +87,8 @@ static split_call *call_new(MPI_Comm parent, int color, int key, int by_host)
     pthread_cond_init(&c->done_cond, &a);
     pthread_condattr_destroy(&a);
     c->parent = parent;
-    c->color = color;
-    c->key = key;
-    c->by_host = by_host;
+    c->kind = kind;
+    c->group = MPI_GROUP_NULL;
     c->out = MPI_COMM_NULL;
     return c;
 }
@@ -121,12 +132,9 @@ static int wait_done(split_call *c, const hvl_bound *bound, const char *what)
     return c->done ? HVL_OK : rc;
 }
 
-int hvl__comm_split(MPI_Comm parent, int color, int key, int by_host, MPI_Comm *out, hvl_bound bound,
-                    const char *what)
+/* Runs the call `c` describes on a helper thread and waits for it on `bound`. */
+static int run_call(split_call *c, MPI_Comm *out, hvl_bound bound, const char *what)
 {
-    *out = MPI_COMM_NULL;
-    split_call *c = call_new(parent, color, key, by_host);
-    if (!c) return hvl__oom(what);
     int rc = start_helper(c, what);
     if (rc != HVL_OK) { call_free(c); return rc; }
     pthread_mutex_lock(&c->lock);
@@ -139,4 +147,29 @@ int hvl__comm_split(MPI_Comm parent, int color, int key, int by_host, MPI_Comm *
     HVL_CHECK(hvl__mpi_check(mpi_rc, what));
     if (*out != MPI_COMM_NULL) MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN);
     return HVL_OK;
+}
+
+int hvl__comm_split(MPI_Comm parent, int color, int key, int by_host, MPI_Comm *out, hvl_bound bound,
+                    const char *what)
+{
+    *out = MPI_COMM_NULL;
+    split_call *c = call_new(parent, by_host ? SPLIT_BY_HOST : SPLIT);
+    if (!c) return hvl__oom(what);
+    c->color = color;
+    c->key = key;
+    return run_call(c, out, bound, what);
+}
+
+int hvl__comm_create_group(MPI_Comm parent, MPI_Group group, int tag, MPI_Comm *out, hvl_bound bound,
+                           const char *what)
+{
+    *out = MPI_COMM_NULL;
+    split_call *c = call_new(parent, CREATE_GROUP);
+    if (!c) {
+        MPI_Group_free(&group);
+        return hvl__oom(what);
+    }
+    c->group = group;
+    c->tag = tag;
+    return run_call(c, out, bound, what);
 }

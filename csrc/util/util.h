@@ -129,6 +129,11 @@ int hvl__mpi_progress_wait(MPI_Request *req, hvl_bound bound, const char *what);
  * no more collectives on parent. HVL_ERR_SYSTEM if no thread can be started. */
 int hvl__comm_split(MPI_Comm parent, int color, int key, int by_host, MPI_Comm *out, hvl_bound bound,
                     const char *what);
+/* MPI_Comm_create_group(parent, group, tag): the communicator of group's members (called by
+ * them only; the others need not call), bounded and given up on as hvl__comm_split. Takes
+ * `group` over (freed once the call returns). */
+int hvl__comm_create_group(MPI_Comm parent, MPI_Group group, int tag, MPI_Comm *out, hvl_bound bound,
+                           const char *what);
 int hvl__comm_split_stranded(void);   /* abandoned splits still inside MPI; any thread */
 /* Small exchanges: every rank's `count` values, rank after rank, into all; alltoall of one
  * value each. Progress waits on `bound`. */

@@ -5,7 +5,8 @@ workers: decorate the training function with :func:`run`, keep what must survive
 :class:`State` (``ObjectState``, or a framework's: ``hvlite.torch.elastic.TorchState``), and
 call ``state.commit()`` regularly; a re-formed world goes on from the last commit.
 
-Contract: ``run`` (the decorator), ``State``, ``ObjectState``, ``HostsUpdatedInterrupt`` and
+Contract: ``run`` (the decorator), ``State``, ``ObjectState``, ``HostsUpdatedInterrupt`` (and
+``HorovodInternalError``, as Horovod's ``horovod.common.elastic`` has them) and
 ``ElasticIndexSampler`` (the index logic of ``ElasticSampler``), with Horovod's documented
 behaviour, on worlds that an elastic ``hvlrun`` (``--min-np``/``--max-np``/
 ``--host-discovery-script``) re-forms when workers are lost or added: the last commit lives in
@@ -15,9 +16,11 @@ pickle). ``hvlite.torch.elastic`` and ``hvlite.tensorflow(.keras).elastic`` add 
 states. Module map: ``codec`` (commit bytes), ``world`` (this process's world, rank 0's line to
 hvlrun), ``state`` (State, ObjectState), ``run`` (the decorator), ``sampler``.
 """
+from ..errors import HorovodInternalError, HostsUpdatedInterrupt
 from .run import make_run, run
 from .sampler import ElasticIndexSampler
-from .state import HostsUpdatedInterrupt, ObjectState, State, StateMismatchError
+from .state import ObjectState, State, StateMismatchError, StateNotCommittableError
 
 __all__ = ["run", "make_run", "State", "ObjectState", "HostsUpdatedInterrupt",
-           "StateMismatchError", "ElasticIndexSampler"]
+           "HorovodInternalError", "StateMismatchError", "StateNotCommittableError",
+           "ElasticIndexSampler"]

@@ -15,6 +15,14 @@ Contract:
     checks that its state encodes to the same digest as rank 0's, else
     :class:`StateMismatchError` names the ranks that differ. In a re-formed world the reset
     callbacks run next.
+  * ``State(bcast_object, get_rank)`` takes Horovod's arguments (kept as ``_bcast_object`` and
+    ``_rank``, which Horovod-style subclasses use in their own ``sync``). A subclass written for
+    Horovod (its own ``save``/``restore``/``sync``, state kept in this process) works in a
+    plain job and in the first world of an elastic one; at a commit in an elastic hvlrun job it
+    fails on every rank with :class:`StateNotCommittableError`, which says what to use: hvlite
+    restarts every worker of a re-formed world from the stored commit, which needs the state
+    as values (an ``ObjectState``, ``TorchState``, ... or ``_capture``/``_apply``), where
+    Horovod keeps the survivors' memory and broadcasts a pickle of it to the new workers.
   * :class:`ObjectState` keeps the keyword arguments it was given as attributes. A value with
     ``state_dict()``/``load_state_dict()`` (a model, an optimizer, a sampler, a scheduler) is
     saved through them and loaded back in place; any other value is copied and assigned back.
@@ -30,32 +38,24 @@ from typing import Any, Callable, List, Optional
 import numpy as np
 
 from ..basics import rank
-from ..errors import HvliteError
+from ..errors import HostsUpdatedInterrupt, HvliteError
 from ..ops import allgather, broadcast
 from ..protocol.commit_client import CommitStoreError
 from . import codec
 from .sampler import ElasticIndexSampler
 from .world import World, agree, current
 
-__all__ = ["HostsUpdatedInterrupt", "StateMismatchError", "State", "ObjectState"]
-
-
-class HostsUpdatedInterrupt(RuntimeError):
-    """The job's hosts changed: raised on every rank at the same commit (or host check).
-
-    Attributes:
-        skip_sync: Horovod's flag (True when only hosts were removed); kept for compatibility.
-        committed: True when raised by ``commit()``, whose state is then stored.
-    """
-
-    def __init__(self, skip_sync: bool = False, committed: bool = False) -> None:
-        super().__init__("the job's hosts changed; the job re-forms from the last commit")
-        self.skip_sync = skip_sync
-        self.committed = committed
+__all__ = ["HostsUpdatedInterrupt", "StateMismatchError", "StateNotCommittableError", "State",
+           "ObjectState"]
 
 
 class StateMismatchError(HvliteError):
     """After a restore or sync, some ranks hold a state that differs from rank 0's."""
+
+
+class StateNotCommittableError(HvliteError, TypeError):
+    """A state whose class does not say what its state is (a Horovod-style subclass) was
+    committed in an elastic hvlrun job, which must store it."""
 
 
 def _store_error(what: str, error: Optional[Exception], failed: bool) -> None:
@@ -66,15 +66,34 @@ def _store_error(what: str, error: Optional[Exception], failed: bool) -> None:
 
 
 class State:
-    """Horovod's elastic state (see the module contract); subclasses say what the state is."""
+    """Horovod's elastic state (see the module contract); subclasses say what the state is.
 
-    def __init__(self) -> None:
+    Args:
+        bcast_object, get_rank: Horovod's (``hvd.broadcast_object``, ``hvd.rank``); kept for
+            subclasses written for Horovod, whose ``sync`` calls ``self._bcast_object``.
+    """
+
+    def __init__(self, bcast_object: Any = None, get_rank: Any = None) -> None:
+        self._bcast_object = bcast_object
+        self._rank = get_rank
         self._reset_callbacks: List[Callable[[], None]] = []
         self._saved: Any = None
         self._updates_seen = 0
         self.commit_seq = 0            # the last commit stored or restored (0: none)
 
     # --- what a subclass provides ----------------------------------------------------------
+    def _committable(self) -> None:
+        """Raise StateNotCommittableError unless the class says what its state is."""
+        if type(self)._capture is State._capture:
+            raise StateNotCommittableError(
+                "hvlite.elastic: %s subclasses State with Horovod's own save/restore/sync, which "
+                "keep the state in this process; an elastic hvlrun job restarts every worker of "
+                "a re-formed world from the last commit it stored, so the state must be values "
+                "hvlite can commit: keep it in an ObjectState (keyword values; models, "
+                "optimizers and samplers through their state_dict), TorchState or "
+                "TensorFlowKerasState, or give the class _capture()/_apply() (see "
+                "hvlite.elastic.state)" % type(self).__name__)
+
     def _capture(self) -> Any:
         """Return a copy of the live state as a commit tree."""
         raise NotImplementedError
@@ -119,8 +138,10 @@ class State:
         Raises:
             HostsUpdatedInterrupt: on every rank, when the driver asked the world to stop here.
         """
-        self.save()
         world = current()
+        if world.managed:
+            self._committable()
+        self.save()
         if not world.managed:
             return
         seq, updates, error = 0, 0, None
@@ -213,6 +234,7 @@ class State:
         failed, seq = agree([error is not None, got[0] if got else 0], "fetch")
         _store_error("fetch the last commit", error, failed)
         if seq:
+            self._committable()
             self._load_everywhere(got[1] if got else None)
         else:
             self.sync()
@@ -267,7 +289,7 @@ class ObjectState(State):
     """
 
     def __init__(self, bcast_object: Any = None, get_rank: Any = None, **kwargs: Any) -> None:
-        super().__init__()
+        super().__init__(bcast_object, get_rank)
         self._names = list(kwargs)
         for name, value in kwargs.items():
             setattr(self, name, value)

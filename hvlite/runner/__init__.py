@@ -1,4 +1,5 @@
-"""``hvlrun``, the hvlite job launcher.
+"""``hvlrun``, the hvlite job launcher, and ``run(func, ...)``, Horovod's ``horovod.runner.run``
+(a Python function run on every rank of a new job: ``func_run``).
 
 Contract: this package never imports the engine (``hvlite._core`` or any ``hvlite`` module outside
 ``hvlite.runner`` and ``hvlite.protocol``, the pure-Python module it shares with training code)
@@ -26,7 +27,10 @@ def main(argv=None) -> int:
     return launch_main(argv)
 
 
-def run() -> None:
-    """Console-script entry point: ``sys.exit(main())``."""
-    from .cli.launch import run as launch_run
-    launch_run()
+def __getattr__(name):
+    # run(func, args=(), kwargs=None, num_proc=1, ...): imported when first asked for, so that
+    # importing the package loads nothing else
+    if name == "run":
+        from .func_run import run
+        return run
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

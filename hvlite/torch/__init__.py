@@ -10,7 +10,8 @@ The collectives take CPU and CUDA tensors and return tensors on the input's devi
 Contract: the names Horovod documents for ``horovod.torch`` (basics, collectives and their async
 and in-place forms, ``DistributedOptimizer``, ``broadcast_parameters``,
 ``broadcast_optimizer_state``, object collectives, ``Compression``, ``SyncBatchNorm``,
-``join``; ``elastic``: ``run``, ``TorchState``, ``ElasticSampler``, ...) with Horovod's
+``join``; ``elastic``: ``run``, ``TorchState``, ``ElasticSampler``, ...; the module path
+``mpi_ops``) with Horovod's
 signatures and semantics, on CPU and CUDA tensors (results on the input's device). Pure Python
 over the framework-neutral layer; no torch extension is compiled.
 """
@@ -37,7 +38,7 @@ from .ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_
 from .optimizer import DistributedOptimizer
 from ..timeline import start_timeline, stop_timeline
 from .sync_batch_norm import SyncBatchNorm
-from . import elastic
+from . import elastic, mpi_ops
 from ..elastic import HostsUpdatedInterrupt
 
 __all__ = [
@@ -57,5 +58,5 @@ __all__ = [
     "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter",
     "grouped_reducescatter_async", "join", "poll", "reducescatter", "reducescatter_async",
     "sparse_allreduce_async", "synchronize", "DistributedOptimizer",
-    "SyncBatchNorm", "start_timeline", "stop_timeline", "elastic", "HostsUpdatedInterrupt",
+    "SyncBatchNorm", "start_timeline", "stop_timeline", "elastic", "mpi_ops", "HostsUpdatedInterrupt",
 ]

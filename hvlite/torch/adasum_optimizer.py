@@ -14,6 +14,7 @@ step from a gradient hook during backward; hvlite steps once, after backward, wi
 optimizer's own ``step`` (and closure): the same updates for per-parameter optimizers, and the
 parameters keep their values while backward still reads them. As in Horovod, ``synchronize()``
 does nothing and ``skip_synchronize()`` raises. Delta names are ``adasum.<parameter name>``.
+``set_backward_passes_per_step(n)`` and ``load_state_dict`` reset the accumulation counters.
 """
 import torch
 
@@ -23,7 +24,7 @@ from ..handles import burst, wait_all
 from ..objects import allgather_object
 from ..process_sets import rank_and_size
 from .ops import allreduce_async_
-from .parameter_names import parameter_names
+from .parameter_names import find_duplicates, parameter_names
 
 __all__ = ["adasum_optimizer"]
 
@@ -55,6 +56,31 @@ class _AdasumOptimizer:
         self._passes_left = {p: self._passes for p in self._params}
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient)
                        for p in self._params]
+
+    @staticmethod
+    def find_duplicates(lst):
+        """Horovod's helper: the items of ``lst`` that occur more than once."""
+        return find_duplicates(lst)
+
+    @property
+    def backward_passes_per_step(self):
+        return self._passes
+
+    @backward_passes_per_step.setter
+    def backward_passes_per_step(self, passes):
+        self.set_backward_passes_per_step(passes)
+
+    def set_backward_passes_per_step(self, passes):
+        """Accumulate gradients over up to ``passes`` backward passes per step (Horovod's)."""
+        if passes < 1:
+            raise ValueError("backward_passes_per_step must be >= 1")
+        self._passes = passes
+        self._passes_left = {p: passes for p in self._params}
+
+    def load_state_dict(self, *args, **kwargs):
+        """The wrapped optimizer's, with the accumulation counters reset (as Horovod's)."""
+        self._passes_left = {p: self._passes for p in self._params}
+        return super().load_state_dict(*args, **kwargs)
 
     def _on_gradient(self, p):
         if self._passes_left[p] <= 0:

@@ -578,14 +578,14 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 
 # ---- reducescatter ----
 
-def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_factor=1.0,
+def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescale_factor=1.0,
                         postscale_factor=1.0):
     src = _check_tensor(tensor).contiguous().detach()
     return collectives.reducescatter(_source(src), _output(src), name, reduce_op(None, op),
                                      prescale_factor, postscale_factor, process_set)
 
 
-def grouped_reducescatter_async(tensors, name=None, op=None, process_set=None,
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=None,
                                 prescale_factor=1.0, postscale_factor=1.0):
     return _submit_group(lambda t, n: reducescatter_async(t, n, op, process_set, prescale_factor,
                                                           postscale_factor),
@@ -617,7 +617,7 @@ class _ReducescatterFn(torch.autograd.Function):
         return (None, *grouped_allgather_async(list(grads), process_set=ctx.process_set).wait())
 
 
-def reducescatter(tensor, name=None, compression=Compression.none, op=None, process_set=None,
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=None,
                   prescale_factor=1.0, postscale_factor=1.0):
     """Reduce ``tensor`` over every rank (default Average) and return this rank's rows of dim 0
     (dim0 // size, plus one if rank < dim0 % size). Differentiable (see the module docstring)."""
@@ -627,7 +627,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=None, proc
     return compression.decompress(out, ctx)
 
 
-def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=None,
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=None, prescale_factor=1.0, postscale_factor=1.0):
     """Reducescatter a list of tensors submitted together; differentiable like
     ``reducescatter``."""

@@ -24,6 +24,11 @@ way ``p.grad`` stays sparse, as optimizers such as ``SparseAdam`` need.
 
 A rank that is not in ``process_set`` does what Horovod's does: it registers no hooks and takes
 no part, and its ``step()`` applies its own local gradients.
+
+As Horovod's, ``set_backward_passes_per_step(n)`` (or setting ``backward_passes_per_step``)
+changes the accumulation from the next step on, and ``load_state_dict`` starts the step over
+(accumulation counters reset; allreduces already submitted are waited for, their results
+dropped: every rank submitted them, so they end) before loading the wrapped optimizer's state.
 """
 import contextlib
 import threading
@@ -37,7 +42,7 @@ from ..process_sets import rank_and_size
 from .adasum_optimizer import adasum_optimizer
 from .compression import Compression
 from .ops import Adasum, Average, Sum, allreduce_async_, sparse_allreduce_async
-from .parameter_names import parameter_names
+from .parameter_names import find_duplicates, parameter_names
 
 # Autograd runs a model's CPU and CUDA gradients on different threads at once: the hooks' shared
 # state (bucket, handles) is changed under this lock (module-wide: an optimizer stays copyable)
@@ -106,6 +111,49 @@ class _DistributedOptimizer:
                 raise ValueError("DistributedOptimizer: the parameters differ across ranks: this "
                                  "rank has %d, rank %d has %d; first differences (this rank, "
                                  "rank %d): %s" % (len(mine), r, len(theirs), r, diff))
+
+    @staticmethod
+    def find_duplicates(lst):
+        """Horovod's helper: the items of ``lst`` that occur more than once."""
+        return find_duplicates(lst)
+
+    @property
+    def backward_passes_per_step(self):
+        return self._passes
+
+    @backward_passes_per_step.setter
+    def backward_passes_per_step(self, passes):
+        self.set_backward_passes_per_step(passes)
+
+    def set_backward_passes_per_step(self, passes):
+        """Accumulate gradients over ``passes`` backward passes per step (Horovod's); the
+        step in progress starts over: call it between steps."""
+        if passes < 1:
+            raise ValueError("backward_passes_per_step must be >= 1")
+        self._passes = passes
+        self._start_over()
+
+    def load_state_dict(self, *args, **kwargs):
+        """The wrapped optimizer's ``load_state_dict``, after starting the step over (as
+        Horovod's: a checkpoint restored mid-accumulation begins a fresh step)."""
+        self._start_over()
+        return super().load_state_dict(*args, **kwargs)
+
+    def _start_over(self):
+        """Forget the step in progress: wait out the allreduces already submitted (their
+        results are dropped) and reset the accumulation counters."""
+        for handle, _, _ in list(self._handles.values()):
+            try:
+                handle.wait()
+            except Exception:    # noqa: BLE001 - dropped anyway; waiting frees its name
+                pass
+        self._handles.clear()
+        self._group_ready.clear()
+        self._bucket, self._bucket_fill = [], 0
+        self._delay = {p: self._passes for p in self._params}
+        self._unready = len(self._params)
+        self._end_queued = self._reduced = self._synchronized = False
+        self._should_synchronize = True
 
     # ---- during backward ----
 

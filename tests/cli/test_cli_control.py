@@ -270,8 +270,13 @@ def test_nothing_in_the_launcher_deserialises_network_data():
     # --config-file: a local file named on the command line, read with yaml.safe_load (plain
     # data only); never anything that came over the network.
     allowed = re.compile(r"^\s*import yaml$|yaml\.(safe_load|YAMLError)\b", re.M)
-    offenders = [str(p) for p in files if pattern.search(allowed.sub("", p.read_text()))]
+    # func_run.py is Horovod's run(func, ...), a function of the caller's own process (not
+    # hvlrun's): it pickles the function for its own ranks and reads their results back, through
+    # a folder only this user can open (mkdtemp: mode 0700), never through a connection.
+    offenders = [str(p) for p in files if p.name != "func_run.py"
+                 and pattern.search(allowed.sub("", p.read_text()))]
     assert offenders == [], offenders
+    assert "mkdtemp(" in (package / "runner" / "func_run.py").read_text()
 
 
 # --- an elastic world's agreed end: who the launcher killed is no loss ----------------------

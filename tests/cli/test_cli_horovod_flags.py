@@ -8,6 +8,8 @@ import shlex
 import pytest
 
 from hvlite.runner import main
+from hvlite.runner.cli.flags import build_parser, check_usage
+from hvlite.runner.cli.horovod_flags import HOROVODRUN_FLAGS, NO_EFFECT, flag_table
 
 HOROVOD_EXAMPLE_CONFIG = """\
 params:
@@ -198,3 +200,30 @@ def test_version_and_check_build_short_name(capsys):
     assert capsys.readouterr().out.startswith("hvlrun (hvlite) ")
     assert main(["-cb"]) == 0
     assert "Available features:" in capsys.readouterr().out
+
+
+def test_every_horovodrun_flag_is_accepted_with_a_status():
+    """The table the migration page is generated from covers horovodrun 0.28's every flag,
+    hvlrun's parser takes each, and what it says matches what hvlrun does with them."""
+    known = {option for action in build_parser()._actions for option in action.option_strings}
+    table = flag_table()
+    assert [flag for flag, _, _ in table] == list(HOROVODRUN_FLAGS)
+    assert set(HOROVODRUN_FLAGS) <= known, sorted(set(HOROVODRUN_FLAGS) - known)
+    by_status = {}
+    for flag, status, _ in table:
+        by_status.setdefault(status, set()).add(flag)
+    assert by_status["no effect"] == set(NO_EFFECT)
+    assert by_status["refused"] == {"--gloo", "--jsrun"}
+
+
+def test_horovods_timeout_variables_are_hvlruns_defaults(monkeypatch):
+    monkeypatch.delenv("HVLRUN_START_TIMEOUT", raising=False)
+    monkeypatch.setenv("HOROVOD_START_TIMEOUT", "77")
+    monkeypatch.setenv("HOROVOD_ELASTIC_TIMEOUT", "99")
+    args = build_parser().parse_args(["-np", "2", "--min-np", "1", "x"])
+    check_usage(args, ["x"])
+    assert (args.start_timeout, args.elastic_timeout) == (77.0, 99.0)
+    monkeypatch.setenv("HVLRUN_START_TIMEOUT", "5")          # hvlrun's own variable first
+    args = build_parser().parse_args(["-np", "2", "--elastic-timeout", "3", "--min-np", "1", "x"])
+    check_usage(args, ["x"])
+    assert (args.start_timeout, args.elastic_timeout) == (5.0, 3.0)   # and the flag over both

@@ -70,6 +70,10 @@ def test_network_interface(capsys, monkeypatch):
     exports, argv = dry_run(capsys, *HOSTS, "--network-interfaces", "eth0,ib0", "x")
     assert argv[argv.index("-iface") + 1] == "eth0"
     assert exports["NCCL_SOCKET_IFNAME"] == "eth0,ib0" and exports["FI_TCP_IFACE"] == "eth0"
+    # given more than once (horovodrun's scripts do): every name is kept, each once
+    exports, argv = dry_run(capsys, *HOSTS, "--network-interface", "eth0", "--network-interface",
+                            "ib0,eth0", "x")
+    assert exports["NCCL_SOCKET_IFNAME"] == "eth0,ib0" and argv[argv.index("-iface") + 1] == "eth0"
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "mine")     # the user's own setting stays
     assert "NCCL_SOCKET_IFNAME" not in dry_run(capsys, *HOSTS, "--network-interface", "eth0", "x")[0]
 

@@ -158,6 +158,14 @@ def test_duplicate_set_fails_on_every_rank():
         hvd.add_process_set(list(range(SIZE)))
 
 
+def test_an_empty_set_is_every_rank_as_in_horovod():
+    every = hvd.ProcessSet([])          # Horovod's global set is one
+    assert every.ranks == [] and every.process_set_id is None and every.size() is None
+    with pytest.raises(hvd.HvliteInvalidArgument, match="process set 0 already has these %d ranks" % SIZE):
+        hvd.add_process_set(every)
+    assert every.process_set_id is None
+
+
 def test_member_lists_that_differ_between_ranks_fail_on_every_rank():
     with pytest.raises(hvd.HvliteInvalidArgument, match="different member lists"):
         hvd.add_process_set([0] if RANK == 0 else [1])

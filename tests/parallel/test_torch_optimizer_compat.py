@@ -185,3 +185,75 @@ def test_parameter_without_gradient_moves_the_wait_to_step():
     assert not opt._reduced                 # waits at step()
     texts = step_warnings(opt)
     assert len(texts) == 1 and "(first: 'unused')" in texts[0], texts
+
+
+def reference_gradients(model, x, y, rows_per_pass):
+    """Every rank's passes on one process: the sum over passes of each rank's gradients,
+    averaged over the ranks (what a step with backward_passes_per_step = len(passes) sends)."""
+    reference = copy.deepcopy(model)
+    reference.zero_grad()
+    for r in range(SIZE):
+        for rows in rows_per_pass:
+            picked = [2 * r + i for i in rows]
+            torch.nn.functional.mse_loss(reference(x[0][picked]), y[0][picked]).backward()
+    return [p.grad / SIZE for p in reference.parameters()]
+
+
+def backward_pass(model, x, y, rows):
+    picked = [2 * RANK + i for i in rows]
+    torch.nn.functional.mse_loss(model(x[0][picked]), y[0][picked]).backward()
+
+
+def test_set_backward_passes_per_step_accumulates_over_the_new_count():
+    model, x, y = model_and_batches()
+    expected = reference_gradients(model, x, y, [[0], [1]])
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.3),
+                                   named_parameters=model.named_parameters())
+    opt.set_backward_passes_per_step(2)
+    assert opt.backward_passes_per_step == 2
+    opt.zero_grad()
+    backward_pass(model, x, y, [0])
+    backward_pass(model, x, y, [1])
+    for p, q in zip(model.parameters(), expected):
+        assert torch.allclose(p.grad, q, rtol=1e-10, atol=1e-12), (p.grad - q).abs().max()
+    opt.step()
+    with pytest.raises(ValueError, match="backward_passes_per_step must be >= 1"):
+        opt.set_backward_passes_per_step(0)
+
+
+def test_load_state_dict_starts_the_step_over():
+    """Horovod's override: a state loaded after one of two passes resets the counters, so the
+    next two passes make the step (without it, the second would be one pass too many)."""
+    model, x, y = model_and_batches()
+    expected = reference_gradients(model, x, y, [[0], [1]])
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.5),
+                                   named_parameters=model.named_parameters(),
+                                   backward_passes_per_step=2)
+    opt.zero_grad()
+    backward_pass(model, x, y, [1])
+    opt.load_state_dict(opt.state_dict())
+    opt.zero_grad()
+    backward_pass(model, x, y, [0])
+    backward_pass(model, x, y, [1])
+    for p, q in zip(model.parameters(), expected):
+        assert torch.allclose(p.grad, q, rtol=1e-10, atol=1e-12), (p.grad - q).abs().max()
+    opt.step()
+
+
+def test_duplicate_parameter_names_are_named():
+    model, _, _ = model_and_batches()
+    named = [("w", p) for p in model.parameters()]
+    with pytest.raises(ValueError, match="named_parameters has duplicate names: w"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named)
+    assert hvd.DistributedOptimizer.__module__ and \
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1)).find_duplicates(
+            ["a", "b", "a", "c", "b"]) == {"a", "b"}
+
+
+def test_mpi_ops_is_horovods_module_path():
+    from hvlite.torch import mpi_ops
+    from hvlite.torch.mpi_ops import Average, allreduce_async_, synchronize
+    assert mpi_ops.allreduce is hvd.allreduce and Average == hvd.Average
+    t = torch.full((3,), float(RANK + 1))
+    synchronize(allreduce_async_(t, name="mpi_ops.path", op=hvd.Sum))
+    assert t.tolist() == [SIZE * (SIZE + 1) / 2] * 3

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import hvlite as hvd
-from hvlite.elastic import ElasticIndexSampler, HostsUpdatedInterrupt, ObjectState, codec, run
+from hvlite.elastic import ElasticIndexSampler, HostsUpdatedInterrupt, ObjectState, State, codec, run
 from hvlite.elastic.codec import CommitFormatError
 from hvlite.torch.elastic import TorchState, array_to_tensor, tensor_to_array
 
@@ -95,6 +95,51 @@ def test_object_state_save_restore_sync_and_reset_callbacks():
     state.sync()
     state.on_reset()
     assert calls == [1]
+
+
+class HorovodStyleState(State):
+    """A State subclass as Horovod's docs write one: its own save/restore/sync."""
+
+    def __init__(self, value):
+        self.value = value
+        self._saved_value = value
+        super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank)
+
+    def save(self):
+        self._saved_value = self.value
+
+    def restore(self):
+        self.value = self._saved_value
+
+    def sync(self):
+        self.value = self._bcast_object(self.value)
+
+
+def test_a_horovod_style_state_subclass_works_in_a_plain_job(monkeypatch):
+    from hvlite.elastic import StateNotCommittableError, world
+    assert HorovodStyleState.__mro__[1] is State
+    state = HorovodStyleState(1)
+    assert state._rank is hvd.rank and state._bcast_object is hvd.broadcast_object
+    state.value = 2
+    state.commit()
+    state.value = 3
+    state.restore()
+    assert state.value == 2
+    state.sync()
+    assert state.value == 2
+    # in a world an elastic hvlrun manages, the commit must be stored: refused, saying why
+    monkeypatch.setenv("HVLRUN_ELASTIC_WORLD", "1")
+    monkeypatch.setenv("HVLRUN_ELASTIC_STORE", "127.0.0.1:9")
+    monkeypatch.setattr(world, "_current", None)
+    with pytest.raises(StateNotCommittableError, match="HorovodStyleState subclasses State with "
+                       "Horovod's own save/restore/sync.*keep it in an ObjectState"):
+        state.commit()
+    monkeypatch.setattr(world, "_current", None)
+
+
+def test_object_state_takes_horovods_arguments():
+    state = ObjectState(hvd.broadcast_object, hvd.rank, epoch=4)
+    assert state.epoch == 4 and state._rank is hvd.rank
 
 
 def test_object_state_refuses_a_value_at_once():

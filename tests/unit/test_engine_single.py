@@ -183,9 +183,32 @@ def test_the_gpu_defaults_are_the_paths_that_ran_on_a_gpu():
         assert line in r.stderr, (name, r.stderr[-3000:])
 
 
-def test_init_rejects_unsupported_arguments():
+def test_init_rejects_a_comm_that_is_neither_ranks_nor_a_communicator():
     with pytest.raises(ValueError, match="comm"):
         hvd.init(comm=object())
+
+
+def test_init_on_a_list_of_one_rank_and_on_mpi4py_comm_self():
+    code = """
+import numpy as np, hvlite
+for bad in ([1], [0, 0]):
+    try:
+        hvlite.init(comm=bad)
+    except ValueError as e:
+        print('bad:', e)
+hvlite.init(comm=[0])
+print('ranks:', hvlite.rank(), hvlite.size(), hvlite.allreduce(np.arange(3.0), op=hvlite.Sum))
+hvlite.shutdown()
+"""
+    r = run_py(code)
+    assert "bad: hvlite init failed: init(comm=[1]): 1 is not a rank of MPI_COMM_WORLD (it has 1 rank)" \
+        in r.stdout, r.stdout + r.stderr
+    assert "bad: hvlite init failed: init(comm=[0, 0]): rank 0 is listed twice" in r.stdout, r.stdout + r.stderr
+    assert "ranks: 0 1 [0. 1. 2.]" in r.stdout, r.stdout + r.stderr
+    r = run_py("from mpi4py import MPI\nimport hvlite\nhvlite.init(comm=MPI.COMM_SELF)\n"
+               "print('self:', hvlite.rank(), hvlite.size(), hvlite.global_process_set.mpi_comm == MPI.COMM_SELF)\n"
+               "hvlite.shutdown()")
+    assert "self: 0 1 True" in r.stdout, r.stdout + r.stderr
 
 
 def test_init_twice_with_other_settings_raises():

@@ -1,4 +1,5 @@
-"""Which NCCL the GPU plane would load (hvlite/_nccl_find.py): HVLITE_NCCL_LIB, then torch's
+"""Which NCCL the GPU plane would load (hvlite/_nccl_find.py): HVLITE_NCCL_LIB (or Horovod's
+HOROVOD_NCCL_LIB / HOROVOD_NCCL_HOME, the library or its folder), then torch's
 nvidia-nccl wheel through its metadata, then the system's; what cannot be used is said plainly.
 The wheel case runs where a wheel is installed (torch's CUDA builds bring one: the GPU machine);
 here, `pip install --target DIR nvidia-nccl-cu13` and PYTHONPATH=DIR runs it too."""
@@ -38,8 +39,30 @@ def test_version_codes():
 
 
 def test_setting_that_names_no_file_is_an_error():
-    with pytest.raises(_nccl_find.NcclNotFound, match="HVLITE_NCCL_LIB=/no/libnccl.so.2: no such"):
+    with pytest.raises(_nccl_find.NcclNotFound, match="HVLITE_NCCL_LIB=/no/libnccl.so.2: no libnccl.so.2 there"):
         _nccl_find.find_nccl({"HVLITE_NCCL_LIB": "/no/libnccl.so.2"})
+
+
+def test_horovods_variables_name_the_folder_or_the_library(tmp_path):
+    """Horovod's HOROVOD_NCCL_LIB is NCCL's folder (HOROVOD_NCCL_HOME its prefix): the library
+    in it is what the engine loads, also when hvlite's own variable is unset."""
+    (tmp_path / "lib").mkdir()
+    library = tmp_path / "lib" / "libnccl.so.2"
+    library.write_bytes(b"")
+    for variable, value in (("HOROVOD_NCCL_LIB", tmp_path / "lib"), ("HOROVOD_NCCL_LIB", library),
+                            ("HOROVOD_NCCL_HOME", tmp_path), ("HVLITE_NCCL_LIB", tmp_path / "lib")):
+        environ = {variable: str(value)}
+        found = _nccl_find.find_nccl(environ)
+        assert (found.path, found.source) == (str(library), variable), (variable, value)
+        assert _nccl_find.engine_library(environ) == str(library), (variable, value)
+    # hvlite's own variable wins over Horovod's
+    assert _nccl_find.find_nccl({"HVLITE_NCCL_LIB": str(library),
+                                 "HOROVOD_NCCL_LIB": "/elsewhere"}).source == "HVLITE_NCCL_LIB"
+    with pytest.raises(_nccl_find.NcclNotFound, match="HOROVOD_NCCL_HOME=/no: no libnccl.so.2 there"):
+        _nccl_find.find_nccl({"HOROVOD_NCCL_HOME": "/no"})
+    # a folder of Horovod's without NCCL is never handed to the engine as a library
+    fallback = _nccl_find.engine_library({"HOROVOD_NCCL_LIB": str(tmp_path)})
+    assert fallback == (_nccl_find._from_wheel()[0] or "libnccl.so.2")
 
 
 def test_setting_comes_first_and_a_library_without_nccl_is_refused():
@@ -54,10 +77,12 @@ def test_nothing_found_says_what_was_tried():
     found = _nccl_find.find_nccl({})
     if found.path:
         pytest.skip("this Python has an NCCL (%s): nothing to miss" % found.source)
-    assert found.tried[0] == "HVLITE_NCCL_LIB (unset)" and "wheels" in found.tried[1]
+    assert found.tried[0] == "HVLITE_NCCL_LIB/HOROVOD_NCCL_LIB/HOROVOD_NCCL_HOME (unset)"
+    assert "wheels" in found.tried[1]
     report = build_info.check_build_report(None, None, "not found", {}, {"nccl_lib": {
         "path": None, "source": "", "tried": found.tried}})
-    assert "NCCL library: none found (tried HVLITE_NCCL_LIB (unset); the nvidia-nccl" in report
+    assert "NCCL library: none found (tried HVLITE_NCCL_LIB/HOROVOD_NCCL_LIB/HOROVOD_NCCL_HOME " \
+        "(unset); the nvidia-nccl" in report
 
 
 @pytest.mark.skipif(_installed_wheel() is None,

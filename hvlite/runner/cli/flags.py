@@ -4,9 +4,10 @@ Contract:
   * :func:`build_parser` returns the parser (the knob flags come from ``knobs.py``'s one table;
     horovodrun's other spellings from ``horovod_flags.py``, which ``launch.main`` applies).
   * :func:`check_usage` checks what needs more than argparse and fills in the defaults that
-    depend on other flags or the environment (``--start-timeout``: ``$HVLRUN_START_TIMEOUT`` or
-    30; ``--heartbeat-timeout``: ``$HVLRUN_HEARTBEAT_TIMEOUT`` or
-    :data:`DEFAULT_HEARTBEAT_TIMEOUT`; ``--min-np``, ``--elastic-timeout``; ``-np`` from the host
+    depend on other flags or the environment (``--start-timeout``: ``$HVLRUN_START_TIMEOUT``,
+    Horovod's ``$HOROVOD_START_TIMEOUT`` or 30; ``--heartbeat-timeout``:
+    ``$HVLRUN_HEARTBEAT_TIMEOUT`` or :data:`DEFAULT_HEARTBEAT_TIMEOUT`; ``--min-np``;
+    ``--elastic-timeout``: Horovod's ``$HOROVOD_ELASTIC_TIMEOUT`` or 600; ``-np`` from the host
     list); it returns the host list, empty for an elastic job with a discovery script, and raises
     ``ValueError`` saying what is wrong.
   * ``--host-discovery-script``, ``--min-np`` or ``--max-np`` make the job elastic
@@ -62,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="how to reach other hosts when --ssh-command is not given "
                              "(auto: srun inside a Slurm allocation, else ssh)")
     remote.add_argument("--network-interface", "--network-interfaces", metavar="NICS",
-                        help="interface(s) for MPI and the control channel, e.g. eth0 or eth0,ib0")
+                        action="append",
+                        help="interface(s) for MPI and the control channel, e.g. eth0 or eth0,ib0 "
+                             "(may be given more than once)")
     remote.add_argument("--heartbeat-timeout", type=float, metavar="SECONDS",
                         help="end the job when a host or rank is silent this long; 0: never "
                              "(default: $%s or %g)" % (ENV_HEARTBEAT, DEFAULT_HEARTBEAT_TIMEOUT))
@@ -77,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="start each forwarded output line with the local time")
     parser.add_argument("--start-timeout", type=float, metavar="SECONDS",
                         help="seconds for every rank to start; 0 waits forever "
-                             "(default: $HVLRUN_START_TIMEOUT or 30)")
+                             "(default: $HVLRUN_START_TIMEOUT, $HOROVOD_START_TIMEOUT or 30)")
     parser.add_argument("--verbose", action="store_true", help="print the command before running")
     parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     parser.add_argument("--check-build", "-cb", action="store_true",
@@ -113,7 +116,8 @@ def _add_elastic_flags(parser: argparse.ArgumentParser) -> None:
     elastic.add_argument("--slots-per-host", type=int, metavar="N",
                          help="slots of a discovered host given without a count (default 1)")
     elastic.add_argument("--elastic-timeout", type=float, metavar="SECONDS",
-                         help="end the job after this long below --min-np (default 600)")
+                         help="end the job after this long below --min-np "
+                              "(default: $HOROVOD_ELASTIC_TIMEOUT or 600)")
     elastic.add_argument("--reset-limit", type=int, metavar="N",
                          help="end the job instead of re-forming it more than N times")
     elastic.add_argument("--blacklist-cooldown-range", type=float, nargs=2,
@@ -142,7 +146,7 @@ def _check_elastic(args: argparse.Namespace) -> None:
     if args.host_discovery_script and (args.hosts or args.hostfile):
         raise ValueError("--host-discovery-script names the hosts: give no -H/--hostfile")
     if args.elastic_timeout is None:
-        args.elastic_timeout = 600.0
+        args.elastic_timeout = float(os.environ.get("HOROVOD_ELASTIC_TIMEOUT") or 600)
     for name in ("np", "min_np", "max_np", "slots_per_host"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -188,7 +192,8 @@ def check_usage(args: argparse.Namespace, command: Sequence[str]) -> List[hostli
         shlex.split(args.ssh_command)
     interface_names(args)
     if args.start_timeout is None:
-        args.start_timeout = float(os.environ.get("HVLRUN_START_TIMEOUT", "30"))
+        args.start_timeout = float(os.environ.get("HVLRUN_START_TIMEOUT")
+                                   or os.environ.get("HOROVOD_START_TIMEOUT") or 30)
     if args.heartbeat_timeout is None:
         args.heartbeat_timeout = float(os.environ.get(ENV_HEARTBEAT, DEFAULT_HEARTBEAT_TIMEOUT))
     if not args.heartbeat_timeout >= 0:

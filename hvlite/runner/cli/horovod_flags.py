@@ -13,8 +13,8 @@ Contract:
         every setting the command line left unset (the command line wins);
       - ``--gloo``, ``--jsrun`` and ``controller: gloo`` are refused: hvlite runs on MPI;
       - ``--binding-args`` goes to mpiexec after ``--mpi-args``; ``--disable-cache`` (Horovod:
-        do not reuse horovodrun's checks of the hosts from the last hour) changes nothing,
-        hvlrun checks the hosts at every start; ``--tcp`` keeps NCCL off InfiniBand
+        reuse no check of the hosts from the last hour) holds always: hvlrun keeps no cache, it
+        checks the hosts at every start; ``--tcp`` keeps NCCL off InfiniBand
         (``NCCL_IB_DISABLE=1``, ``world/settings.py``) and says that MPI's transport is MPI's;
       - each flag or key of :data:`NO_EFFECT` that was given is named in one line (``say``),
         with why it changes nothing here; the job runs.
@@ -30,7 +30,46 @@ from typing import Callable, Dict, Optional, Tuple
 
 from .knobs import KNOBS, dest
 
-__all__ = ["NO_EFFECT", "add_horovod_flags", "apply_horovod_flags"]
+__all__ = ["NO_EFFECT", "HOROVODRUN_FLAGS", "flag_table", "add_horovod_flags", "apply_horovod_flags"]
+
+# Every flag of horovodrun 0.28 (horovod/runner/launch.py), each accepted by hvlrun: what hvlrun
+# does with it is :func:`flag_table`'s (the migration page's table is generated from it).
+HOROVODRUN_FLAGS = (
+    "-v", "--version", "-np", "--num-proc", "-cb", "--check-build", "--disable-cache",
+    "--start-timeout", "--network-interfaces", "--network-interface", "--output-filename",
+    "--verbose", "--config-file", "-p", "--ssh-port", "-i", "--ssh-identity-file",
+    "--fusion-threshold-mb", "--cycle-time-ms", "--cache-capacity", "--hierarchical-allreduce",
+    "--no-hierarchical-allreduce", "--hierarchical-allgather", "--no-hierarchical-allgather",
+    "--torus-allreduce", "--no-torus-allreduce", "--autotune", "--no-autotune",
+    "--autotune-log-file", "--autotune-warmup-samples", "--autotune-steps-per-sample",
+    "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise", "--min-np",
+    "--min-num-proc", "--max-np", "--max-num-proc", "--slots-per-host", "--elastic-timeout",
+    "--reset-limit", "--blacklist-cooldown-range", "--timeline-filename",
+    "--timeline-mark-cycles", "--no-timeline-mark-cycles", "--no-stall-check", "--stall-check",
+    "--stall-check-warning-time-seconds", "--stall-check-shutdown-time-seconds",
+    "--mpi-threads-disable", "--no-mpi-threads-disable", "--mpi-args", "--tcp", "--binding-args",
+    "--num-nccl-streams", "--thread-affinity", "--gloo-timeout-seconds", "--log-level",
+    "--log-with-timestamp", "--log-without-timestamp", "-prefix-timestamp",
+    "--prefix-output-with-timestamp", "--log-hide-timestamp", "--no-log-hide-timestamp", "-H",
+    "--hosts", "-hostfile", "--hostfile", "--host-discovery-script", "--gloo", "--mpi", "--jsrun",
+)
+
+HONOURED, NO_EFFECT_STATUS, REFUSED = "honoured", "no effect", "refused"
+
+# What a few honoured flags do where it is not hvlrun's flag of the same name.
+_HONOURED_AS = {
+    "--disable-cache": "always so: hvlrun keeps no cache of host checks, it checks the hosts at "
+                       "every start",
+    "--config-file": "Horovod's YAML sections and keys set the flags they name (the command line "
+                     "wins); a key hvlite has nothing behind is named like its flag",
+    "--binding-args": "passed to mpiexec after --mpi-args",
+    "--tcp": "keeps NCCL off InfiniBand (NCCL_IB_DISABLE=1); MPI's transport is MPI's (for "
+             "MPICH: FI_PROVIDER=tcp, or --mpi-args), which hvlrun says",
+    "--mpi": "hvlrun always runs MPI",
+    "-v": "prints hvlrun's version", "--version": "prints hvlrun's version",
+    "--network-interface": "every time given; the names of all are used",
+    "--network-interfaces": "as --network-interface",
+}
 
 # Horovod's name -> hvlrun's knob flag of the same meaning and type.
 _SECOND_NAMES = {
@@ -99,6 +138,31 @@ _TURNED_AROUND = {("stall_check", "enabled"), ("logging", "with_timestamp")}
 
 _KINDS = {option: kind for option, _, kind, _ in KNOBS}
 _KINDS.update((option, kind) for option, (kind, _) in NO_EFFECT.items())
+
+
+def flag_table():
+    """[(flag, status, text)] for every flag of :data:`HOROVODRUN_FLAGS`, in its order: status
+    is ``honoured`` (text: as what, where not hvlrun's flag of the same name), ``no effect``
+    (hvlrun names it at launch; text: why) or ``refused`` (hvlrun exits; text: why)."""
+    refused = {"--gloo": _REFUSED["use_gloo"], "--jsrun": _REFUSED["use_jsrun"]}
+    table = []
+    for flag in HOROVODRUN_FLAGS:
+        base = "--" + flag[5:] if flag.startswith("--no-") and "--" + flag[5:] in NO_EFFECT else flag
+        if flag in refused:
+            table.append((flag, REFUSED, refused[flag].split(": ", 1)[1]))
+        elif base in NO_EFFECT:
+            table.append((flag, NO_EFFECT_STATUS if base == flag else HONOURED,
+                          NO_EFFECT[base][1] if base == flag else "off is what hvlite does"))
+        elif flag in _HONOURED_AS:
+            table.append((flag, HONOURED, _HONOURED_AS[flag]))
+        elif flag in _SECOND_NAMES:
+            table.append((flag, HONOURED, "as %s" % _SECOND_NAMES[flag]))
+        elif flag in _SWITCHES:
+            switch, value = _SWITCHES[flag]
+            table.append((flag, HONOURED, "as %s%s" % (switch, "" if value else " off")))
+        else:
+            table.append((flag, HONOURED, ""))
+    return table
 
 
 def add_horovod_flags(parser: argparse.ArgumentParser) -> None:

@@ -72,7 +72,7 @@ KNOBS = (
      "no stall warning and no stall shutdown"),
     ("--log-level", "HVLITE_LOG_LEVEL", str, "engine log level, e.g. warning, info, debug"),
     ("--log-without-timestamp", "HVLITE_LOG_HIDE_TIME", None,
-     "engine log lines without the date and time (the default; --log-with-timestamp adds them)"),
+     "engine log lines without the date and time they otherwise start with, as Horovod's"),
     ("--thread-affinity", "HVLITE_THREAD_AFFINITY", _cores,
      "pin each rank's engine thread: one core per rank on a host, c0,c1,... (local rank i: c_i)"),
     ("--mpi-threads-disable", "HVLITE_MPI_THREADS_DISABLE", None,

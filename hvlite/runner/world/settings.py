@@ -58,12 +58,17 @@ def rsh_template(args: argparse.Namespace) -> str:
 
 
 def interface_names(args: argparse.Namespace) -> List[str]:
-    """Return the ``--network-interface`` names (ValueError on an empty entry)."""
-    if not args.network_interface:
-        return []
-    names = [n.strip() for n in args.network_interface.split(",")]
-    if not all(names):
-        raise ValueError("empty name in --network-interface %r" % args.network_interface)
+    """Return the ``--network-interface`` names, of every time the flag was given, in order,
+    each once (ValueError on an empty entry)."""
+    given = args.network_interface or []
+    if isinstance(given, str):          # one value set by hand, not by the parser
+        given = [given]
+    names = []
+    for value in given:
+        parts = [n.strip() for n in value.split(",")]
+        if not all(parts):
+            raise ValueError("empty name in --network-interface %r" % value)
+        names += [n for n in parts if n not in names]
     return names
 
 

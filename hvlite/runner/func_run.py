@@ -1,4 +1,5 @@
-"""``hvlite.run(func, ...)``: Horovod's ``horovod.run``, a Python function run as an hvlite job.
+"""``hvlite.runner.run(func, ...)`` (also ``hvlite.run``): Horovod's ``horovod.runner.run`` and
+``horovod.run``, a Python function run as an hvlite job.
 
 Import it as ``hvlite.run``. Each rank runs your script again as ``multiprocessing``'s spawn
 method does, so keep the call under ``if __name__ == "__main__":``.
@@ -27,9 +28,10 @@ Contract:
     runs again there) raises ``RuntimeError`` instead of starting a job per rank.
   * Raises ``RuntimeError`` when the job fails (hvlrun's exit code, and each failed rank's
     exception as it printed it), ``ValueError`` for a function that cannot be pickled or bad
-    arguments. Gloo is not part of hvlite: ``use_gloo=True`` is refused; ``disable_cache`` is
-    accepted and has no effect.
-  * ``python -m hvlite.func_job FOLDER`` is the rank's side; not for direct use.
+    arguments. Gloo is not part of hvlite: ``use_gloo=True`` is refused; ``disable_cache`` holds
+    always (hvlrun caches no host checks).
+  * ``python -m hvlite.runner.func_run FOLDER`` is the rank's side; not for direct use.
+  * Like the rest of ``hvlite.runner``, this module loads no engine: the ranks' ``func`` does.
 """
 import os
 import pickle
@@ -129,11 +131,11 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
         ValueError: bad arguments, ``use_gloo=True``, or a function that cannot be pickled.
     """
     if os.environ.get(_ENV_INSIDE):
-        raise RuntimeError("hvlite.run was called inside a rank of hvlite.run: the ranks run the "
+        raise RuntimeError("hvlite.runner.run was called inside a rank of hvlite.runner.run: the ranks run the "
                            "calling script again (as multiprocessing's spawn does), so put the call "
                            "under `if __name__ == '__main__':`")
     if use_gloo:
-        raise ValueError("hvlite.run: hvlite runs on MPI only (no Gloo); leave use_gloo unset")
+        raise ValueError("hvlite.runner.run: hvlite runs on MPI only (no Gloo); leave use_gloo unset")
     num_proc = np if np is not None else num_proc
     min_num_proc = min_np if min_np is not None else min_num_proc
     max_num_proc = max_np if max_np is not None else max_num_proc
@@ -145,7 +147,7 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
     try:
         call = _dumps((func, tuple(args), dict(kwargs or {})))
     except Exception as e:   # noqa: BLE001 - pickling raises many kinds
-        raise ValueError("hvlite.run: cannot pickle the function and its arguments (define it at "
+        raise ValueError("hvlite.runner.run: cannot pickle the function and its arguments (define it at "
                          "the top level of a module or the script, or install cloudpickle): %s: %s"
                          % (type(e).__name__, e)) from None
     try:
@@ -160,7 +162,7 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
                                  cooldown_range, hosts, hostfile, host_discovery_script,
                                  start_timeout, ssh_port, ssh_identity_file, output_filename,
                                  verbose, mpi_args, network_interfaces or network_interface)
-        command += [executable or sys.executable, "-m", "hvlite.func_job", folder]
+        command += [executable or sys.executable, "-m", "hvlite.runner.func_run", folder]
         code = subprocess.run(command, stdin=subprocess.DEVNULL).returncode
         return _results(folder, code)
     finally:
@@ -188,7 +190,7 @@ def _results(folder, code):
         else:
             failures.append("rank %d raised:\n%s" % (r, value))
     if code != 0 or failures or not by_rank:
-        raise RuntimeError("hvlite.run: the job failed (hvlrun exited with code %d)%s"
+        raise RuntimeError("hvlite.runner.run: the job failed (hvlrun exited with code %d)%s"
                            % (code, "".join("; " + f for f in failures)))
     return results
 
@@ -196,8 +198,8 @@ def _results(folder, code):
 def _store(folder, outcome):
     """Write this rank's (ok, value) where run() looks, named by world and rank (from the
     launcher's environment: the function may have shut the engine down); 1 if it failed."""
-    from .protocol.elastic_env import ENV_WORLD
-    from .runner.world.rank_exec import rank_from_env
+    from ..protocol.elastic_env import ENV_WORLD
+    from .world.rank_exec import rank_from_env
     path = os.path.join(folder, "rank.%d.%d" % (int(os.environ.get(ENV_WORLD) or 0),
                                                rank_from_env(os.environ)))
     code = 0 if outcome[0] else 1
