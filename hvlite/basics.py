@@ -164,7 +164,9 @@ def init(comm=None, process_sets=None):
             MPI_COMM_WORLD finalizes (all groups of a job end together).
         process_sets: None, "dynamic" (sets are added later with add_process_set; hvlite always
             allows that), or a list of ProcessSet to register now, in order, on every rank.
+
     A second call while running is a no-op if it asks for the same settings, else ValueError.
+
     Raises:
         HvliteError: MPI could not be initialised or the engine could not start.
         ValueError: a bad ``comm`` or ``process_sets`` (see the module docstring), or settings

@@ -44,13 +44,20 @@ def flags_table():
 def variables_table():
     rows = [NOTE % "hvlite/horovod_env.py",
             "| variable | in hvlite | how, or why not and what instead |\n", "|---|---|---|\n"]
+    # The build settings share one reason: said once under the table, not in each row.
+    build_texts = {v.text for v in horovod_env.VARIABLES.values() if v.status == horovod_env.BUILD}
+    shared = build_texts.pop() if len(build_texts) == 1 else None
     for name in sorted(horovod_env.VARIABLES):
         variable = horovod_env.VARIABLES[name]
         text = variable.text
+        if variable.status == horovod_env.BUILD and shared is not None:
+            text = "Horovod's build (below)"
         if variable.honoured_values:
             text = "%s=%s asks for what hvlite does; any other value: %s" % (
                 name, "/".join(variable.honoured_values), text)
         rows.append("| `%s` | %s | %s |\n" % (name, STATUS[variable.status], _cell(text)))
+    if shared is not None:
+        rows.append("\nThe build settings are %s.\n" % shared)
     return "".join(rows)
 
 

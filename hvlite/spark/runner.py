@@ -262,8 +262,9 @@ def run_elastic(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Di
     ``hvlrun --min-np``.
 
     Args:
-        fn, args, kwargs, start_timeout, env, stdout, stderr, verbose, nics,
-            prefix_output_with_timestamp: as for :func:`run`.
+        fn: the function each rank runs, as for :func:`run`; so are ``args``, ``kwargs``,
+            ``start_timeout``, ``env``, ``stdout``, ``stderr``, ``verbose``, ``nics`` and
+            ``prefix_output_with_timestamp``.
         num_proc: ranks to begin with (default: ``spark.default.parallelism``).
         min_num_proc, max_num_proc: the fewest ranks the job goes on with, and the most it
             grows to (default: ``num_proc``).

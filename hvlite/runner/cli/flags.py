@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     """Return the ``hvlrun`` argument parser. Cannot fail."""
     parser = argparse.ArgumentParser(
         prog="hvlrun", allow_abbrev=False,
+        # argparse's own usage lists every flag (30 lines); the options below carry them all
+        usage="hvlrun [-np N] [-H HOSTS | --hostfile FILE] [options] [--] command ...",
         description="Run an hvlite job with the MPI the engine was built with.",
         epilog="Everything from the command on is passed to it unchanged.")
     parser.add_argument("-np", "--num-proc", dest="np", type=int,
