@@ -127,7 +127,7 @@ def assert_metadata(py, cwd, env):
     with open(os.path.join(ROOT, "README.md")) as f:
         assert meta["description"].strip() == f.read().strip()
     assert "Programming Language :: Python :: 3.11" in meta["classifiers"], meta
-    assert sorted(meta["extras"]) == ["examples", "tensorflow", "torch"], meta
+    assert sorted(meta["extras"]) == ["examples", "ray", "spark", "tensorflow", "torch"], meta
 
 
 def test_pip_install_into_an_empty_venv(tmp_path):

@@ -84,6 +84,10 @@ class HostTable:
         self.directory = tempfile.mkdtemp(prefix="hvlite-cluster-")
         self.table_path = os.path.join(self.directory, "hosts.json")
         self.discovery_path = os.path.join(self.directory, "discovered")
+        # A task or node leaving while the job ends rewrites the table from another thread:
+        # once removed, the table stays removed (a write racing rmtree left the folder behind)
+        self.lock = threading.Lock()
+        self.removed = False
         self.write({})
 
     def _replace(self, path: str, text: str) -> None:
@@ -95,16 +99,21 @@ class HostTable:
     def write(self, hosts: Dict[str, List[str]]) -> None:
         """Set the table (``{host: [agent address per slot]}``) and the discovery list (every
         host with its slot count, in the table's order)."""
-        self._replace(self.table_path, json.dumps({"hosts": hosts}))
-        self._replace(self.discovery_path,
-                      "".join("%s:%d\n" % (h, len(a)) for h, a in hosts.items() if a))
+        with self.lock:
+            if self.removed:
+                return
+            self._replace(self.table_path, json.dumps({"hosts": hosts}))
+            self._replace(self.discovery_path,
+                          "".join("%s:%d\n" % (h, len(a)) for h, a in hosts.items() if a))
 
     def discovery_script(self) -> str:
         """The ``--host-discovery-script`` that prints the discovery list."""
         return "cat %s" % shlex.quote(self.discovery_path)
 
     def remove(self) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
+        with self.lock:
+            self.removed = True
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 class Hvlrun:

@@ -80,8 +80,10 @@ class Job:
 def hvlrun_argv(sim: SimHosts, hosts: str, args, head: str = "h1"):
     """The argv that runs hvlrun on ``head`` over ``hosts`` (an -H value)."""
     args = [PY if a == "python" else str(a) for a in args]
+    # hvlrun keeps every --network-interface given: the test's own replaces the default eth0
+    nics = [] if "--network-interface" in args else ["--network-interface", "eth0"]
     return sim.enter(head) + [PY, "-m", "hvlite.runner", "-H", hosts, "--ssh-command", sim.ssh,
-                              "--network-interface", "eth0", *args]
+                              *nics, *args]
 
 
 def run_hvlrun(sim: SimHosts, hosts: str, args, timeout: float, env: Optional[dict] = None) -> Job:
