@@ -435,7 +435,7 @@ def engine_tuning():
     ``"tuning"`` to ``"converged"`` after the warm-up and search samples; the values then stay.
 
     Returns:
-        A dict: ``fusion_threshold`` (bytes), ``cycle_time_ms`` (float), ``response_cache``
+        A dict of ``fusion_threshold`` (bytes), ``cycle_time_ms`` (float), ``response_cache``
         (bool: repeated requests are agreed through the response cache), ``autotune``
         (``"off"``, ``"tuning"`` or ``"converged"``) and ``autotune_samples`` (samples measured,
         warm-up included, as of the last change of values).

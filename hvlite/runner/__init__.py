@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     Args:
         argv: hvlrun's arguments (a list of strings); ``sys.argv[1:]`` when None.
     Returns:
-        hvlrun's exit code: 0 when every rank succeeded, else the first failing rank's code or
+        hvlrun's exit code, 0 when every rank succeeded, else the first failing rank's code or
         hvlrun's own (the :doc:`errors reference </reference/errors>` lists them).
     """
     from .cli.launch import main as launch_main

@@ -757,11 +757,11 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
         process_set: the set to reduce over (None: every rank).
         prescale_factor, postscale_factor: as for :func:`allreduce`.
     Returns:
-        A new tensor of rank r's rows of the result: ``dim0 // size`` rows, plus one if
-        ``r < dim0 % size``. Its gradient is the allgather of the output's gradient times the
+        A new tensor holding rank r's rows of the result (``dim0 // size`` rows, plus one if
+        ``r < dim0 % size``). Its gradient is the allgather of the output's gradient times the
         factors (and times the set's size for Sum), as in Horovod.
     Raises:
-        As :func:`allreduce`; Adasum raises ``HvliteNotSupportedError``.
+        HvliteNotSupportedError: the op is Adasum. Otherwise as for :func:`allreduce`.
     """
     compressed, ctx = compression.compress(_check_tensor(tensor))
     out, = _ReducescatterFn.apply((False, name, reduce_op(None, op), process_set, prescale_factor,
