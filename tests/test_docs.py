@@ -297,11 +297,6 @@ def public_modules():
     return sorted(ast.literal_eval(value))
 
 
-# Files other work was changing while their docstrings were written; their public names are
-# checked once those changes are merged (the lead removes each entry as it is done).
-DOCSTRINGS_LEFT_FOR_AFTER_THE_MERGE = ("hvlite/tensorflow/", "hvlite/keras/")
-
-
 def module_file(module):
     path = os.path.join(ROOT, *module.split("."))
     return path + "/__init__.py" if os.path.isdir(path) else path + ".py"
@@ -348,8 +343,7 @@ def definition(module, name, seen=()):
 
 def test_public_names_have_docstrings_a_user_can_act_on():
     """Every name of a public module's __all__ has a docstring; a function with arguments
-    defined outside the files left for after the merge says what they are (an Args section)
-    or which function it follows ("As :func:`x`")."""
+    says what they are (an Args section) or which function it follows ("As :func:`x`")."""
     wrong = []
     for module in public_modules():
         path = module_file(module)
@@ -364,8 +358,6 @@ def test_public_names_have_docstrings_a_user_can_act_on():
             if found is None:
                 continue
             where, node, doc = found
-            if where.startswith(DOCSTRINGS_LEFT_FOR_AFTER_THE_MERGE):
-                continue
             if not doc:
                 wrong.append("%s.%s (%s): no docstring" % (module, name, where))
             elif (isinstance(node, ast.FunctionDef) and len(node.args.args) > 0
