@@ -100,8 +100,8 @@ def _ffi_ints():
 
 
 global_process_set = ProcessSet()
-"""Every rank of the job, id 0: the default ``process_set`` of every collective. Registered by
-``init()``; it cannot be removed."""
+"""The set of every rank of the job (id 0), the default ``process_set`` of every collective.
+Registered by ``init()``; it cannot be removed."""
 
 
 def _setup_global(size, mpi_comm=None):

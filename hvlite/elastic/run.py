@@ -115,5 +115,6 @@ def make_run(is_peer_error: Optional[Callable[[BaseException], bool]] = None
 
 
 run = make_run()
-"""Horovod's ``hvd.elastic.run``: decorate ``train(state, ...)`` so that an elastic job goes on
-from the last commit when it loses or gains workers (see the module description)."""
+"""Horovod's ``hvd.elastic.run`` decorator. Decorate ``train(state, ...)`` with it so that an
+elastic job goes on from the last commit when it loses or gains workers (see the module
+description)."""

@@ -56,8 +56,8 @@ class ElasticIndexSampler:
         self.epoch = 0
         """The epoch in progress (set by :meth:`set_epoch`)."""
         self.processed_indices: set = set()
-        """The indices processed this epoch: this rank's, and the other ranks' as of the last
-        merge (each commit merges them)."""
+        """The indices processed this epoch, this rank's and, as of the last merge (each commit
+        merges them), the other ranks'."""
         self._unmerged: List[int] = []
         self.indices: List[int] = []
         """This rank's indices of the epoch's remaining samples, in the current world."""

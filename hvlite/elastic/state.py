@@ -94,7 +94,7 @@ class State:
         self._saved: Any = None
         self._updates_seen = 0
         self.commit_seq = 0
-        """The number of the last commit stored or restored (0: none yet)."""
+        """The number of the last commit stored or restored (0 before any)."""
 
     # --- what a subclass provides ----------------------------------------------------------
     def _committable(self) -> None:

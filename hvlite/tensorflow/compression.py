@@ -39,6 +39,6 @@ class Compression:
     ``Compression.fp16``."""
 
     none = NoneCompressor
-    """The default: tensors are sent as they are."""
+    """The default, which sends tensors as they are."""
     fp16 = FP16Compressor
     """Floating-point tensors are sent as float16 and the result cast back to their dtype."""

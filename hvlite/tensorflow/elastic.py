@@ -41,9 +41,9 @@ def _wrapped_peer_error(error: BaseException) -> bool:
 
 
 run = make_run(_wrapped_peer_error)
-"""Horovod's ``hvd.elastic.run``: decorate ``train(state, ...)`` so that an elastic job goes on
-from the last commit when it loses or gains workers; call it as ``train(state, ...)``. As
-``hvlite.elastic.run``, and an hvlite error that TensorFlow wrapped in ``tf.errors.OpError``
+"""Horovod's ``hvd.elastic.run`` decorator. Decorate ``train(state, ...)`` with it so that an
+elastic job goes on from the last commit when it loses or gains workers, and call it as
+``train(state, ...)``. As ``hvlite.elastic.run``, and an hvlite error that TensorFlow wrapped in ``tf.errors.OpError``
 inside a graph counts as the error it wraps."""
 
 
@@ -91,7 +91,7 @@ class TensorFlowKerasState(ObjectState):
         self.model = model
         """The Keras model."""
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
-        """The optimizer whose variables are committed (None: none)."""
+        """The optimizer whose variables are committed, or None."""
         self.backend = backend
         """Accepted for Horovod compatibility; unused."""
         if not model.built:

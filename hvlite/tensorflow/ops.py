@@ -46,17 +46,19 @@ __all__ = ["Sum", "Average", "Min", "Max", "Product", "Adasum", "allreduce", "gr
            "size_op", "rank_op", "local_size_op", "local_rank_op"]
 
 Sum = collectives.Sum
-"""Reduce op: add the ranks' tensors (for bool: any)."""
+"""The reduce op that adds the ranks' tensors (any, for bool)."""
 Average = collectives.Average
-"""Reduce op, the default: add, then divide by the number of ranks (integers round toward 0)."""
+"""The default reduce op, which adds, then divides by the number of ranks (integers round
+toward 0)."""
 Min = collectives.Min
-"""Reduce op: the smallest value of each element (for bool: all)."""
+"""The reduce op that keeps the smallest value of each element (all, for bool)."""
 Max = collectives.Max
-"""Reduce op: the largest value of each element (for bool: any)."""
+"""The reduce op that keeps the largest value of each element (any, for bool)."""
 Product = collectives.Product
-"""Reduce op: multiply the ranks' tensors (for bool: all)."""
+"""The reduce op that multiplies the ranks' tensors (all, for bool)."""
 Adasum = collectives.Adasum
-"""Reduce op: Horovod's adaptive summation (float16/32/64, a power-of-2 number of ranks)."""
+"""The reduce op of Horovod's adaptive summation (float16/32/64, a power-of-2 number of
+ranks)."""
 
 
 def _output(array):

@@ -175,9 +175,9 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.start_epoch = start_epoch
         """The first epoch it applies to."""
         self.end_epoch = end_epoch
-        """The first epoch it no longer applies to (None: no end)."""
+        """The first epoch it no longer applies to, or None for no end."""
         self.staircase = staircase
-        """True: set once per epoch; False: at every batch."""
+        """True to set the rate once per epoch, False to set it at every batch."""
         self.momentum_correction = momentum_correction
         """Accepted; no effect."""
         self.steps_per_epoch = steps_per_epoch
@@ -271,7 +271,7 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
                          monitor=monitor, verbose=verbose, save_best_only=True,
                          save_weights_only=save_weights_only, mode=mode, save_freq=save_freq)
         self.filepath = None
-        """Where to save the best model: set it before training."""
+        """Where to save the best model; set it before training."""
 
     def on_train_begin(self, logs=None):
         """Raises:
