@@ -40,6 +40,11 @@ myst_heading_anchors = 3
 html_theme = "furo"
 html_title = "hvlite %s" % release
 html_show_sourcelink = False
+html_static_path = ["_static"]
+html_css_files = ["hvlite.css"]
+# Quotes and ellipses are typeset, dashes are not: "--flag" in a table or a parser's help must
+# read (and copy) as two hyphens, where docutils' default makes it an en dash.
+smartquotes_action = "qe"
 pygments_style = "friendly"
 # Blocks without a language (sphinx-argparse's) are plain text, not guessed at.
 highlight_language = "none"

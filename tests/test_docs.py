@@ -137,7 +137,7 @@ def examples_run_by_tests():
         return set(re.findall(r"examples/[\w.]+\.py", f.read()))
 
 
-DIRECTIVES = ("{toctree}", "{include}", "{argparse}")
+DIRECTIVES = ("{toctree}", "{include}", "{argparse}", "{container}")   # not code
 SHELLS = ("sh", "bash", "console")
 
 
