@@ -120,7 +120,7 @@ def allreduce_gradients(grads, prefix, compression=Compression.none, sparse_as_d
         on a rank that is not in ``process_set``.
     Raises:
         ValueError: gradient_predivide_factor with an op other than Average.
-        Engine errors as ``hvlite.tensorflow.allreduce``.
+        HvliteError: what the engine reports, as for ``hvlite.tensorflow.allreduce``.
     """
     op = reduce_op(None, op)
     pre, post = _scale_factors(op, gradient_predivide_factor)

@@ -349,7 +349,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             parameter changes are Adasum-reduced; see ``hvlite.torch.adasum_optimizer``).
         gradient_predivide_factor: divide gradients by this before the sum and multiply after
             (Average only), to keep float16 sums in range.
-        num_groups / groups: submit gradients in groups (all of a group once it is complete).
+        num_groups: submit gradients in this many groups (all of a group once it is complete).
+        groups: an integer (as ``num_groups``), or a list of lists of parameters, each list
+            submitted together once all of it is ready (the other parameters in buckets).
         sparse_as_dense: densify sparse gradients instead of allgathering them.
         process_set: the ProcessSet whose members average these gradients (None: every rank).
         bucket_bytes: (hvlite's) without groups, gradients are submitted in backward order
