@@ -5,8 +5,8 @@
 #                # multi-host on simulated hosts, a real Slurm)
 #   make bench   # set up, then the allreduce benchmark table
 #   make docs    # the documentation site in build/docs/html (warnings are errors)
-# Sanitizers and fuzzing (README "Tests"): `make test-asan` / `make test-tsan` run the parallel,
-# failure and fuzz suites against an ASan+UBSan / TSan build of the engine made in
+# Sanitizers and fuzzing (docs/development/testing.md): `make test-asan` / `make test-tsan` run
+# the parallel, failure and fuzz suites against an ASan+UBSan / TSan build of the engine made in
 # build/sanitize-*/ (never the normal build); `make fuzz` runs the collective fuzzer at the size
 # CI runs it, `make fuzz-long` runs 10x as many sequences (FUZZ_SEED=<n> for another seed).
 PYTHON ?= python3
@@ -64,7 +64,7 @@ system-deps:
 test: setup system-deps
 	$(PY) -m pytest -q --durations=20 tests
 
-# The GPU suite (tests/test_gpu.py, README "Tests"): CUDA tensors at 1, 2 and 4 ranks. On a GPU
+# The GPU suite (tests/test_gpu.py, docs/development/gpu-checks.md): CUDA tensors at 1, 2 and 4 ranks. On a GPU
 # machine without a package registry, build hvlite in place with that machine's Python first
 # (../shared/tools/gpu-prep writes the setup); without a GPU every test skips, saying why.
 TEST_GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)

@@ -1,7 +1,8 @@
 """Finds the NCCL library the engine's GPU plane will load at run time (stdlib only).
 
 NCCL is never linked: a CPU machine must load hvlite without it, and the NCCL a user has is
-usually the one their torch brought. Order, as documented in the README:
+usually the one their torch brought. Order, as the GPU guide documents it
+(``docs/guides/gpus.md``, "Which NCCL is used"):
 
 1. ``HVLITE_NCCL_LIB``, else Horovod's ``HOROVOD_NCCL_LIB``, else Horovod's
    ``HOROVOD_NCCL_HOME``: the first that is set names ``libnccl.so.2`` itself or the folder
@@ -51,8 +52,17 @@ class NcclNotFound(RuntimeError):
 
 @dataclass
 class NcclLibrary:
-    path: Optional[str]  # an absolute path, the soname for the system's loader, None: not found
-    source: str          # "HVLITE_NCCL_LIB", the wheel's name, "system", or "" (not found)
+    """The NCCL library :func:`find_nccl` chose, and where it looked.
+
+    Attributes:
+        path: an absolute path; the soname (``libnccl.so.2``) for the system's, which the
+            loader resolves; None when none was found.
+        source: the variable that named it (``"HVLITE_NCCL_LIB"``, ...), the wheel's name,
+            ``"system"``, or ``""`` when none was found.
+        tried: what was looked at, in order, for messages.
+    """
+    path: Optional[str]
+    source: str
     tried: List[str] = field(default_factory=list)
 
 
@@ -83,7 +93,15 @@ def _library_at(variable: str, value: str) -> str:
 
 
 def find_nccl(environ: Optional[Mapping[str, str]] = None) -> NcclLibrary:
-    """The NCCL library to load, in the documented order (see the module's docstring)."""
+    """The NCCL library to load, in the documented order (see the module's docstring).
+
+    Args:
+        environ: the variables to read (``os.environ`` when None).
+    Returns:
+        An :class:`NcclLibrary`, whose ``path`` is None when no step found one. Loads nothing.
+    Raises:
+        NcclNotFound: a variable of step 1 is set but names no library.
+    """
     environ = os.environ if environ is None else environ
     variable, value = _given(environ)
     if variable:
@@ -100,7 +118,15 @@ def find_nccl(environ: Optional[Mapping[str, str]] = None) -> NcclLibrary:
 
 
 def engine_library(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """The NCCL the engine is told to load (see the module's docstring)."""
+    """The NCCL library the engine is told to load (``HVLITE_NCCL_LIB``, set by ``init()``).
+
+    Args:
+        environ: the variables to read (``os.environ`` when None).
+    Returns:
+        A path, the soname, or None where the engine's own ``dlopen`` should look (see the
+        module's docstring). Reads metadata only; never raises for a bad setting (the engine
+        reports a bad ``HVLITE_NCCL_LIB`` where it loads it).
+    """
     environ = os.environ if environ is None else environ
     variable, value = _given(environ)
     if variable:
@@ -123,7 +149,12 @@ def _from_wheel():
 
 
 def version_code(environ: Optional[Mapping[str, str]] = None) -> int:
-    """NCCL's version code of the library to load, 0 if there is none (see the docstring)."""
+    """NCCL's version code (``23007`` for 2.30.7) of the library :func:`find_nccl` names, or
+    0 if there is none or it cannot be loaded; what ``hvlite.nccl_built()`` returns.
+
+    Args:
+        environ: the variables to read (``os.environ`` when None).
+    """
     try:
         library = find_nccl(environ)
         if library.path is None:
@@ -139,7 +170,15 @@ def version_code(environ: Optional[Mapping[str, str]] = None) -> int:
 
 
 def nccl_version(library: NcclLibrary) -> str:
-    """Load `library` (found: ``path`` not None) and return NCCL's version, e.g. ``"2.32.3"``."""
+    """Load ``library`` with ``ctypes`` (no GPU needed) and return its version as text.
+
+    Args:
+        library: what :func:`find_nccl` returned, with a ``path``.
+    Returns:
+        The version, e.g. ``"2.32.3"``.
+    Raises:
+        NcclNotFound: the library cannot be loaded, or is not NCCL (no ``ncclGetVersion``).
+    """
     return format_version(_loaded_code(library))
 
 
@@ -162,8 +201,12 @@ def _loaded_code(library: NcclLibrary) -> int:
 
 
 def format_version(code: int) -> str:
-    """NCCL's version code as text: major*10000 + minor*100 + patch since 2.9, major*1000 +
-    minor*100 + patch before (nccl.h's NCCL_VERSION)."""
+    """NCCL's version code as text (``23007`` -> ``"2.30.7"``).
+
+    Args:
+        code: major*10000 + minor*100 + patch since NCCL 2.9, major*1000 + minor*100 + patch
+            before (nccl.h's ``NCCL_VERSION``).
+    """
     if code >= 10000:
         return "%d.%d.%d" % (code // 10000, code % 10000 // 100, code % 100)
     return "%d.%d.%d" % (code // 1000, code % 1000 // 100, code % 100)

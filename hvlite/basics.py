@@ -1,4 +1,12 @@
-"""Starting and stopping the engine, the job's topology, and what was built.
+"""Starting and stopping hvlite, the job's topology, and what this build can do.
+
+Call :func:`init` on every rank before anything else, and read the job's shape with
+:func:`rank`, :func:`size`, :func:`local_rank` and the others. :func:`shutdown` runs by itself
+at exit. ``hvlite``, ``hvlite.torch``, ``hvlite.tensorflow`` and ``hvlite.tensorflow.keras``
+all hold these names, so ``hvd.init()`` and ``hvd.rank()`` work as in Horovod whichever one
+is imported as ``hvd``. The ``*_built`` and ``*_enabled`` queries answer Horovod's questions
+about the build for hvlite (which runs on MPI only, and loads NCCL at run time); they need no
+``init()``.
 
 Contract: ``init()`` must be called by every rank before any collective (it is collective: it
 creates MPI communicators); it reuses MPI if mpi4py or the application initialised it, and is
@@ -166,6 +174,8 @@ def init(comm=None, process_sets=None):
             allows that), or a list of ProcessSet to register now, in order, on every rank.
 
     A second call while running is a no-op if it asks for the same settings, else ValueError.
+    ``HVLITE_*`` (and ``HOROVOD_*``) variables are read here, once: set them before the first
+    call.
 
     Raises:
         HvliteError: MPI could not be initialised or the engine could not start.
@@ -226,7 +236,12 @@ def world_ranks():
 
 
 def shutdown():
-    """Stop the engine on every rank; collectives still pending anywhere then fail."""
+    """Stop hvlite; registered to run at exit, so a script need not call it.
+
+    The engine then stops on every rank of the job: collectives still pending anywhere fail
+    with ``HvliteShutdownError``. Calling it again, or before ``init()``, does nothing. The
+    topology queries raise ``ValueError`` afterwards.
+    """
     global _started_with
     _started_with = None
     _check(lib.hvl_shutdown())
@@ -245,57 +260,99 @@ def _topology(fn, what):
 
 
 def rank():
-    """This process's rank in the job (0 .. size()-1)."""
+    """This process's rank in the job, from 0 to ``size() - 1``.
+
+    Raises:
+        ValueError: before ``init()``.
+    """
     return _topology(lib.hvl_rank, "rank")
 
 
 def size():
-    """Number of processes in the job."""
+    """The number of processes in the job.
+
+    Raises:
+        ValueError: before ``init()``.
+    """
     return _topology(lib.hvl_size, "size")
 
 
 def local_rank():
-    """Rank among the processes on this host."""
+    """This process's rank among the job's processes on this host (0 on each host's first);
+    the usual choice of GPU, as in ``torch.cuda.set_device(hvd.local_rank())``.
+
+    Raises:
+        ValueError: before ``init()``.
+    """
     return _topology(lib.hvl_local_rank, "local_rank")
 
 
 def local_size():
-    """Number of processes on this host."""
+    """The number of the job's processes on this host.
+
+    Raises:
+        ValueError: before ``init()``.
+    """
     return _topology(lib.hvl_local_size, "local_size")
 
 
 def cross_rank():
-    """Index of this host among the hosts (ranks with the same local rank)."""
+    """This host's index among the job's hosts: this process's rank among the processes with
+    the same ``local_rank()``.
+
+    Raises:
+        ValueError: before ``init()``.
+    """
     return _topology(lib.hvl_cross_rank, "cross_rank")
 
 
 def cross_size():
-    """Number of hosts (ranks with this local rank)."""
+    """The number of hosts that run a process with this ``local_rank()`` (on a homogeneous
+    job, the number of hosts).
+
+    Raises:
+        ValueError: before ``init()``.
+    """
     return _topology(lib.hvl_cross_size, "cross_size")
 
 
 def is_homogeneous():
-    """True if every host runs the same number of ranks."""
+    """True if every host runs the same number of the job's processes.
+
+    Raises:
+        ValueError: before ``init()``.
+    """
     return bool(_topology(lib.hvl_is_homogeneous, "is_homogeneous"))
 
 
 def mpi_threads_supported():
-    """True if MPI granted MPI_THREAD_MULTIPLE (mpi4py may then be used beside hvlite)."""
+    """True if MPI granted ``MPI_THREAD_MULTIPLE``, so the application may also call MPI
+    (through mpi4py, say) beside hvlite.
+
+    Raises:
+        ValueError: before ``init()``.
+    """
     return bool(_topology(lib.hvl_mpi_threads_supported, "mpi_threads_supported"))
 
 
 def mpi_built():
+    """True: hvlite always runs on MPI (Horovod's "built with MPI"). Needs no ``init()``."""
     return bool(lib.hvl_mpi_built())
 
 
 def mpi_enabled():
+    """True: MPI is what hvlite runs on, always (Horovod's "MPI chosen at run time")."""
     return bool(lib.hvl_mpi_built())
 
 
 def nccl_built():
-    """As Horovod's: NCCL's version code (e.g. 23007, true) of the NCCL the GPU plane would load,
-    0 where none is found (the plane is always built; it loads NCCL at run time). Found once
-    (hvlite._nccl_find.version_code)."""
+    """The version code of the NCCL library hvlite's GPU plane would load (``23007`` for
+    2.30.7), or 0 where none is found; true exactly when NCCL can be used, as Horovod's.
+
+    The GPU plane is always built and loads NCCL at run time, from ``HVLITE_NCCL_LIB``, the
+    ``nvidia-nccl`` wheel torch brought, or the system's (the order is in the
+    :doc:`GPU guide </guides/gpus>`). Looked up once per process; needs no ``init()``.
+    """
     global _nccl_code
     if _nccl_code is None:
         _nccl_code = _nccl_find.version_code() if lib.hvl_nccl_built() else 0
@@ -306,37 +363,46 @@ _nccl_code = None
 
 
 def shm_built():
+    """True if this build has the shared-memory data plane, which runs host-memory
+    collectives among the ranks of one host. Needs no ``init()``."""
     return bool(lib.hvl_shm_built())
 
 
 def gloo_built():
+    """False: hvlite has no Gloo controller (Horovod's query, kept for scripts that ask)."""
     return False
 
 
 def gloo_enabled():
+    """False: hvlite has no Gloo controller; jobs run on MPI."""
     return False
 
 
 def cuda_built():
-    """True: CUDA tensors are taken (staged through host memory where no GPU plane runs them;
-    the CUDA driver is loaded at run time, so no build flag decides it)."""
+    """True: collectives take CUDA tensors (through NCCL, or staged through host memory where
+    NCCL cannot run them). The CUDA driver is loaded at run time, so no build flag decides
+    it, and the answer says nothing about whether this machine has a GPU."""
     return bool(lib.hvl_cuda_built())
 
 
 def rocm_built():
+    """False: hvlite does not run collectives on ROCm (AMD GPU) memory."""
     return False
 
 
 def ddl_built():
+    """False: hvlite has no IBM DDL support (Horovod's query, kept for scripts that ask)."""
     return False
 
 
 def ccl_built():
+    """False: hvlite has no oneCCL support (Horovod's query, kept for scripts that ask)."""
     return False
 
 
 def mpi_vendor():
-    """The MPI library's version line (e.g. 'MPICH Version: 5.0.2')."""
+    """The first line of the MPI library's version string (e.g. ``'MPICH Version: 5.0.2'``);
+    needs no ``init()``."""
     return ffi.string(lib.hvl_mpi_vendor()).decode()
 
 
@@ -369,7 +435,7 @@ def engine_tuning():
     ``"tuning"`` to ``"converged"`` after the warm-up and search samples; the values then stay.
 
     Returns:
-        A dict: ``fusion_threshold`` (bytes), ``cycle_time_ms`` (float), ``response_cache``
+        A dict of ``fusion_threshold`` (bytes), ``cycle_time_ms`` (float), ``response_cache``
         (bool: repeated requests are agreed through the response cache), ``autotune``
         (``"off"``, ``"tuning"`` or ``"converged"``) and ``autotune_samples`` (samples measured,
         warm-up included, as of the last change of values).

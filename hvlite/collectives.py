@@ -42,17 +42,19 @@ from .process_sets import rank_and_size, set_id_of
 # The reduce ops (``op=``), the engine's own codes. One assignment each, so that tools reading
 # the source (the API reference) see each name and its description.
 Sum = lib.HVL_SUM
-"""Reduce op: add the ranks' tensors (for bool: any)."""
+"""The reduce op that adds the ranks' tensors (any, for bool)."""
 Average = lib.HVL_AVERAGE
-"""Reduce op, the default: add, then divide by the number of ranks (integers round toward 0)."""
+"""The default reduce op, which adds, then divides by the number of ranks (integers round
+toward 0)."""
 Min = lib.HVL_MIN
-"""Reduce op: the smallest value of each element (for bool: all)."""
+"""The reduce op that keeps the smallest value of each element (all, for bool)."""
 Max = lib.HVL_MAX
-"""Reduce op: the largest value of each element (for bool: any)."""
+"""The reduce op that keeps the largest value of each element (any, for bool)."""
 Product = lib.HVL_PRODUCT
-"""Reduce op: multiply the ranks' tensors (for bool: all)."""
+"""The reduce op that multiplies the ranks' tensors (all, for bool)."""
 Adasum = lib.HVL_ADASUM
-"""Reduce op: Horovod's adaptive summation (float16/32/64, a power-of-2 number of ranks)."""
+"""The reduce op of Horovod's adaptive summation (float16/32/64, a power-of-2 number of
+ranks)."""
 
 
 class InPlace(NamedTuple):

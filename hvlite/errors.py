@@ -34,30 +34,39 @@ class HorovodVersionMismatchError(ImportError):
 
     hvlite never raises it: the engine includes no framework header, so a framework upgrade
     needs no rebuild. It exists so that ``except hvd.HorovodVersionMismatchError`` in a Horovod
-    script still names a class. Args, as Horovod's: the framework's ``name``, the ``version``
-    found at run time and the ``installed_version``; all three are kept as attributes.
+    script still names a class.
+
+    Args:
+        name: the framework's name.
+        version: the framework version found at run time.
+        installed_version: the version a compiled extension was built against (Horovod's).
     """
 
     def __init__(self, name, version, installed_version):
         super().__init__("%s %s is installed, but %s was found at run time"
                          % (name, installed_version, version))
         self.name = name
+        """The framework's name."""
         self.version = version
+        """The version found at run time."""
         self.installed_version = installed_version
+        """The version a compiled extension was built against."""
 
 
 class HostsUpdatedInterrupt(RuntimeError):
     """The job's hosts changed: raised on every rank at the same commit (or host check).
 
-    Attributes:
-        skip_sync: Horovod's flag (True when only hosts were removed); kept for compatibility.
+    Args:
+        skip_sync: Horovod's flag (True when only hosts were removed).
         committed: True when raised by ``commit()``, whose state is then stored.
     """
 
     def __init__(self, skip_sync: bool = False, committed: bool = False) -> None:
         super().__init__("the job's hosts changed; the job re-forms from the last commit")
         self.skip_sync = skip_sync
+        """Horovod's flag (True when only hosts were removed); kept for compatibility."""
         self.committed = committed
+        """True when raised by ``commit()``, whose state is then stored."""
 
 
 class HvliteInvalidArgument(HvliteError, ValueError):

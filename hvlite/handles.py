@@ -1,4 +1,12 @@
-"""Submitting requests to the engine and waiting for them: the machinery every adapter shares.
+"""Handles: what the ``*_async`` collectives return, and how requests reach the engine.
+
+A user meets this module through its :class:`Handle`: ``hvd.allreduce_async(...)`` returns
+one at once, ``hvd.poll(handle)`` says whether it has finished and ``hvd.synchronize(handle)``
+waits for its result (or raises its error). A grouped call's handle is a :class:`Group`. A
+collective's name stays taken until its handle is synchronized; a handle that is dropped
+without a wait still runs, and is released at a later wait.
+
+The rest is the machinery every adapter (NumPy, torch, TensorFlow) shares.
 
 Contract:
 - ``submit(op, name, dtype, shape, in_ptr, out_ptr, keep, finish, ...) -> Handle`` enqueues one
@@ -114,7 +122,12 @@ def group_names(name, kind, n, process_set=None):
 
 
 class Handle:
-    """An in-flight collective; ``hvlite.poll``/``hvlite.synchronize`` take these."""
+    """An in-flight collective, returned by the ``*_async`` functions; pass it to ``poll`` and
+    ``synchronize`` (or call its own methods).
+
+    Attributes:
+        name: the collective's name (the one given, or the generated one).
+    """
 
     __slots__ = ("_id", "_finish", "_done", "_result", "name")
 
@@ -135,7 +148,14 @@ class Handle:
         return bool(done[0])
 
     def wait(self):
-        """Block until done; return the result or raise the tensor's error."""
+        """Block until the collective finished and return its result (what ``synchronize``
+        does); once it returned, a second call returns the same result. Ctrl-C interrupts
+        the wait.
+
+        Raises:
+            HvliteError: the engine's error for this tensor (``MismatchError``,
+                ``HvliteTimeoutError``, ...), raised on every rank it affects.
+        """
         if self._done:
             return self._result
         while True:
@@ -181,15 +201,27 @@ def wait_all(handles):
 
 
 class Group:
-    """Handle of a grouped collective: ``wait`` returns the list of results."""
+    """The handle of a grouped collective (``grouped_allreduce_async``, ...): one
+    :class:`Handle` per tensor, polled and waited for together.
+
+    Args:
+        handles: the group's handles, in the order of its tensors.
+    """
 
     def __init__(self, handles):
         self.handles = handles
 
     def poll(self):
+        """True once every collective of the group finished."""
         return all(h.poll() for h in self.handles)
 
     def wait(self):
+        """Wait for every collective of the group and return the list of results.
+
+        Raises:
+            HvliteError: the first error, once every handle was waited for (so every name
+                is free again).
+        """
         return wait_all(self.handles)
 
 

@@ -27,9 +27,10 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
         name: a base name for the two broadcasts it runs (generated when None).
         process_set: the set to broadcast in (None: every rank).
     Returns:
-        The root's object: on the root, ``obj`` itself; elsewhere, an unpickled copy.
+        The root's object (on the root ``obj`` itself, elsewhere an unpickled copy).
     Raises:
-        As :func:`hvlite.ops.broadcast`; the root's pickling errors on the root.
+        HvliteError: as for :func:`hvlite.ops.broadcast`.
+        pickle.PicklingError: the root's ``obj`` cannot be pickled (raised on the root).
     """
     name = name or auto_name("broadcast_object", process_set)
     if rank() == root_rank:
@@ -56,7 +57,8 @@ def allgather_object(obj, name=None, process_set=None):
     Returns:
         A list with one unpickled object per rank of the set.
     Raises:
-        As :func:`hvlite.ops.allgather`.
+        HvliteError: as for :func:`hvlite.ops.allgather`.
+        pickle.PicklingError: ``obj`` cannot be pickled (raised on its rank).
     """
     name = name or auto_name("allgather_object", process_set)
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)

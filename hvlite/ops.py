@@ -144,7 +144,7 @@ def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor
     Returns:
         The list of results, in the order of ``tensors``.
     Raises:
-        As :func:`allreduce`.
+        HvliteError: as for :func:`allreduce`.
     """
     return grouped_allreduce_async(tensors, average, name, op, prescale_factor,
                                    postscale_factor, process_set).wait()
@@ -297,10 +297,10 @@ def reducescatter(tensor, name=None, op=None, process_set=None, prescale_factor=
         process_set: the set to reduce over (None: every rank).
         prescale_factor, postscale_factor: as for :func:`allreduce`.
     Returns:
-        A new array of rank r's rows of the result: ``dim0 // size`` rows, plus one if
-        ``r < dim0 % size``.
+        A new array holding rank r's rows of the result (``dim0 // size`` rows, plus one if
+        ``r < dim0 % size``).
     Raises:
-        As :func:`allreduce`; Adasum raises ``HvliteNotSupportedError``.
+        HvliteNotSupportedError: the op is Adasum. Otherwise as for :func:`allreduce`.
     """
     return reducescatter_async(tensor, name, op, process_set, prescale_factor,
                                postscale_factor).wait()

@@ -1,4 +1,11 @@
-"""Process sets: the groups of ranks a collective runs on (Horovod's process-set API).
+"""Process sets: groups of ranks that run collectives among themselves (Horovod's API).
+
+Every collective takes ``process_set=``: by default it runs on every rank
+(:data:`global_process_set`); given a :class:`ProcessSet`, only that set's members call it and
+take part, while other ranks go on with their own work. Every rank registers a set before
+it is used, at ``init(process_sets=[...])`` or later with :func:`add_process_set`: for example
+every rank calls ``evens = hvd.add_process_set([0, 2])``, then ranks 0 and 2 (where
+``evens.included()`` is true) call ``hvd.allreduce(tensor, process_set=evens)``.
 
 Contract:
 - ``ProcessSet(ranks)`` names a group by its global ranks (any order; kept sorted, distinct), or
@@ -33,11 +40,25 @@ _registered = {}     # id -> ProcessSet, this process's view of the engine's tab
 
 
 class ProcessSet:
-    """A group of ranks that runs collectives among themselves (Horovod's ``hvd.ProcessSet``)."""
+    """A group of ranks that runs collectives among themselves (Horovod's ``hvd.ProcessSet``).
+
+    A new set is only a description: it can be used once registered (``init(process_sets=...)``
+    or :func:`add_process_set`), which gives it its ``process_set_id``. Until then ``size()``,
+    ``rank()`` and ``included()`` return None.
+
+    Args:
+        ranks_or_comm: the members' ranks in the job (any order; duplicates are dropped; ``[]``
+            means every rank), or an mpi4py communicator whose members form the set.
+
+    Attributes:
+        ranks: the members' ranks, sorted; for a communicator's set, filled in at registration.
+    """
 
     def __init__(self, ranks_or_comm=None):
         self.mpi_comm = None
+        """The mpi4py communicator the set was made from, or None."""
         self.process_set_id = None
+        """The id the set got when registered (0 is the global set), or None."""
         if ranks_or_comm is None:
             self.ranks = None
         elif hasattr(ranks_or_comm, "Get_group"):      # an mpi4py communicator
@@ -79,6 +100,8 @@ def _ffi_ints():
 
 
 global_process_set = ProcessSet()
+"""The set of every rank of the job (id 0), the default ``process_set`` of every collective.
+Registered by ``init()``; it cannot be removed."""
 
 
 def _setup_global(size, mpi_comm=None):
@@ -114,16 +137,18 @@ def _resolve_comm(process_set):
 
 
 def add_process_set(process_set):
-    """Register a process set on every rank (collective; same sets in the same order everywhere).
+    """Register a process set on every rank (collective: every rank of the job calls it, with
+    the same sets in the same order, members or not).
 
     Args:
-        process_set: a ``ProcessSet`` or a list of global ranks.
+        process_set: a ``ProcessSet``, or a list of ranks to make one of.
     Returns:
         The registered ``ProcessSet`` (with its ``process_set_id``).
     Raises:
-        ValueError: the set is already registered.
-        HvliteInvalidArgument: bad ranks, ranks differing between ranks, or a duplicate of a
-            registered set (on every rank).
+        ValueError: the set is already registered; it has neither ranks nor a communicator;
+            its communicator holds ranks outside the job (see ``init(comm=...)``).
+        HvliteInvalidArgument: bad ranks, a set that differs between ranks, or a duplicate of
+            a registered set (on every rank).
     """
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
@@ -149,8 +174,16 @@ def add_process_set(process_set):
 
 
 def remove_process_set(process_set):
-    """Unregister a process set on every rank (collective). Returns False if it was not
-    registered. Raises ValueError for the global process set."""
+    """Unregister a process set on every rank (collective: every rank calls it for the same
+    sets, in the same order). Its collectives still pending then fail.
+
+    Args:
+        process_set: a registered ``ProcessSet``.
+    Returns:
+        True if the set was removed; False if it was not registered (nothing is sent).
+    Raises:
+        ValueError: the global process set, which cannot be removed.
+    """
     set_id = getattr(process_set, "process_set_id", None)
     if set_id == 0:
         raise ValueError("the global process set cannot be removed")

@@ -11,7 +11,8 @@ Sphinx nor the network:
     passes ``--dry-run``;
   * no user page carries a date or an issue number;
   * the README is at most 150 lines and keeps its two commands;
-  * the errors reference lists every exception and hvlrun's exit codes.
+  * the errors reference lists every exception and hvlrun's exit codes;
+  * every public name has a docstring a user can act on, in shapes napoleon renders as written.
 """
 import ast
 import concurrent.futures
@@ -137,7 +138,7 @@ def examples_run_by_tests():
         return set(re.findall(r"examples/[\w.]+\.py", f.read()))
 
 
-DIRECTIVES = ("{toctree}", "{include}", "{argparse}")
+DIRECTIVES = ("{toctree}", "{include}", "{argparse}", "{container}")   # not code
 SHELLS = ("sh", "bash", "console")
 
 
@@ -297,15 +298,6 @@ def public_modules():
     return sorted(ast.literal_eval(value))
 
 
-# Files other work was changing while their docstrings were written; their public names are
-# checked once those changes are merged (the lead removes each entry as it is done).
-DOCSTRINGS_LEFT_FOR_AFTER_THE_MERGE = (
-    "hvlite/tensorflow/", "hvlite/keras/", "hvlite/basics.py", "hvlite/runner/__init__.py",
-    "hvlite/process_sets.py", "hvlite/elastic/state.py", "hvlite/torch/optimizer.py",
-    "hvlite/handles.py", "hvlite/torch/ops.py", "hvlite/_nccl_find.py",
-)
-
-
 def module_file(module):
     path = os.path.join(ROOT, *module.split("."))
     return path + "/__init__.py" if os.path.isdir(path) else path + ".py"
@@ -350,10 +342,63 @@ def definition(module, name, seen=()):
     return None
 
 
+_ROLES = re.compile(r":\w+:`[^`]*`|``[^`]*``")
+
+
+def _section(doc, title):
+    """The lines of a Google-style section of ``doc`` (empty if it has none)."""
+    lines, inside = [], False
+    for line in doc.split("\n"):
+        if re.match(r"\s*%s:\s*$" % title, line):
+            inside = True
+        elif inside and (not line.strip() or re.match(r"\s*[A-Z]\w+:\s*$", line)):
+            break
+        elif inside:
+            lines.append(line)
+    return lines
+
+
+def rendering_faults(node, doc):
+    """What napoleon would render otherwise than written (see docs/development/docs.md)."""
+    faults = []
+    if isinstance(node, ast.Assign):            # an attribute: "X: ..." first is read as a type
+        if ":" in _ROLES.sub("", doc.strip().split("\n")[0]):
+            faults.append("a colon in the first line (napoleon reads what precedes it as a type)")
+        return faults
+    for title, entry in (("Args", r"\**\w+(, \**\w+)*: "), ("Raises", r"[A-Za-z_][\w.]*: ")):
+        lines = _section(doc, title)
+        indent = min((len(l) - len(l.lstrip()) for l in lines), default=0)
+        for line in lines:
+            if len(line) - len(line.lstrip()) == indent and not re.match(entry, line.strip() + " "):
+                faults.append("%s entry %r is not '%s'" % (
+                    title, line.strip()[:40], "name: ..." if title == "Args" else "Class: ..."))
+    return faults
+
+
+def test_public_docstrings_render_as_written():
+    """The docstrings of the public names use the shapes napoleon reads as written: an Args
+    entry starts with its names on one line, a Raises entry with the exception's class, and an
+    attribute's first line holds no colon."""
+    wrong = []
+    for module in public_modules():
+        path = module_file(module)
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        names = [ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                 and any(getattr(t, "id", None) == "__all__" for t in n.targets)]
+        for name in (names[0] if names else []):
+            found = definition(module, name)
+            if found and found[2]:
+                wrong += ["%s.%s (%s): %s" % (module, name, found[0], fault)
+                          for fault in rendering_faults(found[1], found[2])]
+    assert not wrong, "\n".join(sorted(set(wrong)))
+
+
 def test_public_names_have_docstrings_a_user_can_act_on():
     """Every name of a public module's __all__ has a docstring; a function with arguments
-    defined outside the files left for after the merge says what they are (an Args section)
-    or which function it follows ("As :func:`x`")."""
+    says what they are (an Args section) or which function it follows ("As :func:`x`")."""
     wrong = []
     for module in public_modules():
         path = module_file(module)
@@ -368,8 +413,6 @@ def test_public_names_have_docstrings_a_user_can_act_on():
             if found is None:
                 continue
             where, node, doc = found
-            if where.startswith(DOCSTRINGS_LEFT_FOR_AFTER_THE_MERGE):
-                continue
             if not doc:
                 wrong.append("%s.%s (%s): no docstring" % (module, name, where))
             elif (isinstance(node, ast.FunctionDef) and len(node.args.args) > 0

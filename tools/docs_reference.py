@@ -60,6 +60,17 @@ def _cell(text):
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+# A flag or a setting's name in running text, not already in backticks
+_NAME = re.compile(r"(?<![\w`.-])(--?[A-Za-z][A-Za-z0-9-]*|(?:HVLITE|HVLRUN|HOROVOD|NCCL|FI)_"
+                   r"[A-Z0-9_]*[A-Z0-9](?:=[\w/]+)?)")
+
+
+def _code_names(text):
+    """``text`` with its flags and setting names set as code (so that they read, and copy, as
+    typed, and a phone may break the table's text around them)."""
+    return _NAME.sub(r"`\1`", text)
+
+
 def _sentence(doc):
     """A doc line as a definition (kept as param.c writes it: units such as "ms" stay lower)."""
     return doc
@@ -177,7 +188,8 @@ def horovod_page():
     out = [GENERATED % "hvlite/runner/cli/flags.py and horovod_flags.py",
            "| horovodrun flag | in hvlrun |", "|---|---|"]
     for options, what in hidden_flags():
-        out.append("| %s | %s |" % (", ".join("`%s`" % o for o in options), _cell(what)))
+        out.append("| %s | %s |" % (", ".join("`%s`" % o for o in options),
+                                      _cell(_code_names(what))))
     return "\n".join(out) + "\n"
 
 

@@ -76,7 +76,7 @@ def make_run(is_peer_error: Optional[Callable[[BaseException], bool]] = None
         is_peer_error: an extra test for errors that mean a peer is gone, for adapters whose
             framework wraps hvlite's errors (TensorFlow's ``tf.errors.OpError``).
     Returns:
-        The decorator: ``run(func)`` returns ``wrapper(state, *args, **kwargs)``.
+        The decorator ``run``, where ``run(func)`` returns ``wrapper(state, *args, **kwargs)``.
     """
     def peer_error(error: BaseException) -> bool:
         return _hvlite_peer_error(error) or bool(is_peer_error and is_peer_error(error))
@@ -115,5 +115,6 @@ def make_run(is_peer_error: Optional[Callable[[BaseException], bool]] = None
 
 
 run = make_run()
-"""Horovod's ``hvd.elastic.run``: decorate ``train(state, ...)`` so that an elastic job goes on
-from the last commit when it loses or gains workers (see the module description)."""
+"""Horovod's ``hvd.elastic.run`` decorator. Decorate ``train(state, ...)`` with it so that an
+elastic job goes on from the last commit when it loses or gains workers (see the module
+description)."""

@@ -48,12 +48,19 @@ class ElasticIndexSampler:
 
     def __init__(self, dataset: Any, shuffle: bool = True, seed: int = 0) -> None:
         self.dataset = dataset
+        """The data set whose indices are split."""
         self.shuffle = shuffle
+        """Whether the indices are shuffled each epoch."""
         self.seed = seed
+        """The shuffle's seed."""
         self.epoch = 0
+        """The epoch in progress (set by :meth:`set_epoch`)."""
         self.processed_indices: set = set()
+        """The indices processed this epoch, this rank's and, as of the last merge (each commit
+        merges them), the other ranks'."""
         self._unmerged: List[int] = []
         self.indices: List[int] = []
+        """This rank's indices of the epoch's remaining samples, in the current world."""
         self._name = "hvlite.elastic.sampler.%d" % next(_numbers)
         self.reset()
 

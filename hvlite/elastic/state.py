@@ -1,5 +1,12 @@
 """Horovod's elastic ``State`` and ``ObjectState``, on commits that survive any worker's death.
 
+An elastic job keeps what must survive a change of workers in a state object, usually an
+:class:`ObjectState` (or a framework's: ``hvlite.torch.elastic.TorchState``,
+``hvlite.tensorflow.elastic.TensorFlowKerasState``), and calls its :meth:`State.commit` every
+few batches. When workers are lost or added, every worker of the new world starts from the
+last commit, which hvlrun keeps; only the steps after it are done again. Every rank creates
+the same state and calls ``commit()`` at the same points.
+
 Contract:
   * :class:`State` is the base: ``commit()`` saves the state and (rank 0, in a world an elastic
     hvlrun manages) stores it in the driver's commit store before returning, then checks for
@@ -66,11 +73,18 @@ def _store_error(what: str, error: Optional[Exception], failed: bool) -> None:
 
 
 class State:
-    """Horovod's elastic state (see the module contract); subclasses say what the state is.
+    """Horovod's elastic state: the base class of :class:`ObjectState` and the frameworks'
+    states, which say what the state holds.
+
+    A subclass written for Horovod, with its own ``save``/``restore``/``sync``, works in a
+    plain job and in an elastic job's first world; an elastic hvlrun job refuses to commit it
+    (``StateNotCommittableError``), since hvlite restarts every worker from the stored commit:
+    keep such state in an :class:`ObjectState` instead.
 
     Args:
-        bcast_object, get_rank: Horovod's (``hvd.broadcast_object``, ``hvd.rank``); kept for
-            subclasses written for Horovod, whose ``sync`` calls ``self._bcast_object``.
+        bcast_object: Horovod's ``hvd.broadcast_object``; kept as ``self._bcast_object`` for
+            subclasses written for Horovod, whose ``sync`` calls it.
+        get_rank: Horovod's ``hvd.rank``; kept as ``self._rank``.
     """
 
     def __init__(self, bcast_object: Any = None, get_rank: Any = None) -> None:
@@ -79,7 +93,8 @@ class State:
         self._reset_callbacks: List[Callable[[], None]] = []
         self._saved: Any = None
         self._updates_seen = 0
-        self.commit_seq = 0            # the last commit stored or restored (0: none)
+        self.commit_seq = 0
+        """The number of the last commit stored or restored (0 before any)."""
 
     # --- what a subclass provides ----------------------------------------------------------
     def _committable(self) -> None:
@@ -104,7 +119,12 @@ class State:
 
     # --- Horovod's API ----------------------------------------------------------------------
     def register_reset_callbacks(self, callbacks: List[Callable[[], None]]) -> None:
-        """Run ``callbacks`` (no arguments) after each re-form, once the state is restored."""
+        """Run ``callbacks`` after each re-form of the world, once the state is restored (to
+        scale the learning rate to the new size, say).
+
+        Args:
+            callbacks: a list of functions that take no arguments; run in registration order.
+        """
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
@@ -113,8 +133,13 @@ class State:
             callback()
 
     def on_hosts_updated(self, timestamp: float, update_res: int) -> None:
-        """Horovod's notification hook. hvlite learns of host changes at each commit (from the
-        driver's answer), so nothing needs to arrive here; kept for compatibility."""
+        """Horovod's notification hook; does nothing. hvlite learns of host changes at each
+        commit (from the driver's answer), so nothing needs to arrive here.
+
+        Args:
+            timestamp: Horovod's time of the update (unused).
+            update_res: Horovod's kind of update (unused).
+        """
 
     def save(self) -> None:
         """Keep a copy of the current state in memory (what ``restore()`` brings back)."""
@@ -132,11 +157,17 @@ class State:
     def commit(self) -> None:
         """Save the state as the point every rank comes back to, then check for host updates.
 
-        Collective. In a world an elastic hvlrun manages, rank 0 stores the state with the
-        driver before any rank returns; a failure raises ``HvliteError`` on every rank.
+        Collective: every rank calls it at the same point. In a world an elastic hvlrun
+        manages, rank 0 stores the state with hvlrun before any rank returns; elsewhere it is
+        a ``save()``. Commit often enough that redoing the steps since the last one is cheap,
+        and rarely enough that storing it is (the whole state is sent each time).
 
         Raises:
-            HostsUpdatedInterrupt: on every rank, when the driver asked the world to stop here.
+            HostsUpdatedInterrupt: on every rank, when hvlrun asked the world to stop here (the
+                commit is kept; ``hvlite.elastic.run`` re-forms the world and goes on).
+            StateNotCommittableError: a Horovod-style subclass in an elastic hvlrun job.
+            TypeError: a value the commit format cannot hold (named in the message).
+            HvliteError: rank 0 could not store the commit (on every rank, naming the cause).
         """
         world = current()
         if world.managed:
@@ -284,8 +315,21 @@ def _stateful(value: Any) -> bool:
 class ObjectState(State):
     """Horovod's ``ObjectState``: the keyword arguments, kept as attributes and committed.
 
-    ``bcast_object`` and ``get_rank`` are accepted for Horovod compatibility and not used
-    (hvlite moves state as commit bytes, never as pickles).
+    ``ObjectState(model=model, optimizer=optimizer, epoch=0, batch=0)`` makes ``state.model``,
+    ``state.epoch``, ...; assign the attributes as training goes (``state.epoch = e``) and
+    call ``state.commit()``. A value with ``state_dict()``/``load_state_dict()`` (a model, an
+    optimizer, a sampler, a scheduler) is saved through them and loaded back in place; any
+    other value (numbers, strings, bytes, lists, tuples, dicts, NumPy arrays) is copied and
+    assigned back.
+
+    Args:
+        bcast_object: accepted for Horovod compatibility, not used (hvlite moves state as
+            commit bytes, never as pickles).
+        get_rank: accepted for Horovod compatibility, not used.
+        **kwargs: the values to keep, by attribute name.
+    Raises:
+        TypeError: a value the commit format cannot hold, naming it (at construction, which
+            saves a first copy).
     """
 
     def __init__(self, bcast_object: Any = None, get_rank: Any = None, **kwargs: Any) -> None:

@@ -12,10 +12,13 @@ __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
 
 
 class BestModelCheckpoint(_callbacks.BestModelCheckpoint):
-    """Keras's ``ModelCheckpoint(save_best_only=True)`` of whole models, whose ``filepath``
-    (a ``.keras`` file) is set after it is made; ``fit`` raises ``ValueError`` without it."""
+    """Keras's ``ModelCheckpoint(save_best_only=True)`` of whole models, whose ``filepath`` (a
+    ``.keras`` file) is set after it is made; ``fit`` raises ``ValueError`` without it.
+
+    Args:
+        monitor, verbose, mode, save_freq: as for ``keras.callbacks.ModelCheckpoint``.
+    """
 
     def __init__(self, monitor="val_loss", verbose=0, mode="auto", save_freq="epoch"):
-        """Args: as ``keras.callbacks.ModelCheckpoint``'s."""
         super().__init__(monitor=monitor, verbose=verbose, save_weights_only=False, mode=mode,
                          save_freq=save_freq)

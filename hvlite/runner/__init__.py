@@ -1,5 +1,9 @@
-"""``hvlrun``, the hvlite job launcher, and ``run(func, ...)``, Horovod's ``horovod.runner.run``
-(a Python function run on every rank of a new job: ``func_run``).
+"""The launcher: ``hvlrun`` from Python (:func:`main`), and ``run(func, ...)``, which runs a
+Python function on every rank of a new job and returns each rank's result (Horovod's
+``horovod.runner.run``, also reachable as ``hvlite.run``; see ``hvlite.runner.func_run``).
+
+It works before hvlite's engine is built, and ``hvlrun --check-build`` reports what was
+built. The command line is in the :doc:`hvlrun reference </reference/hvlrun>`.
 
 Contract: this package never imports the engine (``hvlite._core`` or any ``hvlite`` module outside
 ``hvlite.runner`` and ``hvlite.protocol``, the pure-Python module it shares with training code)
@@ -22,7 +26,14 @@ __all__ = ["main", "run"]
 
 
 def main(argv=None) -> int:
-    """Run ``hvlrun`` with ``argv`` (``sys.argv[1:]`` when None); see ``launch.main``."""
+    """Run ``hvlrun`` in this process, as the ``hvlrun`` command does, and wait for the job.
+
+    Args:
+        argv: hvlrun's arguments (a list of strings); ``sys.argv[1:]`` when None.
+    Returns:
+        hvlrun's exit code, 0 when every rank succeeded, else the first failing rank's code or
+        hvlrun's own (the :doc:`errors reference </reference/errors>` lists them).
+    """
     from .cli.launch import main as launch_main
     return launch_main(argv)
 

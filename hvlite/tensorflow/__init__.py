@@ -1,6 +1,13 @@
 """hvlite.tensorflow: Horovod's TensorFlow API (``import horovod.tensorflow as hvd``) on the
 hvlite engine, for TensorFlow 2.21.
 
+``import hvlite.tensorflow as hvd`` in place of Horovod's import, and a script runs unchanged:
+``hvd.init()``, the collectives (eagerly, inside ``tf.function`` and in TF1 graphs, with
+gradients), ``DistributedGradientTape`` for custom training loops, ``DistributedOptimizer`` for
+TF1 and Keras optimizers, ``broadcast_variables`` to start every rank from the same values,
+and ``hvd.elastic``. Keras's ``model.fit`` is :mod:`hvlite.tensorflow.keras`'s. The
+:doc:`TensorFlow guide </guides/tensorflow>` shows them at work.
+
 Contract: the public names are Horovod's documented ones, with its signatures and semantics;
 a Horovod script runs with only its import changed. Basics (``init``, ``rank``, ``size``, ...)
 and exceptions are hvlite's own (``HorovodInternalError`` is ``HvliteError``). Collectives
@@ -56,12 +63,37 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          average_aggregated_gradients=False, num_groups=0, groups=None,
                          process_set=global_process_set, scale_local_gradients=True):
-    """Horovod's ``hvd.DistributedOptimizer``, with its parameters in its order: for a TF1
-    optimizer (``tf.compat.v1.train.Optimizer``) ``hvlite.tensorflow.optimizer_v1``'s wrapper
-    (``op=Adasum``: its Adasum-of-deltas optimizer); for a Keras 3 optimizer
-    ``hvlite.tensorflow.keras.DistributedOptimizer`` with the same options (``use_locking``
-    has no meaning there and is ignored, as Horovod ignores it).
+    """Wrap an optimizer so that it averages gradients over every rank before applying them
+    (Horovod's ``hvd.DistributedOptimizer``, with its parameters in its order).
 
+    For a TF1 optimizer (``tf.compat.v1.train.Optimizer``) the result is a TF1 optimizer whose
+    ``compute_gradients`` allreduces (``op=Adasum``: Horovod's Adasum-of-deltas optimizer);
+    for a Keras 3 optimizer it is :func:`hvlite.tensorflow.keras.DistributedOptimizer`'s.
+
+    Args:
+        optimizer: a ``tf.compat.v1.train.Optimizer`` or a ``keras.optimizers.Optimizer``.
+        name: the wrapper's name (default: ``Distributed`` and the optimizer's class name for
+            TF1; the optimizer's own for Keras).
+        use_locking: TF1's; ignored for Keras optimizers, as Horovod ignores it.
+        device_dense: accepted for compatibility; data goes through host memory.
+        device_sparse: accepted for compatibility.
+        compression: ``Compression.none`` or ``Compression.fp16``.
+        sparse_as_dense: densify ``tf.IndexedSlices`` gradients before reducing them.
+        backward_passes_per_step: accumulate gradients locally over this many steps, then
+            allreduce and apply them.
+        op: ``hvd.Average`` (the default), ``hvd.Sum``, or ``hvd.Adasum`` (TF1 only).
+        gradient_predivide_factor: with Average, divide by it before the sum and multiply by
+            it over the size after.
+        average_aggregated_gradients: with ``backward_passes_per_step`` > 1, average the
+            accumulated gradients (default: sum them, as Horovod).
+        num_groups: deprecated spelling of an integer ``groups``.
+        groups: an integer > 0: send the gradients in this many fused groups; a list of lists
+            of variables: each list's gradients together; None: one group the engine fuses.
+        process_set: the set to average over (default: every rank).
+        scale_local_gradients: divide the gradients of local variables (TF1's
+            ``register_local_var``) by the set's size.
+    Returns:
+        The distributed optimizer.
     Raises:
         TypeError: ``optimizer`` is neither.
         ValueError: ``op=Adasum`` with a Keras optimizer, which Horovod's

@@ -160,7 +160,7 @@ def op_name(kind, name=None, process_set=None):
     per process set, so calls on a set other ranks are not in do not shift their names.
 
     Raises:
-        HvliteInvalidArgument (a ValueError): while building a graph, ``process_set`` names
+        HvliteInvalidArgument: (a ValueError) while building a graph, ``process_set`` names
             no registered set (eagerly the call itself raises it).
     """
     if process_set is not None and not tf.executing_eagerly():

@@ -1,5 +1,11 @@
 """``hvd.elastic`` for TensorFlow: Horovod's elastic names on hvlite's re-forming worlds.
 
+Keep the model, its optimizer and the counters in a :class:`TensorFlowKerasState` (or a list
+of variables in a :class:`TensorFlowState`), decorate the training function with
+:data:`run`, and call ``state.commit()`` every few batches; an elastic ``hvlrun`` then goes on
+from the last commit when workers are lost or added. The :doc:`elastic guide
+</guides/elastic>` walks through it.
+
 Contract: ``run``, ``State``, ``ObjectState``, ``HostsUpdatedInterrupt`` (``hvlite.elastic``;
 ``run`` also treats an hvlite peer error that TensorFlow wrapped in ``tf.errors.OpError`` inside
 a graph as one: its message names the hvlite error class), plus
@@ -35,6 +41,10 @@ def _wrapped_peer_error(error: BaseException) -> bool:
 
 
 run = make_run(_wrapped_peer_error)
+"""Horovod's ``hvd.elastic.run`` decorator. Decorate ``train(state, ...)`` with it so that an
+elastic job goes on from the last commit when it loses or gains workers, and call it as
+``train(state, ...)``. As ``hvlite.elastic.run``, and an hvlite error that TensorFlow wrapped in ``tf.errors.OpError``
+inside a graph counts as the error it wraps."""
 
 
 def _values(variables: Sequence[Any]) -> List[np.ndarray]:
@@ -60,13 +70,30 @@ def _assign(variables: Sequence[Any], values: Sequence[Any], what: str) -> None:
 
 
 class TensorFlowKerasState(ObjectState):
-    """Horovod's ``TensorFlowKerasState`` / ``KerasState`` (see the module contract)."""
+    """Horovod's ``TensorFlowKerasState`` (``KerasState``): an :class:`ObjectState` that also
+    commits a Keras model's weights and its optimizer's variables.
+
+    Args:
+        model: a built Keras model (give it an ``Input``, or call it once).
+        optimizer: the optimizer whose variables to commit (default: the model's compiled
+            optimizer). It is built first if it was not yet, so that a new worker can load
+            its variables before its first step.
+        backend: TF1's Keras backend; accepted and unused (TensorFlow 2 is eager).
+        **kwargs: other values to keep, as for :class:`ObjectState` (``epoch=0, batch=0``).
+    Raises:
+        ValueError: the model is not built.
+        CommitFormatError: (when a commit is loaded) its variables do not match this model's
+            (count, shapes, dtypes), naming the first that differs.
+    """
 
     def __init__(self, model: Any, optimizer: Any = None, backend: Any = None,
                  **kwargs: Any) -> None:
         self.model = model
+        """The Keras model."""
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+        """The optimizer whose variables are committed, or None."""
         self.backend = backend
+        """Accepted for Horovod compatibility; unused."""
         if not model.built:
             raise ValueError("TensorFlowKerasState needs a built model (give it an Input or "
                              "call it once) so that its weights exist on every rank")
@@ -95,10 +122,20 @@ class TensorFlowKerasState(ObjectState):
 
 
 class TensorFlowState(ObjectState):
-    """Horovod's ``TensorFlowState``: a list of variables and ``kwargs``."""
+    """Horovod's ``TensorFlowState``: an :class:`ObjectState` that also commits a list of
+    ``tf.Variable``.
+
+    Args:
+        variables: the variables to commit.
+        session: TF1's session; accepted and ignored (TensorFlow 2 is eager).
+        **kwargs: other values to keep, as for :class:`ObjectState`.
+    Raises:
+        CommitFormatError: (when a commit is loaded) its variables do not match these.
+    """
 
     def __init__(self, variables: Sequence[Any] = None, session: Any = None, **kwargs: Any) -> None:
         self.variables = list(variables or [])
+        """The committed variables."""
         super().__init__(**kwargs)
 
     def _capture(self) -> Any:

@@ -1,6 +1,10 @@
 """``DistributedGradientTape``: a ``tf.GradientTape`` whose ``gradient()`` averages gradients
 over every rank, and the gradient allreduce it shares with the Keras optimizer.
 
+In a custom training loop, wrap the tape after the forward pass,
+``tape = hvd.DistributedGradientTape(tape)``, and ``tape.gradient(loss, model.trainable_variables)``
+returns gradients averaged over every rank, ready for ``optimizer.apply_gradients``.
+
 Contract:
 - ``DistributedGradientTape(tape, ...)`` returns an object that is a ``tf.GradientTape`` (of the
   wrapped tape's class) recording into the same tape; ``gradient(target, sources)`` returns the
@@ -116,7 +120,7 @@ def allreduce_gradients(grads, prefix, compression=Compression.none, sparse_as_d
         on a rank that is not in ``process_set``.
     Raises:
         ValueError: gradient_predivide_factor with an op other than Average.
-        Engine errors as ``hvlite.tensorflow.allreduce``.
+        HvliteError: what the engine reports, as for ``hvlite.tensorflow.allreduce``.
     """
     op = reduce_op(None, op)
     pre, post = _scale_factors(op, gradient_predivide_factor)
@@ -178,7 +182,7 @@ class _DistributedGradientTape(tf.GradientTape):
         Returns:
             Gradients in the structure of ``sources`` (None where unconnected).
         Raises:
-            As ``allreduce_gradients``.
+            HvliteError: as for ``allreduce_gradients``.
         """
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
         flat = tf.nest.flatten(grads)
@@ -218,20 +222,29 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
                             process_set=global_process_set, scale_local_gradients=True):
     """Wrap a ``tf.GradientTape`` so that ``gradient()`` allreduces the gradients.
 
+    Every rank must call ``gradient`` with the same sources, in the same order. The tape also
+    has Horovod's ``register_local_source(variable)`` (that variable's gradient stays on this
+    rank) and ``get_local_and_global_gradients(target, sources)`` (two lists of (source,
+    gradient): the local sources', the rest).
+
     Args:
         gradtape: the tape that recorded the forward pass (or a fresh one to use as a context).
-        compression: Compression.none or Compression.fp16.
-        sparse_as_dense: densify tf.IndexedSlices gradients before reducing them.
-        op: hvd.Average (default), hvd.Sum, ...
-        gradient_predivide_factor: see the module docstring (op Average only).
+        compression: ``Compression.none`` or ``Compression.fp16``.
+        sparse_as_dense: densify ``tf.IndexedSlices`` gradients before reducing them (else
+            their values and indices are allgathered).
+        op: ``hvd.Average`` (the default), ``hvd.Sum``, or another reduce op.
+        gradient_predivide_factor: with op Average, multiply the gradients by 1/f before the
+            sum and by f/size after it (Horovod's).
         num_groups: deprecated spelling of an integer ``groups``.
         groups: an integer > 0: split dense gradients into this many fused submissions; a
             list of lists of variables: each list's gradients in one submission, each other
             gradient alone; None (default): one submission, fused by the engine.
-        process_set: the process set to reduce over.
+        process_set: the set to reduce over (default: every rank); on a rank outside it,
+            ``gradient`` returns the local gradients.
         scale_local_gradients: divide the gradients of sources registered with
             ``register_local_source`` by the set's size (Horovod's default).
-        device_*: accepted for compatibility (data goes through host memory).
+        device_dense: accepted for compatibility (data goes through host memory).
+        device_sparse: accepted for compatibility.
     Returns:
         A tape of the same class that records into the same tape.
     Raises:
@@ -270,12 +283,18 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
                                    op=Average, gradient_predivide_factor=1.0, num_groups=0,
                                    groups=None, process_set=global_process_set,
                                    local_layers=None, scale_local_gradients=True):
-    """``DistributedGradientTape`` whose gradients for the trainable weights of
-    ``local_layers`` (a Keras layer or a list of them) stay on this rank.
+    """As :func:`DistributedGradientTape`, but the gradients of the trainable weights of
+    ``local_layers`` stay on this rank (divided by the set's size when
+    ``scale_local_gradients``, as Horovod does). The arguments not listed here are as for
+    :func:`DistributedGradientTape`.
 
+    Args:
+        local_layers: a Keras layer or a list of them.
+    Returns:
+        A tape of the same class that records into the same tape.
     Raises:
-        ValueError: an item of ``local_layers`` is not a Keras layer. Others as
-            ``DistributedGradientTape``.
+        ValueError: an item of ``local_layers`` is not a Keras layer; otherwise as
+            :func:`DistributedGradientTape`.
     """
     local_layers = _local_layer_list(local_layers, "PartialDistributedGradientTape")
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,

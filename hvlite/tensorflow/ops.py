@@ -1,5 +1,10 @@
 """Horovod's TensorFlow collectives on tf.Tensor: eagerly, inside tf.function, in a TF1 graph.
 
+``hvlite.tensorflow`` holds these functions (``hvd.allreduce``, ...). Each is a collective:
+every rank of the process set calls it, in the same order. Inside a ``tf.function`` each call
+becomes one op that runs at every execution. The ``*_op`` functions are not collectives: they
+read this process's topology when they run.
+
 Contract: every function here is a collective: every rank of the process set must call it, in
 the same order, with the same name (or every rank with none), dtype and the shape rules of its
 op. Inputs are anything ``tf.convert_to_tensor`` takes (tensors, variables, NumPy arrays);
@@ -40,9 +45,20 @@ __all__ = ["Sum", "Average", "Min", "Max", "Product", "Adasum", "allreduce", "gr
            "grouped_reducescatter", "barrier", "join", "process_set_included_op",
            "size_op", "rank_op", "local_size_op", "local_rank_op"]
 
-Sum, Average, Min, Max, Product, Adasum = (collectives.Sum, collectives.Average,
-                                           collectives.Min, collectives.Max,
-                                           collectives.Product, collectives.Adasum)
+Sum = collectives.Sum
+"""The reduce op that adds the ranks' tensors (any, for bool)."""
+Average = collectives.Average
+"""The default reduce op, which adds, then divides by the number of ranks (integers round
+toward 0)."""
+Min = collectives.Min
+"""The reduce op that keeps the smallest value of each element (all, for bool)."""
+Max = collectives.Max
+"""The reduce op that keeps the largest value of each element (any, for bool)."""
+Product = collectives.Product
+"""The reduce op that multiplies the ranks' tensors (all, for bool)."""
+Adasum = collectives.Adasum
+"""The reduce op of Horovod's adaptive summation (float16/32/64, a power-of-2 number of
+ranks)."""
 
 
 def _output(array):
@@ -153,26 +169,42 @@ def _sparse_allreduce(slices, op, pre, post, name, process_set):
 def allreduce(tensor, average=None, device_dense="", device_sparse="",
               compression=Compression.none, op=None, prescale_factor=1.0, postscale_factor=1.0,
               name=None, process_set=global_process_set, ignore_name_scope=False):
-    """Reduce ``tensor`` over every rank (default op: Average) and return the result.
+    """Reduce ``tensor`` element-wise over every rank (default op: Average) and return the result.
 
-    Every rank of the process set must call it, in the same order.
+    Every rank of the process set must call it, in the same order. Works eagerly, inside a
+    ``tf.function`` and in a TF1 graph; floating-point tensors have a gradient (the allreduce
+    of the output's gradient with the same op and factors, for Sum and Average).
 
     Args:
-        tensor: tf.Tensor (or convertible), same shape and dtype on every rank; or
-            tf.IndexedSlices, whose values and indices are allgathered (op Sum or Average).
-        average: deprecated; True means Average, False Sum. Use op=.
-        compression: Compression.none or Compression.fp16 (applied to dense tensors).
-        op: hvd.Sum, Average, Min, Max or Product.
-        prescale_factor, postscale_factor: multiply the input before / the result after.
-        name: engine name; generated when None (see hvlite.tensorflow._bridge).
-        process_set: the global process set.
+        tensor: a ``tf.Tensor`` (or anything ``tf.convert_to_tensor`` takes), with the same
+            shape and dtype on every rank; or ``tf.IndexedSlices``, whose values and indices are
+            allgathered (op Sum or Average only).
+        average: deprecated (Horovod's); True means Average, False Sum. Use ``op``.
+        device_dense: accepted for compatibility; data goes through host memory.
+        device_sparse: accepted for compatibility.
+        compression: ``Compression.none`` (the default) or ``Compression.fp16``, which sends
+            floating-point tensors as float16 (dense tensors only).
+        op: ``hvd.Average`` (the default), ``Sum``, ``Min``, ``Max``, ``Product`` or ``Adasum``.
+        prescale_factor: multiply the input by this before the reduction.
+        postscale_factor: multiply the result by this after it.
+        name: the tensor's name, the same on every rank; generated when None (inside a
+            ``tf.function`` from the function's name and the call's position, so every execution
+            reuses it).
+        process_set: the :class:`~hvlite.process_sets.ProcessSet` to reduce over (default:
+            every rank); this rank must be a member.
+        ignore_name_scope: accepted for compatibility (hvlite's names never hold TensorFlow's
+            name scope).
     Returns:
-        A tensor of the same shape and dtype (tf.IndexedSlices for IndexedSlices input).
+        A tensor of the same shape and dtype (``tf.IndexedSlices`` for ``tf.IndexedSlices``
+        input).
     Raises:
-        TypeError: unsupported dtype. ValueError: bad op/arguments.
-        HvliteNotSupportedError (a NotImplementedError, as Horovod's): tf.IndexedSlices with an
-            op other than Sum and Average; Adasum where it does not apply.
-        MismatchError (eagerly; tf.errors.OpError in a graph): ranks disagree.
+        TypeError: an unsupported dtype (before anything is sent).
+        ValueError: both ``average`` and ``op`` given, or an unknown op.
+        HvliteNotSupportedError: (a ``NotImplementedError``, as Horovod raises) ``tf.IndexedSlices``
+            with an op other than Sum and Average; Adasum where it does not apply.
+        MismatchError: the ranks disagree on the dtype, shape, op or factors (every rank
+            raises, naming the tensor and the ranks); in a graph, a ``tf.errors.OpError`` with the
+            same message.
     """
     op = reduce_op(average, op)
     if isinstance(tensor, tf.IndexedSlices):
@@ -189,10 +221,21 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
                       compression=Compression.none, op=None, prescale_factor=1.0,
                       postscale_factor=1.0, process_set=global_process_set,
                       ignore_name_scope=False, name=None):
-    """Allreduce a list of tensors submitted together, so the engine fuses them.
+    """Allreduce each tensor of ``tensors`` as :func:`allreduce` does, submitted together so that
+    the engine fuses them into as few collectives as it can.
 
     Every rank must call it with the same list (length, dtypes, shapes), in the same order.
-    Args and Raises as ``allreduce``. Returns the list of results.
+    The arguments not listed here are as for :func:`allreduce`.
+
+    Args:
+        tensors: a list of tensors (or ``tf.IndexedSlices``).
+        name: a base name; the tensors are named ``<name>.0``, ``<name>.1``, ... (generated
+            when None).
+    Returns:
+        The list of results, in the order of ``tensors``.
+    Raises:
+        TypeError: an unsupported dtype (before anything is sent).
+        HvliteError: what the engine reports, as for :func:`allreduce`.
     """
     op = reduce_op(average, op)
     tensors = list(tensors)
@@ -266,18 +309,22 @@ def _allgather_group(tensors, names, process_set):
 
 @library
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
-    """Concatenate every rank's ``tensor`` along dim 0.
+    """Concatenate every rank's ``tensor`` along the first dimension, in rank order.
 
-    Every rank of the process set must call it, in the same order.
+    Every rank of the process set must call it, in the same order. Floating-point tensors have
+    Horovod's gradient: this rank's rows of the averaged allreduce of the output's gradient.
 
     Args:
-        tensor: dim 0 may differ per rank, the other dims and the dtype must agree;
-            a 0-d tensor counts as one row.
-        name: engine name; generated when None.
+        tensor: its first dimension may differ between ranks, the other dimensions and the
+            dtype must agree; a 0-d tensor counts as one row.
+        name: as for :func:`allreduce`.
+        ignore_name_scope: as for :func:`allreduce`.
+        process_set: the set to gather over (default: every rank).
     Returns:
-        The concatenated tensor (dim 0 = sum of every rank's dim 0).
+        The concatenated tensor (its first dimension is the sum of every rank's).
     Raises:
-        As ``allreduce``.
+        TypeError: an unsupported dtype (before anything is sent).
+        HvliteError: what the engine reports, as for :func:`allreduce`.
     """
     return _allgather_group([_tensor(tensor)], [op_name("allgather", name, process_set)], process_set)[0]
 
@@ -285,10 +332,19 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
 @library
 def grouped_allgather(tensors, name=None, ignore_name_scope=False,
                       process_set=global_process_set):
-    """Allgather a list of tensors submitted together (``allgather`` of each).
+    """As :func:`allgather`, for each tensor of ``tensors``, submitted together so that they fuse.
 
     Every rank must call it with the same number of tensors and dtypes, in the same order.
-    Returns the list of concatenated tensors. Raises as ``allreduce``.
+
+    Args:
+        tensors: a list of tensors.
+        name: a base name (``<name>.0``, ``<name>.1``, ...; generated when None).
+        ignore_name_scope, process_set: as for :func:`allgather`.
+    Returns:
+        The list of concatenated tensors.
+    Raises:
+        TypeError: an unsupported dtype (before anything is sent).
+        HvliteError: what the engine reports, as for :func:`allreduce`.
     """
     tensors = [_tensor(t) for t in tensors]
     if not tensors:
@@ -311,18 +367,24 @@ def _broadcast_raw(tensors, names, root_rank, process_set):
 @library
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
               process_set=global_process_set):
-    """Return root_rank's ``tensor`` on every rank.
+    """Return ``root_rank``'s ``tensor`` on every rank.
 
     Every rank of the process set must call it, in the same order, with the same root.
+    Floating-point tensors have Horovod's gradient: the averaged allreduce of the output's
+    gradient on the root, zeros elsewhere.
 
     Args:
-        tensor: same shape and dtype on every rank.
-        root_rank: the rank whose values every rank receives.
-        name: engine name; generated when None.
+        tensor: the same shape and dtype on every rank (only the root's values are used).
+        root_rank: the rank whose values every rank gets (a rank of the job, a member of the
+            set).
+        name: as for :func:`allreduce`.
+        ignore_name_scope: as for :func:`allreduce`.
+        process_set: the set to broadcast in (default: every rank).
     Returns:
-        A tensor with root_rank's values.
+        A tensor with the root's values.
     Raises:
-        As ``allreduce``.
+        TypeError: an unsupported dtype (before anything is sent).
+        HvliteError: what the engine reports, as for :func:`allreduce`.
     """
     tensor = _tensor(tensor)
     names = [op_name("broadcast", name, process_set)]
@@ -364,20 +426,28 @@ def _alltoall_raw(tensor, splits, name, process_set):
 @library
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
              process_set=global_process_set):
-    """Send ``splits[r]`` rows of dim 0 to rank r and concatenate what every rank sent here.
+    """Send ``splits[r]`` rows of ``tensor`` to rank r, and return the rows every rank sent here,
+    in rank order.
 
-    Every rank of the process set must call it, in the same order.
+    Every rank of the process set must call it, in the same order. Floating-point tensors have
+    a gradient: the output's gradient sent back along the received splits.
 
     Args:
-        tensor: at least 1-d; the dims after the first and the dtype must agree.
-        splits: rows for each rank (sums to dim 0); None splits dim 0 in equal parts.
-        name: engine name; generated when None.
+        tensor: at least 1-d; the dimensions after the first and the dtype must agree.
+        splits: rows for each rank (one integer per rank, adding up to the first dimension);
+            None splits the rows into equal parts, which then must divide evenly.
+        name: as for :func:`allreduce`.
+        ignore_name_scope: as for :func:`allreduce`.
+        process_set: the set to exchange in (default: every rank).
     Returns:
-        The rows received, in rank order; with ``splits`` given, (those rows, how many came
-        from each rank as int32), as Horovod's TensorFlow API returns them.
+        The rows received; with ``splits`` given, the tuple ``(rows, received_splits)``, the
+        second an int32 tensor of how many rows came from each rank, as Horovod returns.
     Raises:
-        ValueError: a 0-d tensor, or dim 0 not divisible by size when splits is None.
-        Others as ``allreduce``.
+        ValueError: a 0-d tensor, or splits that do not add up to the rows
+            (``HvliteInvalidArgument``).
+        tf.errors.InvalidArgumentError: no ``splits``, and rows that do not divide evenly.
+        MismatchError: the ranks disagree on the dtype or the other dimensions; other errors
+            as for :func:`allreduce`.
     """
     both = _alltoall(tensor, splits, name, process_set)
     return both if splits is not None else both[0]
@@ -458,19 +528,24 @@ def _reducescatter_group(tensors, names, op, pre, post, process_set):
 def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None,
                   process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
                   postscale_factor=1.0):
-    """Reduce ``tensor`` over every rank and return this rank's rows of the result: rank r
-    gets dim0 // size rows, plus one if r < dim0 % size.
+    """Reduce ``tensor`` over every rank and return this rank's rows of the result: rank r gets
+    ``dim0 // size`` rows, plus one if ``r < dim0 % size``.
 
-    Every rank of the process set must call it, in the same order.
+    Every rank of the process set must call it, in the same order. Floating-point tensors have
+    Horovod's gradient (Sum and Average): the allgather of the output's gradient times the
+    factors, and times the set's size for Sum.
 
     Args:
-        tensor: at least 1-d, same shape and dtype on every rank.
-        op: hvd.Sum, Average, Min, Max or Product (default Average).
-        Others as ``allreduce``.
+        tensor: at least 1-d, the same shape and dtype on every rank.
+        device_dense: accepted for compatibility.
+        compression: as for :func:`allreduce`.
+        op: ``hvd.Average`` (the default), ``Sum``, ``Min``, ``Max`` or ``Product``.
+        name, process_set, ignore_name_scope, prescale_factor, postscale_factor: as for
+            :func:`allreduce`.
     Returns:
-        This rank's slice of the reduced tensor.
+        This rank's rows of the reduced tensor.
     Raises:
-        ValueError: a 0-d tensor. Others as ``allreduce``.
+        ValueError: a 0-d tensor. Others as :func:`allreduce`.
     """
     return grouped_reducescatter([tensor], compression=compression, op=op, name=name,
                                  process_set=process_set, prescale_factor=prescale_factor,
@@ -482,10 +557,20 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0, name=None, ignore_name_scope=False,
                           _kind="grouped_reducescatter"):
-    """Reducescatter a list of tensors submitted together (``reducescatter`` of each).
+    """As :func:`reducescatter`, for each tensor of ``tensors``, submitted together so that they
+    fuse.
 
     Every rank must call it with the same list (length, dtypes, shapes), in the same order.
-    Args and Raises as ``reducescatter``. Returns the list of this rank's slices.
+    The arguments not listed here are as for :func:`reducescatter`.
+
+    Args:
+        tensors: a list of tensors, each at least 1-d.
+        name: a base name (``<name>.0``, ``<name>.1``, ...; generated when None).
+    Returns:
+        The list of this rank's rows of each reduced tensor.
+    Raises:
+        ValueError: a 0-d tensor.
+        HvliteError: what the engine reports, as for :func:`allreduce`.
     """
     op = reduce_op(None, op)
     packed = [compression.compress(_tensor(t)) for t in tensors]
@@ -502,8 +587,14 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
 
 @library
 def barrier(process_set=global_process_set):
-    """Return once every rank of the process set has called barrier() (eagerly; in a graph,
-    when the op runs)."""
+    """Return once every rank of the process set has called ``barrier()``: eagerly, when called;
+    in a ``tf.function`` or a TF1 graph, when the op runs.
+
+    Args:
+        process_set: the set to wait for (default: every rank).
+    Raises:
+        HvliteDeadlockError: the other ranks wait on other collectives.
+    """
     def np_fn(arrays):
         _np.barrier(process_set=process_set)
         return []
@@ -513,7 +604,8 @@ def barrier(process_set=global_process_set):
 @library
 def join():
     """Declare that this rank has no more data (uneven inputs; see ``hvlite.join``): until every
-    rank has joined, this rank stands in for the others' collectives with zeros.
+    rank has joined, this rank takes part in the others' allreduces with zeros (and in their
+    barriers); their other collectives raise ``HvliteInvalidArgument``, as in Horovod.
 
     Eagerly it returns once every rank has joined; in a ``tf.function`` or a TF1 graph it is an
     op that joins when it runs (ordered with the graph's collectives, as they are).
@@ -541,34 +633,56 @@ def _topology_op(query, name):
 
 
 def process_set_included_op(process_set_id=0, name=None):
-    """1 if this rank is in process set ``process_set_id``, else 0, as an int32 scalar op
-    evaluated when it runs.
+    """1 if this rank is in the process set, else 0, as an int32 scalar op evaluated when it runs
+    (eagerly: now).
 
-    Raises (when it runs):
-        HvliteInvalidArgument (``InvalidArgumentError`` in a graph): no process set has this id
-            (Horovod's op returns a negative error code instead).
+    Args:
+        process_set_id: the set's ``process_set_id`` (0: every rank).
+        name: a name for the TensorFlow op.
+    Raises:
+        HvliteInvalidArgument: (``InvalidArgumentError`` in a graph, when the op runs) no process
+            set has this id; Horovod's op returns a negative error code instead.
     """
     return _topology_op(lambda: 1 if rank_and_size_by_id(process_set_id)[0] >= 0 else 0, name)
 
 
 def size_op(process_set_id=0, name=None):
-    """The number of ranks in process set ``process_set_id`` (0: the job), as an int32 scalar op
-    evaluated when it runs."""
+    """The number of ranks in a process set, as an int32 scalar op evaluated when it runs (eagerly:
+    now); not a collective.
+
+    Args:
+        process_set_id: the set's ``process_set_id`` (0: the whole job).
+        name: a name for the TensorFlow op.
+    """
     return _topology_op(lambda: rank_and_size_by_id(process_set_id)[1], name)
 
 
 def rank_op(name=None):
-    """This process's rank in the job, as an int32 scalar op evaluated when it runs."""
+    """This process's rank in the job, as an int32 scalar op evaluated when it runs (eagerly: now).
+
+    Args:
+        name: a name for the TensorFlow op.
+    """
     return _topology_op(lambda: rank_and_size_by_id(0)[0], name)
 
 
 def local_size_op(name=None):
-    """The number of ranks on this host, as an int32 scalar op evaluated when it runs."""
+    """The number of the job's ranks on this host, as an int32 scalar op evaluated when it runs
+    (eagerly: now).
+
+    Args:
+        name: a name for the TensorFlow op.
+    """
     from ..basics import local_size
     return _topology_op(local_size, name)
 
 
 def local_rank_op(name=None):
-    """This rank's index on its host, as an int32 scalar op evaluated when it runs."""
+    """This rank's index among the job's ranks on its host, as an int32 scalar op evaluated when it
+    runs (eagerly: now).
+
+    Args:
+        name: a name for the TensorFlow op.
+    """
     from ..basics import local_rank
     return _topology_op(local_rank, name)

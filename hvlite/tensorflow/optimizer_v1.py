@@ -1,5 +1,8 @@
 """Horovod's ``hvd.DistributedOptimizer`` for TF1 optimizers (``tf.compat.v1.train.Optimizer``).
 
+``hvd.DistributedOptimizer(tf.compat.v1.train.AdamOptimizer(...))`` returns one of these: a TF1
+optimizer whose ``minimize``/``compute_gradients`` average the gradients over every rank.
+
 Contract:
 - ``DistributedOptimizerV1(optimizer, name=None, use_locking=False, ...)`` takes Horovod's
   parameters and returns a ``tf.compat.v1.train.Optimizer``. ``minimize``,
@@ -234,7 +237,17 @@ def DistributedOptimizerV1(optimizer, name=None, use_locking=False, device_dense
                            backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                            average_aggregated_gradients=False, num_groups=0, groups=None,
                            process_set=global_process_set, scale_local_gradients=True):
-    """Wrap a ``tf.compat.v1.train.Optimizer`` (see the module docstring)."""
+    """Wrap a ``tf.compat.v1.train.Optimizer`` so that its gradients are allreduced; what
+    ``hvlite.tensorflow.DistributedOptimizer`` returns for a TF1 optimizer (see there for the
+    arguments, and the module docstring for the details).
+
+    Returns:
+        A ``tf.compat.v1.train.Optimizer`` sharing the wrapped one's slots and variables,
+        with ``register_local_var(var)`` to keep a variable's gradient on this rank.
+    Raises:
+        ValueError: see the module docstring's list of refusals.
+        NotImplementedError: ``op=Adasum`` with a process set other than the global one.
+    """
     op = reduce_op(None, op)
     if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
             or backward_passes_per_step < 1:

@@ -1,6 +1,9 @@
 """Horovod's ``hvd.SyncBatchNormalization`` for Keras 3 on TensorFlow: batch normalization whose
 training-time statistics are those of the global batch, every rank's samples together.
 
+Use it in place of ``keras.layers.BatchNormalization`` where each rank's batch is too small for
+good statistics; every rank must run the layer in the same order.
+
 Contract:
 - ``SyncBatchNormalization(**kwargs)`` takes ``keras.layers.BatchNormalization``'s arguments
   (``axis``, ``momentum``, ``epsilon``, ``center``, ``scale``, initializers, ``renorm``, ...) and
@@ -31,7 +34,21 @@ __all__ = ["SyncBatchNormalization"]
 
 @keras.saving.register_keras_serializable(package="hvlite")
 class SyncBatchNormalization(keras.layers.BatchNormalization):
-    """Batch normalization with the global batch's statistics in training (module docstring)."""
+    """Batch normalization whose training-time mean and variance are those of every rank's
+    batch together; inference uses the moving statistics, with no communication.
+
+    Each training call is two allreduces over every rank: every rank must run the layer, in
+    the same order (eagerly or inside ``tf.function``; never under XLA). Float16 and bfloat16
+    inputs are normalized in float32, as Keras's own layer does.
+
+    Args:
+        fused: Horovod's; must be False.
+        **kwargs: ``keras.layers.BatchNormalization``'s arguments (``axis``, ``momentum``,
+            ``epsilon``, ``center``, ``scale``, the initializers, ``renorm``, ...).
+    Raises:
+        ValueError: ``fused`` True or None (as in Horovod), or ``synchronized=True`` (that
+            is ``tf.distribute``'s synchronization).
+    """
 
     def __init__(self, fused=False, **kwargs):
         if fused in (True, None):

@@ -31,4 +31,6 @@ class Compression:
     ``Compression.none`` (the default: tensors as they are) and ``Compression.fp16`` (floating
     tensors sent as float16)."""
     none = NoneCompressor
+    """The default, which sends tensors as they are."""
     fp16 = FP16Compressor
+    """Floating-point tensors are sent as float16 and the result cast back to their dtype."""

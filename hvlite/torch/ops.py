@@ -1,5 +1,10 @@
 """Horovod's torch collectives on the hvlite engine (CPU and CUDA tensors).
 
+``hvlite.torch`` holds these functions (``hvd.allreduce``, ...). Each is a collective: every
+rank of the process set calls it, in the same order. The blocking forms return a new tensor on
+the input's device, and most are differentiable; the ``_async`` forms return a handle for
+``hvd.synchronize``; the in-place ``_`` forms write into their argument.
+
 Contract: every function is a collective: every rank calls it, in the same order, with the same
 name (or every rank with none), dtype, and the shape rules of its op (see ``hvlite.ops``).
 Tensors are passed to the engine by address (``data_ptr``); a non-contiguous input is sent as a
@@ -252,7 +257,9 @@ def _in_place(tensor):
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=None):
-    """Start an allreduce; the handle's result is a new tensor."""
+    """As :func:`allreduce`, but returns at once with a handle; :func:`synchronize` gives the new
+    tensor. Not differentiable, and takes no ``compression``.
+    """
     src = _check_tensor(tensor).contiguous().detach()
     return collectives.allreduce(_source(src), _output(src), name, reduce_op(average, op),
                                  prescale_factor, postscale_factor, process_set)
@@ -260,7 +267,9 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=None):
-    """Start an in-place allreduce of ``tensor`` (its values are replaced on completion)."""
+    """As :func:`allreduce_async`, but the result is written into ``tensor``; :func:`synchronize`
+    returns ``tensor``.
+    """
     op = reduce_op(average, op)
     source, output, finish = _in_place(tensor)
     return collectives.allreduce(source, output, name, op, prescale_factor, postscale_factor,
@@ -269,7 +278,10 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=None):
-    """In-place allreduce; returns ``tensor``."""
+    """As :func:`allreduce`, but the result is written into ``tensor``, which is returned. Not
+    differentiable: autograd does not record it (and refuses a backward pass that needs the
+    overwritten values).
+    """
     return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
                             process_set).wait()
 
@@ -289,20 +301,36 @@ class _AllreduceFn(torch.autograd.Function):
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=None):
-    """Reduce ``tensor`` over every rank (default op: Average); differentiable.
+    """Reduce ``tensor`` element-wise over every rank and return the result; differentiable.
+
+    Every rank of the process set must call it, in the same order.
 
     Args:
-        tensor: CPU or CUDA tensor, same shape, dtype and kind of memory on every rank.
-        average: deprecated; False means Sum.
-        name: unique among this rank's pending collectives; generated if None.
-        compression: Compression.none or Compression.fp16 (compresses on the wire).
-        op: Sum, Average, Min, Max or Product.
-        prescale_factor, postscale_factor: multiply the input before / the result after.
-        process_set: None (all ranks).
+        tensor: a CPU or CUDA tensor of a supported dtype, with the same shape, dtype and kind
+            of memory on every rank. A non-contiguous tensor is sent as a contiguous copy.
+        average: deprecated (Horovod's); False means ``op=Sum``. Use ``op``.
+        name: the tensor's name, unique among this rank's collectives not yet synchronized;
+            generated when None (then every rank must leave it None).
+        compression: ``Compression.none`` (the default) or ``Compression.fp16``, which sends
+            floating-point tensors as float16 and returns the result in ``tensor``'s dtype.
+        op: ``hvd.Average`` (the default), ``Sum``, ``Min``, ``Max``, ``Product`` or
+            ``Adasum``.
+        prescale_factor: multiply the input by this before the reduction.
+        postscale_factor: multiply the result by this after it.
+        process_set: the :class:`~hvlite.process_sets.ProcessSet` to reduce over (None: every
+            rank); this rank must be a member.
     Returns:
-        A new tensor with the reduced values.
+        A new tensor with the reduced values, of ``tensor``'s shape and dtype, on its device.
+        Its gradient is the allreduce of the output's gradient with the same op and factors.
     Raises:
-        MismatchError: ranks disagree on shape, dtype, op or factors (every rank raises).
+        TypeError: not a tensor, an unsupported dtype, or a device that is neither CPU nor CUDA.
+        ValueError: both ``average`` and ``op`` given, or an unknown op.
+        MismatchError: the ranks disagree on the dtype, shape, op, factors or kind of memory
+            (every rank raises, naming the tensor and the ranks).
+        HvliteInvalidArgument: the name is in flight on this rank, or this rank is not in
+            ``process_set``.
+        HvliteNotSupportedError: Adasum on a dtype or set it does not run on; a CUDA tensor
+            inside a CUDA graph capture.
     """
     op = reduce_op(average, op)
     compressed, ctx = compression.compress(_check_tensor(tensor))
@@ -317,6 +345,9 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=None):
+    """As :func:`grouped_allreduce`, but returns at once with one handle for the whole group;
+    :func:`synchronize` gives the list of results. Not differentiable, no ``compression``.
+    """
     return _submit_group(lambda t, n: allreduce_async(t, average, n, op, prescale_factor,
                                                       postscale_factor, process_set),
                          tensors, name, "grouped_allreduce", process_set)
@@ -339,8 +370,21 @@ class _GroupedAllreduceFn(torch.autograd.Function):
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=None):
-    """Allreduce a list of tensors submitted together, so they fuse; differentiable (each
-    gradient as in ``allreduce``, reduced as one group)."""
+    """Allreduce each tensor of ``tensors`` as :func:`allreduce` does, submitted together so that
+    the engine fuses them into as few collectives as it can; differentiable.
+
+    Args:
+        tensors: a list of tensors, all on one device (each may have its own shape and dtype).
+        name: a base name; the tensors are named ``<name>.0``, ``<name>.1``, ... (generated
+            when None).
+        average, compression, op, prescale_factor, postscale_factor, process_set: as for
+            :func:`allreduce`.
+    Returns:
+        The list of results, in the order of ``tensors``.
+    Raises:
+        HvliteInvalidArgument: tensors on more than one device (nothing is sent). Otherwise as
+            :func:`allreduce`.
+    """
     op = reduce_op(average, op)
     pairs = [compression.compress(_check_tensor(t)) for t in tensors]
     outs = _GroupedAllreduceFn.apply((name, op, prescale_factor, postscale_factor, process_set),
@@ -350,6 +394,9 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=None):
+    """As :func:`grouped_allreduce_async`, but each result is written into its tensor;
+    :func:`synchronize` returns the list of ``tensors``.
+    """
     return _submit_group(lambda t, n: allreduce_async_(t, average, n, op, prescale_factor,
                                                        postscale_factor, process_set),
                          tensors, name, "grouped_allreduce", process_set)
@@ -357,6 +404,9 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=None):
+    """As :func:`grouped_allreduce`, but each result is written into its tensor; returns the list
+    of ``tensors``. Not differentiable.
+    """
     return grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
                                     postscale_factor, process_set).wait()
 
@@ -403,7 +453,8 @@ def sparse_allreduce_async(tensor, name=None, op=Average, process_set=None):
     Returns:
         A handle; ``handle()`` returns the reduced sparse tensor.
     Raises:
-        TypeError: not a sparse tensor. ValueError: another op.
+        TypeError: not a sparse tensor.
+        ValueError: an op other than Sum and Average.
     """
     if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
         raise TypeError("sparse_allreduce_async expects a sparse COO tensor, got %s"
@@ -425,7 +476,9 @@ def sparse_allreduce_async(tensor, name=None, op=Average, process_set=None):
 # ---- allgather ----
 
 def allgather_async(tensor, name=None, process_set=None):
-    """Start an allgather; the result concatenates every rank's tensor along dim 0."""
+    """As :func:`allgather`, but returns at once with a handle for :func:`synchronize`. Not
+    differentiable.
+    """
     src = _check_tensor(tensor).contiguous().detach()
     return collectives.allgather(_source(src), _output(src), name, process_set)
 
@@ -474,20 +527,42 @@ def _gathered_gradients(ctx, grads):
 
 
 def allgather(tensor, name=None, process_set=None):
-    """Concatenate every rank's ``tensor`` along dim 0 (which may differ per rank); a 0-d
-    tensor counts as one row. Differentiable (see the module docstring)."""
+    """Concatenate every rank's ``tensor`` along the first dimension, in rank order;
+    differentiable.
+
+    Every rank of the process set must call it, in the same order.
+
+    Args:
+        tensor: a CPU or CUDA tensor; its first dimension may differ between ranks, the others
+            and the dtype must agree. A 0-d tensor counts as one row.
+        name: as for :func:`allreduce`.
+        process_set: the set to gather over (None: every rank).
+    Returns:
+        A new tensor holding every rank's rows. Its gradient is this rank's rows of the
+        averaged allreduce of the output's gradient, as in Horovod.
+    Raises:
+        TypeError: not a tensor, or an unsupported dtype or device.
+        MismatchError: the ranks disagree on the dtype or the other dimensions.
+        HvliteInvalidArgument: as for :func:`allreduce`, or a rank has joined.
+    """
     if _needs_graph(_check_tensor(tensor)):
         return _AllgatherFn.apply(tensor, name, process_set)
     return allgather_async(tensor, name, process_set).wait()
 
 
 def grouped_allgather_async(tensors, name=None, process_set=None):
+    """As :func:`grouped_allgather`, but returns at once with one handle for the whole group;
+    :func:`synchronize` gives the list of results. Not differentiable.
+    """
     return _submit_group(lambda t, n: allgather_async(t, n, process_set), tensors, name,
                          "grouped_allgather", process_set)
 
 
 def grouped_allgather(tensors, name=None, process_set=None):
-    """Allgather a list of tensors submitted together; differentiable like ``allgather``."""
+    """As :func:`allgather`, for each tensor of ``tensors`` (all on one device), submitted
+    together so that they fuse; returns the list of results. Differentiable like
+    :func:`allgather`.
+    """
     return list(_GroupedAllgatherFn.apply(name, process_set,
                                           *[_check_tensor(t) for t in tensors]))
 
@@ -495,17 +570,23 @@ def grouped_allgather(tensors, name=None, process_set=None):
 # ---- broadcast ----
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
+    """As :func:`broadcast`, but returns at once with a handle for :func:`synchronize`. Not
+    differentiable.
+    """
     src = _check_tensor(tensor).contiguous().detach()
     return collectives.broadcast(_source(src), _output(src), root_rank, name, process_set)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
+    """As :func:`broadcast_`, but returns at once with a handle for :func:`synchronize`."""
     source, output, finish = _in_place(tensor)
     return collectives.broadcast(source, output, root_rank, name, process_set, finish)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=None):
-    """In-place broadcast: ``tensor`` takes root_rank's values; returns it."""
+    """As :func:`broadcast`, but ``tensor`` takes the root's values and is returned. Not
+    differentiable.
+    """
     return broadcast_async_(tensor, root_rank, name, process_set).wait()
 
 
@@ -523,7 +604,24 @@ class _BroadcastFn(torch.autograd.Function):
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None):
-    """Return root_rank's ``tensor`` on every rank; differentiable."""
+    """Return ``root_rank``'s ``tensor`` on every rank; differentiable.
+
+    Every rank of the process set must call it, in the same order, with the same root.
+
+    Args:
+        tensor: a CPU or CUDA tensor of the same shape and dtype on every rank (the values of
+            ranks other than the root are not used).
+        root_rank: the rank whose values every rank gets (a rank of the job, a member of the
+            set).
+        name: as for :func:`allreduce`.
+        process_set: the set to broadcast in (None: every rank).
+    Returns:
+        A new tensor with the root's values. Its gradient is the averaged allreduce of the
+        output's gradient on the root, and zero elsewhere, as in Horovod.
+    Raises:
+        MismatchError: the ranks disagree on the dtype, shape or root.
+        HvliteInvalidArgument: as for :func:`allreduce`, or a rank has joined.
+    """
     if _needs_graph(_check_tensor(tensor)):
         return _BroadcastFn.apply(tensor, root_rank, name, process_set)
     return broadcast_async(tensor, root_rank, name, process_set).wait()
@@ -542,6 +640,10 @@ def _split_list(splits, name):
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=None):
+    """As :func:`alltoall`, but returns at once with a handle for :func:`synchronize`, which
+    gives the received tensor, or ``(tensor, received_splits)`` when ``splits`` was given. Not
+    differentiable.
+    """
     src = _check_tensor(tensor).contiguous().detach()
     split_list = None if splits is None else _split_list(splits, name)
     # the received splits come back where the splits were (Horovod's GPU tests expect that)
@@ -569,9 +671,26 @@ class _AlltoallFn(torch.autograd.Function):
 
 
 def alltoall(tensor, splits=None, name=None, process_set=None):
-    """Send ``splits[r]`` rows of dim 0 to rank r (equal parts if None); returns the tensor
-    received, in rank order, and, when ``splits`` was given, the rows received from each rank.
-    Differentiable."""
+    """Send rows of ``tensor`` to every rank and return the rows every rank sent here;
+    differentiable.
+
+    Every rank of the process set must call it, in the same order.
+
+    Args:
+        tensor: a CPU or CUDA tensor; its rows (first dimension) are sent in rank order.
+        splits: how many rows go to each rank (integers, one per rank, as a list or a tensor);
+            None splits the rows into equal parts, which then must divide evenly.
+        name: as for :func:`allreduce`.
+        process_set: the set to exchange in (None: every rank).
+    Returns:
+        The rows received, concatenated in rank order; with ``splits``, the tuple
+        ``(tensor, received_splits)``, the rows that came from each rank (on ``splits``'s
+        device), as Horovod returns. The gradient goes back along the received splits.
+    Raises:
+        HvliteInvalidArgument: floating-point or bool ``splits``.
+        ValueError: splits that do not add up to the rows, or rows that do not divide evenly.
+        MismatchError: the ranks disagree on the dtype or the other dimensions.
+    """
     out, received = _AlltoallFn.apply(_check_tensor(tensor), splits, name, process_set)
     return out if splits is None else (out, received)
 
@@ -580,6 +699,9 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescale_factor=1.0,
                         postscale_factor=1.0):
+    """As :func:`reducescatter`, but returns at once with a handle for :func:`synchronize`. Not
+    differentiable, no ``compression``.
+    """
     src = _check_tensor(tensor).contiguous().detach()
     return collectives.reducescatter(_source(src), _output(src), name, reduce_op(None, op),
                                      prescale_factor, postscale_factor, process_set)
@@ -587,6 +709,9 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=None,
                                 prescale_factor=1.0, postscale_factor=1.0):
+    """As :func:`grouped_reducescatter`, but returns at once with one handle for the whole group;
+    :func:`synchronize` gives the list of results. Not differentiable, no ``compression``.
+    """
     return _submit_group(lambda t, n: reducescatter_async(t, n, op, process_set, prescale_factor,
                                                           postscale_factor),
                          tensors, name, "grouped_reducescatter", process_set)
@@ -619,8 +744,25 @@ class _ReducescatterFn(torch.autograd.Function):
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=None,
                   prescale_factor=1.0, postscale_factor=1.0):
-    """Reduce ``tensor`` over every rank (default Average) and return this rank's rows of dim 0
-    (dim0 // size, plus one if rank < dim0 % size). Differentiable (see the module docstring)."""
+    """Reduce ``tensor`` over every rank and return this rank's share of the rows;
+    differentiable.
+
+    Every rank of the process set must call it, in the same order.
+
+    Args:
+        tensor: a CPU or CUDA tensor of the same shape and dtype on every rank.
+        name: as for :func:`allreduce`.
+        compression: as for :func:`allreduce`.
+        op: ``hvd.Average`` (the default), ``Sum``, ``Min``, ``Max`` or ``Product``.
+        process_set: the set to reduce over (None: every rank).
+        prescale_factor, postscale_factor: as for :func:`allreduce`.
+    Returns:
+        A new tensor holding rank r's rows of the result (``dim0 // size`` rows, plus one if
+        ``r < dim0 % size``). Its gradient is the allgather of the output's gradient times the
+        factors (and times the set's size for Sum), as in Horovod.
+    Raises:
+        HvliteNotSupportedError: the op is Adasum. Otherwise as for :func:`allreduce`.
+    """
     compressed, ctx = compression.compress(_check_tensor(tensor))
     out, = _ReducescatterFn.apply((False, name, reduce_op(None, op), process_set, prescale_factor,
                                    postscale_factor), compressed)
@@ -629,8 +771,10 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Reducescatter a list of tensors submitted together; differentiable like
-    ``reducescatter``."""
+    """As :func:`reducescatter`, for each tensor of ``tensors`` (all on one device), submitted
+    together so that they fuse; returns the list of results. Differentiable like
+    :func:`reducescatter`.
+    """
     pairs = [compression.compress(_check_tensor(t)) for t in tensors]
     outs = _ReducescatterFn.apply((True, name, reduce_op(None, op), process_set, prescale_factor,
                                    postscale_factor), *[c for c, _ in pairs])
@@ -640,22 +784,44 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
 # ---- barrier, handles ----
 
 barrier = _np_ops.barrier
+"""Return once every rank of the process set has called ``barrier(process_set=None)``; as
+:func:`hvlite.barrier`."""
 
 
 def join(device=-1, process_set=None):
-    """Declare that this rank has no more batches; see ``hvlite.join``. ``device`` is accepted
-    for Horovod compatibility (the engine needs no device for it). Returns the rank that joined
-    last."""
+    """Declare that this rank has no more batches (uneven inputs), as :func:`hvlite.join` does:
+    until every rank has joined, this rank takes part in the others' allreduces with zeros.
+
+    Args:
+        device: accepted for Horovod compatibility; the engine needs no device for it.
+        process_set: the set whose ranks join (None: every rank).
+    Returns:
+        The rank that joined last.
+    """
     return _np_ops.join(process_set)
 
 
 def poll(handle):
-    """True if the async collective behind ``handle`` has finished."""
+    """Say whether the collective behind ``handle`` has finished, without waiting.
+
+    Args:
+        handle: what an ``_async`` function returned.
+    Returns:
+        True once :func:`synchronize` would return at once.
+    """
     return handle.poll()
 
 
 def synchronize(handle):
-    """Wait for an async collective and return its result (raises its error)."""
+    """Wait for the collective behind ``handle`` and return its result.
+
+    Args:
+        handle: what an ``_async`` function (or :func:`sparse_allreduce_async`) returned.
+    Returns:
+        The result the blocking form would have returned.
+    Raises:
+        TypeError: ``handle`` is not a handle; otherwise the collective's own error.
+    """
     if not isinstance(handle, (Handle, Group, _SparseHandle)):
         raise TypeError("synchronize() expects a handle from an *_async call")
     return handle.wait()

@@ -1,5 +1,10 @@
 """Horovod's ``DistributedOptimizer`` for torch on the hvlite engine.
 
+``hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())`` wraps a torch
+optimizer so that ``loss.backward()`` also averages the gradients over every rank: when it
+returns, ``p.grad`` holds the same averaged gradients on every rank, as with DDP, and
+``optimizer.step()`` applies them. Every rank builds the same model and runs the same steps.
+
 Contract: ``DistributedOptimizer(optimizer, ...)`` returns an optimizer of a subclass of
 ``type(optimizer)`` sharing its state and param groups. A hook on every parameter notes when
 backward has accumulated its gradient ``backward_passes_per_step`` times; gradients are then
@@ -119,6 +124,8 @@ class _DistributedOptimizer:
 
     @property
     def backward_passes_per_step(self):
+        """The backward passes accumulated per step; setting it calls
+        ``set_backward_passes_per_step``."""
         return self._passes
 
     @backward_passes_per_step.setter
@@ -127,7 +134,11 @@ class _DistributedOptimizer:
 
     def set_backward_passes_per_step(self, passes):
         """Accumulate gradients over ``passes`` backward passes per step (Horovod's); the
-        step in progress starts over: call it between steps."""
+        step in progress starts over: call it between steps.
+
+        Raises:
+            ValueError: ``passes`` < 1.
+        """
         if passes < 1:
             raise ValueError("backward_passes_per_step must be >= 1")
         self._passes = passes
@@ -281,6 +292,8 @@ class _DistributedOptimizer:
             self._should_synchronize = True
 
     def step(self, closure=None):
+        """Synchronize the gradients (unless inside ``skip_synchronize()``), then run the
+        wrapped optimizer's ``step``."""
         if self._should_synchronize:
             if self._synchronized:
                 warn_once("step after synchronize",
@@ -295,6 +308,12 @@ class _DistributedOptimizer:
         return super().step(closure)
 
     def zero_grad(self, set_to_none=True):
+        """The wrapped optimizer's ``zero_grad``.
+
+        Raises:
+            RuntimeError: called between ``backward()`` and ``step()``/``synchronize()``, while
+                gradients are still being allreduced.
+        """
         if self._handles or self._bucket:
             raise RuntimeError("optimizer.zero_grad() was called after loss.backward() but before "
                                "optimizer.step() or optimizer.synchronize()")
@@ -308,6 +327,18 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          bucket_bytes=25 << 20):
     """Wrap ``optimizer`` so that gradients are averaged (or summed) over every rank.
 
+    The gradients are allreduced during ``backward()``, as each is ready, and are in ``p.grad``
+    when it returns; ``step()`` then applies them. Every rank must build the same model and call
+    ``backward()``/``step()`` in the same pattern. Besides the wrapped optimizer's methods, the
+    result has Horovod's:
+
+    * ``synchronize()``: wait for every gradient's allreduce and write the results into
+      ``p.grad`` (at once where ``backward()`` already did);
+    * ``skip_synchronize()``: a context manager in which ``step()`` does not synchronize, for
+      a ``step()`` after an explicit ``synchronize()`` (to clip the averaged gradients first);
+    * ``set_backward_passes_per_step(n)`` (or setting ``backward_passes_per_step``): change
+      the accumulation between steps.
+
     Args:
         optimizer: a torch.optim.Optimizer over the model's parameters.
         named_parameters: ``model.named_parameters()``; names the allreduces (recommended).
@@ -318,20 +349,25 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             parameter changes are Adasum-reduced; see ``hvlite.torch.adasum_optimizer``).
         gradient_predivide_factor: divide gradients by this before the sum and multiply after
             (Average only), to keep float16 sums in range.
-        num_groups / groups: submit gradients in groups (all of a group once it is complete).
+        num_groups: submit gradients in this many groups (all of a group once it is complete).
+        groups: an integer (as ``num_groups``), or a list of lists of parameters, each list
+            submitted together once all of it is ready (the other parameters in buckets).
         sparse_as_dense: densify sparse gradients instead of allgathering them.
         process_set: the ProcessSet whose members average these gradients (None: every rank).
-        bucket_bytes: (hvlite) without groups, gradients are submitted in backward order each
-            time this many bytes are ready, and the rest at step, as one burst the engine fuses.
-            0 submits each gradient when it is ready (Horovod's behaviour). The default, 25 MiB,
-            is DDP's bucket size: on a machine without spare cores a collective that runs during
-            backward competes with it (2 cores, 2 ranks, ResNet-34 layout: per-gradient 307-321
-            ms/step, one end-of-step bucket 286 ms, compute alone 264 ms); models larger than a
-            bucket still overlap communication with backward.
+        bucket_bytes: (hvlite's) without groups, gradients are submitted in backward order
+            each time this many bytes are ready, and the rest at the end of backward, as one
+            burst the engine fuses. 0 submits each gradient when it is ready (Horovod's
+            behaviour). The default, 25 MiB, is DDP's bucket size: on a machine without spare
+            cores a collective that runs during backward competes with it (measured in
+            :doc:`/benchmarks`); models larger than a bucket still overlap communication with
+            backward.
     Returns:
         An optimizer whose class derives from ``type(optimizer)``.
     Raises:
-        ValueError: bad arguments, or parameters that differ across ranks (on every rank).
+        ValueError: bad arguments (an op other than Average, Sum and Adasum;
+            ``gradient_predivide_factor`` with an op other than Average;
+            ``backward_passes_per_step`` < 1), or parameters that differ across ranks (on every
+            rank).
     """
     if op == Adasum:
         if gradient_predivide_factor != 1.0:

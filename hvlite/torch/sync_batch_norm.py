@@ -101,6 +101,13 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
             raise ValueError("expected at least 2D input (got %dD input)" % input.dim())
 
     def forward(self, input):
+        """Normalize ``input`` (at least 2-D, channels in dimension 1): in training with more
+        than one rank, by the statistics of every rank's batch (collective: every rank calls
+        it, in the same order); otherwise as ``torch.nn.BatchNorm2d`` does.
+
+        Raises:
+            ValueError: ``input`` has fewer than 2 dimensions.
+        """
         self._check_input_dim(input)
         if not self.training or size() == 1:
             return super().forward(input)

@@ -216,8 +216,9 @@ def test_session_ops_fetched_together_run_in_one_order():
 
 def test_session_ops_already_run_fetched_again_together():
     """Ops that already ran are not chained; fetched again together, each holds one TensorFlow
-    thread while it waits, so a Session with at least that many inter-op threads (the README's
-    advice) runs every one of them at every fetch (Horovod's allgather-fused test pattern)."""
+    thread while it waits, so a Session with at least that many inter-op threads (the advice of
+    docs/guides/tensorflow.md) runs every one of them at every fetch (Horovod's allgather-fused
+    test pattern)."""
     config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=16,
                                       use_per_session_threads=True)
     with context.graph_mode(), tf.Graph().as_default(), \

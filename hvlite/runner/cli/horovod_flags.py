@@ -4,7 +4,8 @@ hvlite has nothing behind.
 
 Contract:
   * :func:`add_horovod_flags` adds them to hvlrun's parser, out of ``--help``'s list (the
-    README's "Launch" section lists them). Second names that sit where hvlrun's own flags are
+    hvlrun reference lists them: ``docs/reference/_horovodrun_flags.md``, which
+    ``tools/docs_reference.py`` writes; ``docs/migrating.md`` says what each does). Second names that sit where hvlrun's own flags are
     made (``-cb``, ``-hostfile``, ``--min-num-proc``, ``--max-num-proc``,
     ``-prefix-timestamp``) are ``flags.py``'s.
   * :func:`apply_horovod_flags` runs after parsing and before anything reads the flags:

@@ -1,6 +1,13 @@
 """hvlite.tensorflow.keras: Horovod's ``horovod.tensorflow.keras`` API for Keras 3 (TensorFlow
 backend) on the hvlite engine.
 
+``import hvlite.tensorflow.keras as hvd``, then wrap the optimizer with
+``hvd.DistributedOptimizer`` before ``model.compile``, and pass
+``hvd.callbacks.BroadcastGlobalVariablesCallback(0)`` (and usually
+``hvd.callbacks.MetricAverageCallback()``) to ``model.fit``: every rank then trains the same
+model on its own share of the data. The :doc:`TensorFlow guide </guides/tensorflow>` shows a
+whole script.
+
 Contract: the public names are Horovod's documented ones: basics (``init``, ``rank``,
 ``size``, ...), ``DistributedOptimizer`` (``.optimizer``), ``broadcast_global_variables``,
 value collectives ``allreduce``/``allgather``/``broadcast``/``reducescatter`` (eager tensors in,
@@ -63,24 +70,61 @@ def broadcast_global_variables(root_rank, model=None):
 
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
               op=None, compression=Compression.none):
-    """Allreduce a tensor-compatible value over every rank (default op: Average); returns a
-    tensor. Collective: every rank calls it, in the same order."""
+    """Reduce ``value`` element-wise over every rank (default op: Average) and return a tensor; as
+    :func:`hvlite.tensorflow.allreduce`, over every rank.
+
+    Collective: every rank calls it, in the same order.
+
+    Args:
+        value: a tensor, or anything ``tf.convert_to_tensor`` takes.
+        name: as for :func:`hvlite.tensorflow.allreduce`.
+        average: deprecated (Horovod's); False means Sum. Use ``op``.
+        prescale_factor: multiply the input by this before the reduction.
+        postscale_factor: multiply the result by this after it.
+        op: ``hvd.Average`` (the default), ``Sum``, ``Min``, ``Max``, ``Product`` or ``Adasum``.
+        compression: ``Compression.none`` or ``Compression.fp16``.
+    Returns:
+        The reduced tensor.
+    Raises:
+        TypeError: an unsupported dtype (before anything is sent).
+        HvliteError: what the engine reports, as for :func:`hvlite.tensorflow.allreduce`.
+    """
     return _ops.allreduce(value, average=average, op=op, name=name, compression=compression,
                           prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
 def allgather(value, name=None):
-    """Concatenate every rank's value along dim 0; returns a tensor. Collective."""
+    """As :func:`hvlite.tensorflow.allgather`, over every rank: concatenate every rank's ``value``
+    along the first dimension and return a tensor. Collective.
+
+    Args:
+        value: a tensor, or anything ``tf.convert_to_tensor`` takes.
+        name: as for :func:`hvlite.tensorflow.allreduce`.
+    """
     return _ops.allgather(value, name=name)
 
 
 def broadcast(value, root_rank, name=None):
-    """root_rank's value on every rank; returns a tensor. Collective."""
+    """As :func:`hvlite.tensorflow.broadcast`, over every rank: return ``root_rank``'s ``value`` as
+    a tensor. Collective.
+
+    Args:
+        value: a tensor, or anything ``tf.convert_to_tensor`` takes.
+        root_rank: the rank whose value every rank gets.
+        name: as for :func:`hvlite.tensorflow.allreduce`.
+    """
     return _ops.broadcast(value, root_rank, name=name)
 
 
 def reducescatter(value, name=None, op=Average):
-    """This rank's rows of the reduction of value over every rank; returns a tensor. Collective."""
+    """As :func:`hvlite.tensorflow.reducescatter`, over every rank: reduce ``value`` and return
+    this rank's rows of the result as a tensor. Collective.
+
+    Args:
+        value: a tensor (at least 1-d), or anything ``tf.convert_to_tensor`` takes.
+        name: as for :func:`hvlite.tensorflow.allreduce`.
+        op: ``hvd.Average`` (the default), ``Sum``, ``Min``, ``Max`` or ``Product``.
+    """
     return _ops.reducescatter(value, name=name, op=op)
 
 

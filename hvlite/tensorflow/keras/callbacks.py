@@ -1,5 +1,10 @@
 """Horovod's Keras callbacks for Keras 3 (``hvd.callbacks.*``).
 
+Pass them to ``model.fit(callbacks=[...])``, the same list on every rank:
+:class:`BroadcastGlobalVariablesCallback` starts every rank from rank 0's weights,
+:class:`MetricAverageCallback` averages the epoch's metrics over the ranks, and the learning
+rate callbacks warm up and schedule the learning rate.
+
 Contract: every rank must use the same callbacks in the same order (the collective ones talk
 to the other ranks). ``BroadcastGlobalVariablesCallback`` assigns root_rank's model and
 optimizer variables to every rank when training begins (where every rank has the same ones),
@@ -49,19 +54,26 @@ def _step_counter(optimizer):
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
-    """Broadcast the model's and optimizer's variables from root_rank when training begins,
-    and the lot once more after the first batch if it created variables."""
+    """Broadcast ``root_rank``'s model and optimizer variables to every rank when training begins,
+    and all of them once more after the first batch if that batch created variables.
+
+    Put it in every rank's callbacks (it is collective), so every rank starts from the same
+    weights.
+
+    Args:
+        root_rank: the rank whose variables every rank takes.
+        device: accepted for compatibility.
+        local_variables: variables each rank keeps (not broadcast).
+    """
 
     def __init__(self, root_rank, device="", local_variables=None):
-        """Args:
-            root_rank: the rank whose variables every rank takes.
-            device: accepted for compatibility.
-            local_variables: variables each rank keeps (not broadcast).
-        """
         super().__init__()
         self.root_rank = root_rank
+        """The rank whose variables every rank takes."""
         self.local_variables = list(local_variables or [])
+        """The variables each rank keeps."""
         self.broadcast_done = False
+        """True once the last broadcast was made."""
         self._sent = None          # ids of the variables broadcast at train begin
 
     def _variables(self):
@@ -107,10 +119,14 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
-    """Average every metric in the epoch-end logs over the ranks."""
+    """Replace every metric in the epoch-end logs by its average over the ranks, in one allreduce;
+    put it before callbacks that read the logs (checkpoints, early stopping).
+
+    Args:
+        device: accepted for compatibility.
+    """
 
     def __init__(self, device=""):
-        """Args: device: accepted for compatibility."""
         super().__init__()
 
     def on_epoch_end(self, epoch, logs=None):
@@ -129,27 +145,45 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
 
 class LearningRateScheduleCallback(keras.callbacks.Callback):
-    """Set the learning rate to ``initial_lr * multiplier(epoch)`` in [start_epoch, end_epoch)."""
+    """Set the learning rate to ``initial_lr * multiplier(epoch)`` in the epochs from
+    ``start_epoch`` up to (not including) ``end_epoch``.
+
+    The optimizer's learning rate must be a number, not a schedule object.
+
+    Args:
+        initial_lr: the base learning rate.
+        multiplier: a constant, or a function of the epoch (fractional at each batch, unless
+            ``staircase``).
+        start_epoch: the first epoch it applies to.
+        end_epoch: the first epoch it no longer applies to (None: no end).
+        staircase: set the rate once per epoch (True) or at every batch.
+        momentum_correction: accepted; no effect (Keras 3 optimizers fix momentum when the
+            train step is traced).
+        steps_per_epoch: batches per epoch; default: what ``model.fit`` reports.
+    Raises:
+        ValueError: (when training begins or the rate is set) no ``steps_per_epoch`` for a
+            per-batch schedule, or a learning rate that is a schedule object.
+    """
 
     def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
                  momentum_correction=True, steps_per_epoch=None):
-        """Args:
-            initial_lr: the base learning rate.
-            multiplier: a constant, or a function of the (fractional, unless staircase) epoch.
-            start_epoch, end_epoch: the epochs it applies to (end excluded; None: no end).
-            staircase: update once per epoch (True) or at every batch.
-            momentum_correction: accepted; no effect (see the module docstring).
-            steps_per_epoch: batches per epoch; default: what model.fit reports.
-        """
         super().__init__()
         self.initial_lr = initial_lr
+        """The base learning rate."""
         self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        """The multiplier, as a function of the epoch."""
         self.start_epoch = start_epoch
+        """The first epoch it applies to."""
         self.end_epoch = end_epoch
+        """The first epoch it no longer applies to, or None for no end."""
         self.staircase = staircase
+        """True to set the rate once per epoch, False to set it at every batch."""
         self.momentum_correction = momentum_correction
+        """Accepted; no effect."""
         self.steps_per_epoch = steps_per_epoch
+        """Batches per epoch (set from ``model.fit`` at train begin when None)."""
         self.current_epoch = 0
+        """The epoch in progress."""
 
     def _in_range(self, epoch):
         return self.start_epoch <= epoch and (self.end_epoch is None or epoch < self.end_epoch)
@@ -183,19 +217,20 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
-    """Ramp the learning rate from ``initial_lr / size`` to ``initial_lr`` over
-    ``warmup_epochs``, at every batch: lr = initial_lr / size * (epoch * (size - 1) /
-    warmup_epochs + 1), epoch fractional."""
+    """Ramp the learning rate from ``initial_lr / size`` to ``initial_lr`` over ``warmup_epochs``,
+    at every batch (Goyal et al.): lr = initial_lr / size * (epoch * (size - 1) /
+    warmup_epochs + 1), with a fractional epoch; ``initial_lr`` exactly when it ends.
+
+    Args:
+        initial_lr: the learning rate reached at the end of the warmup.
+        warmup_epochs: epochs of warmup.
+        momentum_correction: accepted; no effect.
+        steps_per_epoch: batches per epoch; default: what ``model.fit`` reports.
+        verbose: if > 0, rank 0 prints the learning rate when the warmup ends.
+    """
 
     def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
                  steps_per_epoch=None, verbose=0):
-        """Args:
-            initial_lr: the learning rate reached at the end of the warmup.
-            warmup_epochs: epochs of warmup.
-            momentum_correction: accepted; no effect.
-            steps_per_epoch: batches per epoch; default: what model.fit reports.
-            verbose: rank 0 prints the learning rate when the warmup ends.
-        """
         def multiplier(epoch):
             n = size()
             return 1.0 / n * (epoch * (n - 1) / warmup_epochs + 1)
@@ -203,7 +238,9 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
                          staircase=False, momentum_correction=momentum_correction,
                          steps_per_epoch=steps_per_epoch)
         self.warmup_epochs = warmup_epochs
+        """Epochs of warmup."""
         self.verbose = verbose
+        """Rank 0 prints the learning rate when the warmup ends if > 0."""
 
     def on_epoch_end(self, epoch, logs=None):
         if epoch == self.warmup_epochs - 1:     # the ramp ends at initial_lr exactly
@@ -216,16 +253,25 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
 class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
     """Keras's ``ModelCheckpoint(save_best_only=True)``, whose ``filepath`` is set after it is
-    made (see the module docstring)."""
+    made (Horovod's estimators set it): set ``callback.filepath`` (a ``.keras`` file, or
+    ``.weights.h5`` with ``save_weights_only``) before training.
+
+    Args:
+        monitor, verbose, save_weights_only, mode, save_freq: as for
+            ``keras.callbacks.ModelCheckpoint``.
+    Raises:
+        ValueError: (when training begins) no ``filepath`` set, or one Keras cannot save this
+            way.
+    """
 
     def __init__(self, monitor="val_loss", verbose=0, save_weights_only=False, mode="auto",
                  save_freq="epoch"):
-        """Args: as ``keras.callbacks.ModelCheckpoint``'s (``save_best_only`` is True)."""
         # Keras 3 checks the path's extension here: a stand-in passes, and is taken away
         super().__init__("best.weights.h5" if save_weights_only else "best.keras",
                          monitor=monitor, verbose=verbose, save_best_only=True,
                          save_weights_only=save_weights_only, mode=mode, save_freq=save_freq)
         self.filepath = None
+        """Where to save the best model; set it before training."""
 
     def on_train_begin(self, logs=None):
         """Raises:

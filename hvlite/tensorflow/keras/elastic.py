@@ -1,5 +1,10 @@
 """``hvd.elastic`` for Keras 3: ``KerasState`` and Horovod's elastic callbacks.
 
+Keep the model in a ``KerasState(model, epoch=0, batch=0)``, give ``model.fit`` the three
+callbacks below (they record the epoch and batch, and commit), and run ``fit`` inside a
+function decorated with ``run``: an elastic ``hvlrun`` then goes on from the last commit when
+workers are lost or added. The :doc:`elastic guide </guides/elastic>` walks through it.
+
 Contract: ``run``, ``State``, ``ObjectState``, ``HostsUpdatedInterrupt`` and
 ``KerasState(model, optimizer=None, **kwargs)`` (the same as
 ``hvlite.tensorflow.elastic.TensorFlowKerasState``), plus the callbacks, which keep
@@ -29,15 +34,25 @@ __all__ = ["run", "State", "ObjectState", "KerasState", "HostsUpdatedInterrupt",
 
 
 class CommitStateCallback(keras.callbacks.Callback):
-    """Commit ``state`` every ``batches_per_commit`` batches and at each epoch's end (see the
-    module contract)."""
+    """Commit ``state`` every ``batches_per_commit`` batches and at each epoch's end, once the
+    other callbacks have recorded that batch or epoch (at the start of the next one, or at the
+    end of training).
+
+    Args:
+        state: the elastic state to commit (usually a ``KerasState``).
+        batches_per_commit: batches between commits.
+    Raises:
+        ValueError: ``batches_per_commit`` < 1.
+    """
 
     def __init__(self, state: State, batches_per_commit: int = 1) -> None:
         super().__init__()
         if batches_per_commit < 1:
             raise ValueError("batches_per_commit must be at least 1")
         self.state = state
+        """The state it commits."""
         self.batches_per_commit = batches_per_commit
+        """Batches between commits."""
         self._since = 0
         self._due = False
 
@@ -65,11 +80,18 @@ class CommitStateCallback(keras.callbacks.Callback):
 
 
 class UpdateBatchStateCallback(keras.callbacks.Callback):
-    """Keep ``state.batch`` = batches done in the current epoch."""
+    """Keep ``state.batch`` equal to the batches done in the current epoch, counting on from its
+    value when the epoch began (so a world that resumes mid-epoch keeps counting); 0 at the
+    epoch's end.
+
+    Args:
+        state: the elastic state, with a ``batch`` attribute.
+    """
 
     def __init__(self, state: State) -> None:
         super().__init__()
         self.state = state
+        """The state whose counter it keeps."""
         self._offset = 0
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -83,11 +105,16 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
 
 
 class UpdateEpochStateCallback(keras.callbacks.Callback):
-    """Keep ``state.epoch`` = epochs done."""
+    """Keep ``state.epoch`` equal to the epochs done, counting on from its value when ``fit`` began.
+
+    Args:
+        state: the elastic state, with an ``epoch`` attribute.
+    """
 
     def __init__(self, state: State) -> None:
         super().__init__()
         self.state = state
+        """The state whose counter it keeps."""
         self._base = 0
         self._first = None
 

@@ -1,5 +1,10 @@
 """Keras 3 ``DistributedOptimizer``: the wrapped optimizer, with gradients allreduced first.
 
+``model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(...)), ...)``: every
+step of ``model.fit`` then averages the gradients over every rank before applying them. Mixed
+precision (``LossScaleOptimizer``) and gradient accumulation (``backward_passes_per_step``)
+work as in Horovod; XLA (``jit_compile=True``) does not.
+
 Contract:
 - ``DistributedOptimizer(optimizer, ...)`` returns an optimizer of a subclass of the wrapped
   optimizer's class (same class name and module, so models saved with it load anywhere as the
@@ -172,18 +177,32 @@ def _in_front(mixin, cls):
 
 
 def is_distributed(optimizer):
-    """True if ``optimizer`` allreduces its gradients (made by ``DistributedOptimizer``; for a
-    ``LossScaleOptimizer``, its inner optimizer)."""
+    """Whether ``optimizer`` allreduces its gradients.
+
+    Args:
+        optimizer: a Keras optimizer; for a ``LossScaleOptimizer``, its inner one is asked.
+    Returns:
+        True if :func:`DistributedOptimizer` (or :func:`wrap_in_place`) made it.
+    """
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         optimizer = optimizer.inner_optimizer
     return isinstance(optimizer, _DistributedMixin)
 
 
 def wrap_in_place(optimizer, **options):
-    """Make an existing (possibly built) optimizer distributed, keeping its state; returns it.
+    """Make an existing (possibly built) optimizer distributed, keeping its state.
+
     A ``LossScaleOptimizer`` keeps its place around its inner optimizer, which is made
     distributed, and gets the agreed check (what ``compile`` makes under ``mixed_float16``),
-    so a rank that loaded it trains with the same collectives as ranks that compiled afresh."""
+    so a rank that loaded it trains with the same collectives as ranks that compiled afresh.
+
+    Args:
+        optimizer: a Keras optimizer.
+        **options: ``compression``, ``sparse_as_dense``, ``op``, ``gradient_predivide_factor``,
+            ``num_groups``, ``groups``, ``process_set``, as for :func:`DistributedOptimizer`.
+    Returns:
+        ``optimizer`` itself, now distributed.
+    """
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         wrap_in_place(optimizer.inner_optimizer, **options)
         optimizer.__class__ = _in_front(_FiniteEverywhere, optimizer.__class__)
@@ -225,12 +244,19 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             accumulated locally in between (see the module docstring).
         average_aggregated_gradients: with backward_passes_per_step > 1, average the
             accumulated gradients over the steps (False, the default: sum them).
-        device_*, scale_local_gradients: accepted for compatibility.
-        process_set: the process set to reduce over.
+        device_dense: accepted for compatibility (data goes through host memory).
+        device_sparse: accepted for compatibility.
+        process_set: the set to reduce over (default: every rank).
+        scale_local_gradients: accepted for compatibility (it applies to
+            :func:`PartialDistributedOptimizer`'s local layers).
     Returns:
         The distributed optimizer (a new one, or ``optimizer`` itself if it was built).
     Raises:
-        TypeError: not a Keras optimizer. ValueError: unsupported arguments.
+        TypeError: not a Keras optimizer.
+        ValueError: ``gradient_predivide_factor`` with an op other than Average; ``groups``
+            neither an integer > 0 nor a list of lists; ``backward_passes_per_step`` < 1, or
+            > 1 with a built, wrapped or ``LossScaleOptimizer`` optimizer, or one that already
+            has ``gradient_accumulation_steps``.
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError("DistributedOptimizer expects a keras.optimizers.Optimizer, got %s"
@@ -286,14 +312,18 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
                                 backward_passes_per_step=1, average_aggregated_gradients=False,
                                 groups=None, process_set=global_process_set, local_layers=None,
                                 scale_local_gradients=True):
-    """``DistributedOptimizer`` that keeps the gradients of ``local_layers``' trainable weights
-    on this rank (divided by the set's size when ``scale_local_gradients``, as Horovod does).
+    """As :func:`DistributedOptimizer`, but the gradients of ``local_layers``' trainable
+    weights stay on this rank (divided by the set's size when ``scale_local_gradients``, as
+    Horovod does). The arguments not listed here are as for :func:`DistributedOptimizer`.
 
     Args:
-        local_layers: a Keras layer or a list of them. Others as ``DistributedOptimizer``.
+        local_layers: a Keras layer or a list of them.
+        scale_local_gradients: divide the local gradients by the set's size (the default).
+    Returns:
+        The distributed optimizer.
     Raises:
-        ValueError: an item of ``local_layers`` is not a Keras layer. Others as
-            ``DistributedOptimizer``.
+        ValueError: an item of ``local_layers`` is not a Keras layer; otherwise as
+            :func:`DistributedOptimizer`.
     """
     local_layers = _local_layer_list(local_layers, "PartialDistributedOptimizer")
     distributed = DistributedOptimizer(
