@@ -10,7 +10,7 @@ Contract:
   * :func:`job_processes` lists the processes of hvlite jobs still running on any simulated
     host (hvlrun's wrappers and guards, MPI's proxies, rank processes, slot actors): after a
     test, there must be none (:func:`assert_no_job_left`, within a few seconds).
-  * :func:`host_tables`: the drivers' host-table directories, none of which may be left.
+  * :func:`host_tables`: the host-table directories a driver left in its own TMPDIR.
   * :func:`shm_files` and :func:`new_unheld_shm`: the ``/dev/shm`` files that appeared since a
     snapshot and that no live process maps or holds open; other runs on this machine
     (parallel test suites) create and remove their own meanwhile, and theirs are held while
@@ -129,10 +129,10 @@ def assert_no_job_left(sim, seconds: float = 15.0) -> None:
     assert not left, "processes of a job left on the simulated hosts: %s" % left
 
 
-def host_tables() -> Set[str]:
-    """The drivers' host-table directories in the temporary directory (``hvlite-cluster-*``)."""
-    import tempfile
-    root = tempfile.gettempdir()
+def host_tables(root: str) -> Set[str]:
+    """The host-table directories (``hvlite-cluster-*``) a driver whose ``TMPDIR`` is ``root``
+    left there (each test file gives its driver a ``TMPDIR`` of its own, so another run's
+    tables, in the shared temporary directory, are never counted)."""
     return {n for n in os.listdir(root) if n.startswith("hvlite-cluster-")}
 
 

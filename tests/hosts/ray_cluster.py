@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MULTIPLIER = float(os.environ.get("HVLITE_TEST_TIMEOUT_MULTIPLIER", "1"))
@@ -52,6 +52,7 @@ class RayCluster:
         self.token = secrets.token_hex(32)
         self.port = 6379
         self.temp_dirs: List[str] = []
+        self.driver_tmp: Optional[str] = None
         self.head = sim.hosts[0]
         self.address = "%s:%d" % (sim.addr(self.head), self.port)
 
@@ -62,6 +63,8 @@ class RayCluster:
                     "RAY_ADDRESS": self.address, "RAY_USAGE_STATS_ENABLED": "0",
                     "RAY_DEDUP_LOGS": "0", "UCX_TLS": "tcp,self", "HVLITE_LOG_LEVEL": "warning"})
         env.pop("HVLITE_TEST_FAKE_HOSTS", None)
+        if self.driver_tmp:          # the drivers' host tables, apart from any other run's
+            env["TMPDIR"] = self.driver_tmp
         return env
 
     def _temp_dir(self) -> str:

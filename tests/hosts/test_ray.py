@@ -41,10 +41,11 @@ def cluster(tmp_path_factory):
     why = ray_missing() or missing_requirements()
     if why:
         pytest.skip(why)
-    before, tables = shm_files(), host_tables()
+    before = shm_files()
     sim = SimHosts(3, tmp_path_factory.mktemp("ray-hosts"))
     sim.start()
     ray_cluster = RayCluster(sim)
+    ray_cluster.driver_tmp = str(tmp_path_factory.mktemp("ray-driver-tmp"))
     try:
         ray_cluster.start()
         sys.stdout.write("\n[ray] cluster of 3 nodes up in %.1f s\n" % ray_cluster.start_seconds)
@@ -56,7 +57,8 @@ def cluster(tmp_path_factory):
     assert not any(os.path.exists(p) for p in ray_cluster.temp_dirs), "Ray's directories left"
     time.sleep(1.0)
     assert not new_unheld_shm(before), "/dev/shm files left: %s" % new_unheld_shm(before)
-    assert host_tables() <= tables, "host tables left: %s" % (host_tables() - tables)
+    assert not host_tables(ray_cluster.driver_tmp), \
+        "host tables left: %s" % host_tables(ray_cluster.driver_tmp)
 
 
 @pytest.fixture

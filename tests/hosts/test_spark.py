@@ -41,14 +41,16 @@ def cluster(tmp_path_factory):
     why = spark_missing() or missing_requirements()
     if why:
         pytest.skip(why)
-    before, tables = shm_files(), host_tables()
+    before = shm_files()
+    driver_tmp = str(tmp_path_factory.mktemp("spark-driver-tmp"))
     sim = SimHosts(3, tmp_path_factory.mktemp("spark-hosts"))
     sim.start()
     spark = SparkCluster(sim, {"h2": 2, "h3": 1})
     driver = None
     try:
         spark.start()
-        driver = Driver(spark.driver(DRIVER), spark.env(), 1500, interactive=True)
+        driver = Driver(spark.driver(DRIVER), dict(spark.env(), TMPDIR=driver_tmp), 1500,
+                        interactive=True)
         session = driver.answer(0, 180)
         sys.stdout.write("\n[spark] master and 2 workers up in %.1f s, driver session in %.1f s\n"
                          % (spark.start_seconds, session["seconds"]))
@@ -67,7 +69,7 @@ def cluster(tmp_path_factory):
     assert not os.path.exists(spark.workdir), "Spark's directory left"
     time.sleep(1.0)
     assert not new_unheld_shm(before), "/dev/shm files left: %s" % new_unheld_shm(before)
-    assert host_tables() <= tables, "host tables left: %s" % (host_tables() - tables)
+    assert not host_tables(driver_tmp), "host tables left: %s" % host_tables(driver_tmp)
 
 
 @pytest.fixture
