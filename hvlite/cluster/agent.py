@@ -15,13 +15,12 @@ node's address, with its own threads. It plays two parts:
   * **The door of one rank's process.** The rank process of this slot (``worker.py``) connects
     and says ``hello`` (its rank, world and pid). The agent answers with the slot's setup
     (variables such as ``CUDA_VISIBLE_DEVICES``, the working directory and ``sys.path`` of the
-    engine's worker, and the pid of the process the agent lives in), then either relays calls
-    one at a time (:meth:`Agent.call`: the Ray executor's stateful workers) or, when a job was
-    set (:meth:`Agent.set_job`: Spark, elastic runs), hands every rank process that connects
-    the job's call and keeps its result by world and rank (:meth:`Agent.results`). A rank
-    stand-in (``standin.py``: Ray Train, where the engine's worker itself is the rank) gets
-    frames from the owner (:meth:`Agent.tell_worker`) and sends ``notice`` frames, handed to
-    the owner's ``on_notice``.
+    engine's worker), then either relays calls one at a time (:meth:`Agent.call`: the Ray
+    executor's stateful workers) or, when a job was set (:meth:`Agent.set_job`: Spark, elastic
+    runs), hands every rank process that connects the job's call and keeps its result by world
+    and rank (:meth:`Agent.results`). A rank stand-in (``standin.py``: Ray Train, where the
+    engine's worker itself is the rank) gets frames from the owner (:meth:`Agent.tell_worker`)
+    and sends ``notice`` frames, handed to the owner's ``on_notice``.
 
 Driver-side requests: ``ping`` (``pong``), ``results`` (a pickle of the kept results, for the
 driver to read) and ``finish`` (:meth:`Agent.wait_finished` returns: the Spark task may end).
@@ -334,7 +333,7 @@ class Agent:
             self._lock.notify_all()
         why = "the rank process closed its connection"
         try:
-            channel.send("setup", json.dumps(dict(setup, pid=os.getpid())).encode("utf-8"))
+            channel.send("setup", json.dumps(setup).encode("utf-8"))
             if job is not None:
                 channel.send("job", job)
             while True:

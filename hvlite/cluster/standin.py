@@ -9,42 +9,38 @@ only a child inherits. The stand-in hands them to its slot's worker, which initi
 them and so becomes the rank, while the stand-in stays as the rank's representative for hvlrun:
 
   1. It finds its slot's agent (as ``worker.py`` does) and says ``hello`` with its rank, pid,
-     host and :func:`handover`: the variables the worker's process takes. The agent's setup
-     names the worker's pid.
+     host and :func:`handover`: the variables the worker's process takes.
   2. It waits, and ends as the rank must:
      * ``stop`` from the agent (the job is over): exit 0;
      * ``fail`` with a traceback (the worker's training function raised): the traceback on
        stderr, exit 1; hvlrun then ends the world on every rank;
-     * the agent's connection closes (the worker's process is gone): it says so, removes the
-       job's ``/dev/shm`` files that process held and nobody holds any more, and exits 1;
+     * the agent's connection closes (the worker's process is gone): it says so, exit 1;
      * SIGTERM or SIGINT (hvlrun ends the world, through the rank wrapper): it sends the
        ``notice`` ``end`` (the worker stops its engine at once, so that nobody waits on a peer
        that left) and exits 128 + the signal's number.
 
-Contract: while the worker lives, a thread notes every :data:`LOOK_SECONDS` the job's files it
-maps (``hvlite/runner/procs/job_files.py``: MPI's, made at its init). Without ``PMI_PORT`` (mpiexec ran without ``-pmi-port``, or the MPI is
-not MPICH's hydra) the stand-in says so and exits 1 before saying hello.
+Contract: without ``PMI_PORT`` (mpiexec ran without ``-pmi-port``, or the MPI is not MPICH's
+hydra) the stand-in says so and exits 1 before saying hello. What the stand-in cannot do: outlive
+its node's MPI proxy. When the node's proxy runs below a worker that dies (it runs below the
+agent of the node's first slot), the proxy's output pipe breaks and hydra ends that node's ranks
+with SIGKILL; hvlrun then names the host as lost.
 """
 import json
 import os
 import signal
 import sys
-import threading
-from typing import Dict, Mapping, Optional, Set
+from typing import Dict, Mapping
 
-from ..runner.procs.job_files import held_files, remove_unused
 from .frames import Channel, ChannelError, connect
 from .names import ENV_KEY, ENV_SLOTS
 from .worker import local_rank
 
-__all__ = ["MPI_VARIABLES", "SETTING_PREFIXES", "LOOK_SECONDS", "handover", "main"]
+__all__ = ["MPI_VARIABLES", "SETTING_PREFIXES", "handover", "main"]
 
 # MPI's own: the worker takes them as they are (they make it the rank)
 MPI_VARIABLES = ("PMI_PORT", "PMI_ID", "PMI_HOSTNAME", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
 # hvlrun's and the transports' settings: the worker takes those it does not set itself
 SETTING_PREFIXES = ("HVLITE_", "HOROVOD_", "NCCL_", "FI_", "UCX_", "MPIR_CVAR_")
-LOOK_SECONDS = 1.0
-_REMOVE_WAIT_SECONDS = 1.0
 
 
 def handover(environ: Mapping[str, str]) -> Dict[str, Dict[str, str]]:
@@ -63,34 +59,19 @@ def _say(rank: int, message: str) -> None:
     sys.stderr.flush()
 
 
-class _WorkerFiles:
-    """Notes the job's files the worker's process holds, from a thread, until :meth:`stop`."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid, self.paths = pid, set()     # type: int, Set[str]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self._stop.is_set():
-            self.paths |= held_files(self.pid)
-            self._stop.wait(LOOK_SECONDS)
-
-    def stop(self) -> Set[str]:
-        """Stop looking; return the paths seen."""
-        self._stop.set()
-        self._thread.join(timeout=5)
-        return set(self.paths)
-
-
 class _Ending(Exception):
     """A signal asked this process to end: ``args[0]`` is the exit code."""
+
+
+def _ignore_signals() -> None:
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def _on_signals(channel: Channel) -> None:
     """SIGTERM/SIGINT: tell the worker the world ends, then end (see the module)."""
     def ending(signum, _frame):
+        _ignore_signals()               # the guard's own SIGTERM may follow the wrapper's
         try:
             channel.send("notice", b"end")
         except ChannelError:
@@ -102,34 +83,22 @@ def _on_signals(channel: Channel) -> None:
 
 def _serve(channel: Channel, rank: int) -> int:
     """Wait for the agent's frames; return the exit code (see the module)."""
-    watcher: Optional[_WorkerFiles] = None
-    worker = "its worker"
     try:
         while True:
             kind, data = channel.recv()
-            if kind == "setup":
-                pid = int(json.loads(data.decode("utf-8")).get("pid", 0))
-                if pid:
-                    watcher, worker = _WorkerFiles(pid), "its worker (pid %d)" % pid
-            elif kind == "stop":
+            if kind == "stop":
                 return 0
-            elif kind == "fail":
+            if kind == "fail":
                 sys.stdout.flush()
                 sys.stderr.write(data.decode("utf-8", "replace"))
                 sys.stderr.flush()
                 return 1
-            elif kind == "refused":
+            if kind == "refused":
                 _say(rank, "the agent refused it: %s" % data.decode("utf-8", "replace"))
                 return 1
     except ChannelError as e:
-        _say(rank, "%s is gone (%s)" % (worker, e))
-        if watcher is not None:
-            remove_unused(watcher.stop(), wait=_REMOVE_WAIT_SECONDS)
-            watcher = None
+        _say(rank, "its worker is gone (%s)" % e)
         return 1
-    finally:
-        if watcher is not None:
-            watcher.stop()
 
 
 def main(environ: Mapping[str, str] = os.environ) -> int:
@@ -163,6 +132,7 @@ def main(environ: Mapping[str, str] = os.environ) -> int:
         _say(rank, "lost the agent of its slot at %s: %s" % (slots[index], e))
         return 1
     finally:
+        _ignore_signals()
         channel.close()
 
 

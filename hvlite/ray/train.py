@@ -9,8 +9,10 @@ worker group starts and before it shuts down) makes them so, on hvlrun:
     node in Ray Train's rank order (each node one hvlrun host, its workers its slots), and
     starts hvlrun over them with hydra's ``-pmi-port`` and ``python -m hvlite.cluster.standin``
     as every rank's command; each stand-in hands its rank's MPI connection to its worker
-    (``train_worker.join``), so ``hvd.init()`` in the loop joins hvlrun's world with
-    ``hvd.rank()`` equal to Ray Train's world rank and ``hvd.local_rank()`` to its local rank;
+    (``train_worker.join``: MPI starts there), so ``hvd.init()`` in the loop joins hvlrun's
+    world with ``hvd.rank()`` equal to Ray Train's world rank and ``hvd.local_rank()`` to its
+    local rank; once all have joined, MPI's ``/dev/shm`` segments lose their names
+    (``train_worker.settle``), so a worker that dies leaves none behind;
   * hvlrun supervises the world as any other: a loop that raises sends its traceback to its
     stand-in, which exits 1, and hvlrun ends the world on every rank (their pending collectives
     fail at once); a worker whose process dies loses its stand-in's connection, likewise;
@@ -32,7 +34,7 @@ Contract:
   * Nothing of a world outlives its worker group: no hvlrun, agent, stand-in, MPI proxy, host
     table or ``/dev/shm`` file of MPI's.
 """
-import logging
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -48,8 +50,13 @@ from .slot import unwrap
 
 __all__ = ["HvliteConfig", "HvliteTrainer"]
 
-logger = logging.getLogger(__name__)
 _LEAVE_SECONDS = 10.0
+
+
+def _say(message: str) -> None:
+    """One line on the controller's stderr (Ray shows it on the driver's), as hvlrun's are."""
+    sys.stderr.write("hvlite.ray: %s\n" % message)
+    sys.stderr.flush()
 
 
 @dataclass
@@ -106,7 +113,7 @@ class _World:
 
     def start(self, group) -> None:
         """Start hvlrun over the group's workers and hand each its rank (see the module)."""
-        config, count = self.config, len(group)
+        config, count, started = self.config, len(group), time.monotonic()
         infos = self._wait(group.execute_async(train_worker.open_slot, self.key),
                            "the workers' agents")
         hosts = _hosts(infos)
@@ -124,6 +131,9 @@ class _World:
         if ranks != list(range(count)):
             raise JobError("hvlite.ray: the stand-ins' ranks %s are not Ray Train's %s"
                            % (ranks, list(range(count))), hvlrun=self.job.said())
+        self._wait(group.execute_async(train_worker.settle), "the workers' MPI files")
+        _say("a world of %d ranks on %d hosts formed in %.1f s"
+             % (count, len(hosts), time.monotonic() - started))
 
     def _wait(self, refs: List[Any], what: str) -> List[Any]:
         """Every result, within ``timeout_s``; stop waiting as soon as hvlrun has ended."""
@@ -155,8 +165,7 @@ class _World:
             if code is None:
                 code = self.job.end()
             if code:
-                logger.info("hvlite: the world of this worker group ended: %s",
-                            self.job.describe_end(code))
+                _say("the world of this worker group ended: %s" % self.job.describe_end(code))
         refs = _quietly(lambda: group.execute_async(train_worker.close), [])
         if refs:
             ray.wait(refs, num_returns=len(refs), timeout=END_GRACE_SECONDS)
