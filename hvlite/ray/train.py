@@ -1,38 +1,36 @@
-"""Ray Train on hvlite: :class:`HvliteTrainer` and :class:`HvliteConfig`, in the shape of Ray's
-removed ``HorovodTrainer`` and ``HorovodConfig``.
-
-Ray Train runs ``train_loop_per_worker`` in worker actors of its own, so those actors' processes
-must be the ranks. The backend (:class:`HvliteConfig`'s, run by Ray Train's controller when a
-worker group starts and before it shuts down) makes them so, on hvlrun:
-
-  * it starts a node agent in every worker (``train_worker.open_slot``), groups the workers by
-    node in Ray Train's rank order (each node one hvlrun host, its workers its slots), and
-    starts hvlrun over them with hydra's ``-pmi-port`` and ``python -m hvlite.cluster.standin``
-    as every rank's command; each stand-in hands its rank's MPI connection to its worker
-    (``train_worker.join``: MPI starts there), so ``hvd.init()`` in the loop joins hvlrun's
-    world with ``hvd.rank()`` equal to Ray Train's world rank and ``hvd.local_rank()`` to its
-    local rank; once all have joined, MPI's ``/dev/shm`` segments lose their names
-    (``train_worker.settle``), so a worker that dies leaves none behind;
-  * hvlrun supervises the world as any other: a loop that raises sends its traceback to its
-    stand-in, which exits 1, and hvlrun ends the world on every rank (their pending collectives
-    fail at once); a worker whose process dies loses its stand-in's connection, likewise;
-  * before the worker group shuts down (the run finished, failed, or Ray Train's
-    ``FailureConfig`` retries it with a fresh worker group and so a fresh world) it shuts
-    hvlite down in every worker, ends hvlrun, closes the agents and removes the host table.
+"""Ray Train on hvlite: :class:`HvliteTrainer` and :class:`HvliteConfig`, in place of Ray's
+removed ``HorovodTrainer`` and ``HorovodConfig``. ``hvd.init()`` in ``train_loop_per_worker``
+joins one hvlite world across Ray Train's workers; see ``docs/guides/ray.md``.
 
 Contract:
+  * Ray Train runs ``train_loop_per_worker`` in worker actors of its own, so those actors'
+    processes must be the ranks. The backend (:class:`HvliteConfig`'s, run by Ray Train's
+    controller when a worker group starts and before it shuts down) makes them so, on hvlrun:
+    it starts a node agent in every worker (``train_worker.open_slot``), groups the workers by
+    node in Ray Train's rank order (each node one hvlrun host, its workers its slots), and
+    starts hvlrun over them with hydra's ``-pmi-port`` and ``python -m hvlite.cluster.standin``
+    as every rank's command. Each stand-in hands its rank's MPI connection to its worker
+    (``train_worker.join``: MPI starts there), so ``hvd.init()`` in the loop joins hvlrun's
+    world with ``hvd.rank()`` equal to Ray Train's world rank and ``hvd.local_rank()`` to its
+    local rank. Once all have joined, MPI's ``/dev/shm`` segments lose their names
+    (``train_worker.settle``), so a worker that dies leaves none behind.
+  * hvlrun supervises the world as any other: a loop that raises sends its traceback to its
+    stand-in, which exits 1, and hvlrun ends the world on every rank (their pending
+    collectives fail at once); a worker whose process dies closes its stand-in's connection.
+  * Before the worker group shuts down (the run finished, failed, or Ray Train's
+    ``FailureConfig`` retries it with a fresh worker group, hence a fresh world) the backend
+    shuts hvlite down in every worker, ends hvlrun, closes the agents and removes the host
+    table: nothing of a world outlives its worker group (no hvlrun, agent, stand-in, MPI proxy,
+    host table or ``/dev/shm`` file of MPI's).
   * ``HvliteTrainer(train_loop_per_worker, *, train_loop_config=None, hvlite_config=None,
     scaling_config=None, run_config=None, datasets=None, dataset_config=None, ...)`` is a Ray
     Train ``DataParallelTrainer`` (Ray Train V2, Ray's default): ``fit()`` returns its
-    ``Result`` (``ray.train.report`` metrics and checkpoints as with Ray's other trainers) or
-    raises its ``TrainingFailedError``. ``horovod_config=`` is accepted for
+    ``Result`` or raises its ``TrainingFailedError``. ``horovod_config=`` is accepted for
     ``hvlite_config=``.
-  * A world that cannot start (hvlrun failed, a stand-in did not come within ``timeout_s``, a
-    worker group whose ranks are not grouped by node) raises :class:`~hvlite.cluster.JobError`
-    from the worker group's start, after cleaning up what it started; Ray Train reports it as a
+  * A world that cannot start (hvlrun failed, a stand-in or MPI's start-up did not come within
+    ``timeout_s``, ranks not grouped by node) raises :class:`~hvlite.cluster.JobError` from the
+    worker group's start, after cleaning up what it started; Ray Train reports it as a
     controller error.
-  * Nothing of a world outlives its worker group: no hvlrun, agent, stand-in, MPI proxy, host
-    table or ``/dev/shm`` file of MPI's.
 """
 import sys
 import time

@@ -25,8 +25,8 @@ group; one slot per worker process, kept in this module):
   * When hvlrun ends the world (the stand-in's ``end`` notice), hvlite's engine here is shut
     down at once: collectives still waiting on a peer fail with ``HvliteShutdownError``.
   * :func:`leave` (timeout) shuts hvlite down, unlinks any ``/dev/shm`` file of the job this
-    process still maps, and lets the stand-in exit 0. :func:`close` closes the
-    agent (what still runs below it is ended). Neither raises.
+    process still maps, and lets the stand-in exit 0. :func:`close` closes the agent (what
+    still runs below it is ended). Neither raises.
 """
 import contextlib
 import ctypes
@@ -37,6 +37,7 @@ import traceback
 from typing import Dict, Iterator, Optional
 
 import ray
+import ray.train
 
 from ..cluster.agent import Agent
 from ..runner.procs.job_files import mapped_shm
@@ -49,8 +50,8 @@ _MPI_THREAD_MULTIPLE = 3            # MPICH's value (mpi.h); the stand-in requir
 
 
 def _stop_engine(timeout: float) -> None:
-    """Shut hvlite down if it runs in this process, waiting at most ``timeout`` seconds (a
-    shutdown waits for an init still inside MPI's start-up). Cannot fail."""
+    """Shut hvlite down if it runs in this process, waiting at most ``timeout`` seconds (on a
+    thread: a shutdown waits for an init in progress). Cannot fail."""
     basics = sys.modules.get("hvlite.basics")
     if basics is None or not basics.is_initialized():
         return
@@ -66,7 +67,7 @@ def _stop_engine(timeout: float) -> None:
 
 
 class _Slot:
-    """This worker's agent and what it heard from its stand-in."""
+    """This worker's agent; its stand-in's ``end`` notice stops the engine."""
 
     def __init__(self, key: str) -> None:
         self.address = ray.util.get_node_ip_address()

@@ -126,10 +126,18 @@ def test_a_command_ends_when_its_requester_goes_away(table, tmp_path):
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 15
-    while os.path.exists("/proc/%d" % pid) and "Z" not in open("/proc/%d/stat" % pid).read(
-            ).split(") ", 1)[1][:1]:
+    while running(pid):
         assert time.monotonic() < deadline, "the command outlived its requester"
         time.sleep(0.05)
+
+
+def running(pid):
+    """True while process ``pid`` runs (a zombie has ended; so has a process that is gone)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(") ", 1)[1][:1] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def start_worker(agent, rank=0):
