@@ -24,15 +24,16 @@ export HVLITE_MPICC
 setup: $(STAMP) build
 
 # torch==2.13.0 is pinned: pip takes the CPU wheel on this machine's disk (never a CUDA build).
-# ray and pyspark (hvlite[ray], hvlite[spark]) are pinned for the cluster tests in tests/hosts
-# (a real Ray cluster and a Spark standalone cluster on simulated hosts; Spark needs Java).
+# ray (with Ray Train: ray[train]) and pyspark (hvlite[ray], hvlite[spark]) are pinned for the
+# cluster tests in tests/hosts (a real Ray cluster and a Spark standalone cluster on simulated
+# hosts; Spark needs Java).
 # NCCL's wheel (as torch's CUDA builds bring it; from disk too) gives the tests nccl.h to check
 # the GPU plane's declarations against, and a real library for the finder and --check-build.
 $(STAMP): Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "setuptools>=77" wheel cffi numpy ml_dtypes pytest mpich mpi4py "torch==2.13.0" \
-		"tensorflow-cpu==2.21.0" scikit-learn pyyaml cloudpickle "ray==2.60.0" "pyspark==4.3.0"
+		"tensorflow-cpu==2.21.0" scikit-learn pyyaml cloudpickle "ray[train]==2.60.0" "pyspark==4.3.0"
 	$(PY) -m pip install -q --no-deps "nvidia-nccl-cu13==2.30.7"
 	touch $(STAMP)
 

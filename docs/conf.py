@@ -77,7 +77,7 @@ PUBLIC_MODULES = {
     "hvlite.torch", "hvlite.torch.elastic",
     "hvlite.tensorflow", "hvlite.tensorflow.elastic", "hvlite.tensorflow.keras",
     "hvlite.tensorflow.keras.callbacks", "hvlite.tensorflow.keras.elastic", "hvlite.keras",
-    "hvlite.ray", "hvlite.spark",
+    "hvlite.ray", "hvlite.ray.train", "hvlite.spark",
 }
 
 

@@ -18,7 +18,9 @@ node's address, with its own threads. It plays two parts:
     engine's worker), then either relays calls one at a time (:meth:`Agent.call`: the Ray
     executor's stateful workers) or, when a job was set (:meth:`Agent.set_job`: Spark, elastic
     runs), hands every rank process that connects the job's call and keeps its result by world
-    and rank (:meth:`Agent.results`).
+    and rank (:meth:`Agent.results`). A rank stand-in (``standin.py``: Ray Train, where the
+    engine's worker itself is the rank) gets frames from the owner (:meth:`Agent.tell_worker`)
+    and sends ``notice`` frames, handed to the owner's ``on_notice``.
 
 Driver-side requests: ``ping`` (``pong``), ``results`` (a pickle of the kept results, for the
 driver to read) and ``finish`` (:meth:`Agent.wait_finished` returns: the Spark task may end).
@@ -38,7 +40,7 @@ import socket
 import subprocess
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from .frames import Channel, ChannelError
 
@@ -105,13 +107,21 @@ class _Command:
 class Agent:
     """A node agent (see the module contract)."""
 
-    def __init__(self, key: str, bind: str) -> None:
+    def __init__(self, key: str, bind: str,
+                 on_notice: Optional[Callable[[bytes], None]] = None) -> None:
         """Bind the server on ``bind`` (the node's address), port chosen by the system.
+
+        Args:
+            key: the job's key.
+            bind: the address to listen on.
+            on_notice: called (on the agent's thread) with the bytes of each ``notice`` frame
+                the connected rank process sends; it must not block.
 
         Raises:
             OSError: the address cannot be bound.
         """
         self._key = key
+        self._on_notice = on_notice
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.bind((bind, 0))
         self._listener.listen(64)
@@ -184,13 +194,20 @@ class Agent:
 
     def stop_worker(self) -> None:
         """Ask the connected rank process to exit with code 0 (the end of a job). Cannot fail."""
+        self.tell_worker("stop")
+
+    def tell_worker(self, kind: str, data: bytes = b"") -> bool:
+        """Send one frame to the connected rank process; False when none is connected (or it
+        is gone). Cannot fail."""
         with self._lock:
             worker = self._worker
-        if worker is not None:
-            try:
-                worker.send("stop")
-            except ChannelError:
-                pass
+        if worker is None:
+            return False
+        try:
+            worker.send(kind, data)
+            return True
+        except ChannelError:
+            return False
 
     def results(self) -> List[Tuple[int, int, str, bytes]]:
         """The results of the job's calls: ``(world, rank, status, bytes)`` in arrival order."""
@@ -321,6 +338,8 @@ class Agent:
                 channel.send("job", job)
             while True:
                 kind, data = channel.recv()
+                if kind == "notice" and self._on_notice is not None:
+                    self._on_notice(data)
                 if kind != "result":
                     continue
                 with self._lock:

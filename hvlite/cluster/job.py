@@ -11,7 +11,8 @@ Contract:
   * :class:`Hvlrun` runs ``python -m hvlite.runner`` for the job (its own session; ended when
     this process dies), with the remote shell ``python -m hvlite.cluster.rsh``, the network
     interface that holds the driver's address, and ``python -m hvlite.cluster.worker`` as every
-    rank's command. The ranks' output goes to the given streams; hvlrun's own lines
+    rank's command (``python -m hvlite.cluster.standin`` where the engine's workers are the
+    ranks themselves). The ranks' output goes to the given streams; hvlrun's own lines
     (``hvlrun: ...``) are kept to say why a job ended. :meth:`Hvlrun.end` stops it within a
     bound: SIGTERM (hvlrun ends the job on every host), SIGKILL after :data:`END_GRACE_SECONDS`.
   * :class:`JobError` (a ``RuntimeError``) is what the engines' ``run``/``execute`` raise when a
@@ -125,7 +126,8 @@ class Hvlrun:
                  nics: Optional[Sequence[str]] = None, env: Optional[Dict[str, str]] = None,
                  stdout: Optional[IO] = None, stderr: Optional[IO] = None, verbose: int = 1,
                  prefix_timestamp: bool = False, mpi_args: str = "",
-                 executable: Optional[str] = None) -> None:
+                 executable: Optional[str] = None,
+                 rank_module: str = "hvlite.cluster.worker") -> None:
         """Start hvlrun.
 
         Args:
@@ -146,6 +148,7 @@ class Hvlrun:
             prefix_timestamp: hvlrun's ``--prefix-output-with-timestamp``.
             mpi_args: more mpiexec arguments.
             executable: the Python the ranks run (``sys.executable`` when None).
+            rank_module: the module every rank runs (``python -m``).
 
         Raises:
             OSError: hvlrun cannot be started.
@@ -179,8 +182,8 @@ class Hvlrun:
         if verbose >= 2:
             argv.append("--verbose")
         if mpi_args:
-            argv += ["--mpi-args", mpi_args]
-        argv += ["--", python, "-m", "hvlite.cluster.worker"]
+            argv.append("--mpi-args=" + mpi_args)     # one word: it may start with "-"
+        argv += ["--", python, "-m", rank_module]
         variables = dict(os.environ, **(env or {}))
         variables.update({ENV_KEY: key, ENV_HOSTS: table.table_path})
         self._lines: List[str] = []

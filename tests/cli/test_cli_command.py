@@ -262,6 +262,8 @@ def test_rank_from_env_order():
     assert rank_from_env({}) == 0
     assert rank_from_env({"SLURM_PROCID": "4", "PMIX_RANK": "3"}) == 3
     assert rank_from_env({"OMPI_COMM_WORLD_RANK": "2", "PMI_RANK": "1"}) == 1
+    # hydra's -pmi-port mode: PMI_ID (and PMI_PORT), no PMI_RANK
+    assert rank_from_env({"PMI_ID": "2", "PMI_PORT": "h:1", "SLURM_PROCID": "0"}) == 2
 
 
 def test_describe_exit():

@@ -8,7 +8,8 @@ Contract:
     waits for the end and returns the ``RESULT <json>`` the script printed; an interactive
     driver takes commands (:meth:`Driver.ask`) and answers each (:meth:`Driver.answer`).
   * :func:`job_processes` lists the processes of hvlite jobs still running on any simulated
-    host (hvlrun's wrappers and guards, MPI's proxies, rank processes, slot actors): after a
+    host (hvlrun's wrappers and guards, MPI's proxies, rank processes and stand-ins, slot
+    actors, Ray Train's workers and controller): after a
     test, there must be none (:func:`assert_no_job_left`, within a few seconds).
   * :func:`host_tables`: the host-table directories a driver left in its own TMPDIR.
   * :func:`shm_files` and :func:`new_unheld_shm`: the ``/dev/shm`` files that appeared since a
@@ -27,7 +28,8 @@ from typing import Dict, List, Optional, Set
 import pytest
 
 MULTIPLIER = float(os.environ.get("HVLITE_TEST_TIMEOUT_MULTIPLIER", "1"))
-_JOB_WORDS = ("hvlite.runner", "hvlite.cluster", "hydra_pmi_proxy", "ray::Slot", "mpiexec")
+_JOB_WORDS = ("hvlite.runner", "hvlite.cluster", "hydra_pmi_proxy", "ray::Slot", "mpiexec",
+              "ray::RayTrainWorker", "ray::TrainController")
 
 
 class Driver:

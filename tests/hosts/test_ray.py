@@ -11,7 +11,15 @@ file. Each test runs a driver (``scenarios/ray_driver.py``) inside the head's na
     saying what the cluster has;
   * a node killed mid-job (every process of its namespace): the job ends, naming its host;
   * an elastic job (min 2, max 3 workers) loses a node, goes on with two, gets the node back
-    (restarted: a new Ray node) and finishes with three, every step applied once.
+    (restarted: a new Ray node) and finishes with three, every step applied once;
+  * Ray Train (``scenarios/ray_train_driver.py``, one driver for two ``HvliteTrainer`` runs of
+    3 workers): a torch run whose first attempt fails on rank 1 and whose retry
+    (``FailureConfig(max_failures=1)``) forms a fresh world in fresh workers and finishes from
+    the last checkpoint: every averaged gradient equals a one-process reference,
+    ``ray.train.report``'s metrics and checkpoints come back in the ``Result``, hvlite's ranks
+    are Ray Train's; a run without retries whose rank 1 raises ends naming that worker, its
+    peers' allreduce ended at once; one whose rank 1's process dies likewise, and that worker's
+    ``/dev/shm`` file goes with it.
 
 After every test no process of the job (wrapper, guard, proxy, rank, slot actor) is left on
 any host, no MPI or hvlite file in any node's own ``/dev/shm``, and no placement group; after
@@ -19,6 +27,7 @@ the file, the namespaces are gone and no ``/dev/shm`` file of ours is left on th
 (``cluster_common.py``). Skips, saying why, without Ray or
 without root (network namespaces).
 """
+import json
 import os
 import re
 import sys
@@ -33,6 +42,7 @@ from simhosts import SimHosts, missing_requirements, _netns_names
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER = os.path.join(HERE, "scenarios", "ray_driver.py")
+TRAIN_DRIVER = os.path.join(HERE, "scenarios", "ray_train_driver.py")
 JOB_SHM = ("mpich_shm_", "hvlite-")
 
 
@@ -147,3 +157,66 @@ def test_an_elastic_job_loses_a_node_and_gets_it_back(ray_cluster, tmp_path):
     print("\n[ray] elastic: %.1f s, world sizes %s, %d of %d steps applied once on every rank"
           % (result["_seconds"], sizes, result["counts"].count(1), len(result["counts"])))
     print("[ray] elastic re-forms: %s" % re.findall(r"re-forming: .*?reason: ([^;\n]*)", out))
+
+
+@pytest.fixture(scope="module")
+def ray_train_runs(cluster, tmp_path_factory):
+    """The Ray Train runs, by one driver (its ray.init paid once)."""
+    storage = tmp_path_factory.mktemp("ray-train")
+    result = Driver(cluster.driver(TRAIN_DRIVER, [storage]), cluster.env(), 400).result()
+    timings = re.findall(r"TIMING (\w+(?:\.\w+)?) ([0-9.]+) s", result["_output"])
+    print("\n[ray] Ray Train driver: %.1f s (%s)"
+          % (result["_seconds"], ", ".join("%s at %s s" % t for t in timings)))
+    assert result["leftover_groups"] == 0, result
+    return result
+
+
+def train_run(runs, name):
+    run = runs[name]
+    assert run["ok"], (run["why"] + runs["_output"][-6000:] if "why" in run
+                       else json.dumps(run, indent=1, default=str)[:8000])
+    return run
+
+
+def test_ray_train_three_workers_give_horovods_gradients_and_report(ray_cluster, ray_train_runs):
+    run = train_run(ray_train_runs, "train")
+    world = run["metrics"]["world"]
+    print("\n[ray] HvliteTrainer, 3 workers, one retry: fit() %.1f s, largest gradient "
+          "error %.2g, metrics of step %d, ranks %s on %s"
+          % (run["seconds"], run["grad_error"], run["metrics"]["step"],
+             [w["rank"] for w in world], [w["host"] for w in world]))
+
+
+def test_ray_train_worker_that_raises_ends_the_run_naming_it(ray_cluster, ray_train_runs):
+    run = train_run(ray_train_runs, "raise")
+    assert run["ranks"] and 1 in run["ranks"], run
+    assert all("HvliteShutdownError" in text for text in run["others"].values()), run
+    assert run["seconds"] < 20, run         # the peer timeout (60 s) is not waited out
+    # hvlrun ended the world: the stand-in of rank 1 exited 1
+    out = ray_train_runs["_output"].split("TIMING train")[-1].split("TIMING raise")[0]
+    assert "first failure: rank 1 with exit code 1" in out, out[-6000:]
+    print("\n[ray] HvliteTrainer, rank 1 raised: fit() raised %s %.1f s later (the whole "
+          "fit: %.1f s); errors of ranks %s: %s" % (run["error_type"], run["seconds"],
+                                                   run["call"], run["ranks"], run["others"]))
+
+
+def test_ray_train_retry_forms_a_fresh_world_and_finishes(ray_cluster, ray_train_runs):
+    run = train_run(ray_train_runs, "train")
+    first, second = run["attempt_pids"]
+    assert run["metrics"]["resumed_at"] == 1 and not set(first) & set(second), run
+    print("\n[ray] HvliteTrainer, FailureConfig(max_failures=1): rank 1 raised in attempt 1 "
+          "(pids %s), attempt 2 (pids %s) resumed at step %d and finished"
+          % (first, second, run["metrics"]["resumed_at"]))
+
+
+def test_ray_train_worker_that_dies_ends_the_run_naming_it(ray_cluster, ray_train_runs):
+    run = train_run(ray_train_runs, "dies")
+    out = ray_train_runs["_output"].split("TIMING raise")[-1]      # this run's lines
+    died = float(re.findall(r"DYING ([0-9.]+)", out)[-1])
+    # hvlrun ended the world (naming the host lost first: the worker's, or a peer's that MPI
+    # ended when the worker's connections broke)
+    assert re.search(r"the world of this worker group ended: hvlrun exited with code \d+", out)
+    assert run["at"] - died < 20, run
+    print("\n[ray] HvliteTrainer, rank 1's process killed: fit() raised %s %.1f s later (the "
+          "whole fit: %.1f s); errors of ranks %s" % (run["error_type"], run["at"] - died,
+                                                     run["call"], run["ranks"]))

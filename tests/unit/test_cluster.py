@@ -1,11 +1,13 @@
 """The pieces Ray and Spark jobs share (``hvlite/cluster``), without an engine: authenticated
 frames, the node agent as the far end of the remote shell (output, stdin, exit code, the
-command ended when the requester goes away), the rank worker's calls and failures, and the
+command ended when the requester goes away), the rank worker's calls and failures, the rank
+stand-in of Ray Train's workers (what it hands over, how each of its ends goes), and the
 driver's host names and table. The whole path on real clusters is ``tests/hosts/test_ray.py``
 and ``test_spark.py``."""
 import json
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -124,10 +126,18 @@ def test_a_command_ends_when_its_requester_goes_away(table, tmp_path):
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 15
-    while os.path.exists("/proc/%d" % pid) and "Z" not in open("/proc/%d/stat" % pid).read(
-            ).split(") ", 1)[1][:1]:
+    while running(pid):
         assert time.monotonic() < deadline, "the command outlived its requester"
         time.sleep(0.05)
+
+
+def running(pid):
+    """True while process ``pid`` runs (a zombie has ended; so has a process that is gone)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(") ", 1)[1][:1] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def start_worker(agent, rank=0):
@@ -234,3 +244,86 @@ def test_host_names_are_never_this_machine_and_tell_incarnations_apart(table):
     assert subprocess.run(table.discovery_script(), shell=True, capture_output=True,
                           text=True).stdout == "a:2\nb:1\n"
     assert interface_of("127.0.0.1") == "lo"
+
+
+# --- the rank stand-in (Ray Train: the engine's worker is the rank) -------------------------
+def start_standin(agent, rank=0, **more):
+    variables = {ENV_KEY: KEY, ENV_SLOTS: agent.address, "PMI_ID": str(rank),
+                 "PMI_PORT": "node:4242", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"}
+    variables.update(more)
+    return subprocess.Popen([sys.executable, "-m", "hvlite.cluster.standin"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd="/", env=env(**variables))
+
+
+def ended(proc, timeout=30):
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, err.decode("utf-8", "replace")
+
+
+def test_a_standin_hands_over_its_mpi_connection_and_hvlruns_settings_then_stops(agent):
+    proc = start_standin(agent, rank=2, HVLITE_CYCLE_TIME="3", NCCL_SOCKET_IFNAME="eth9",
+                         HVLRUN_HOST="h1", OMP_NUM_THREADS="1", HVLRUN_CLUSTER_HOSTS="/x")
+    try:
+        hello = agent.wait_worker(60)
+        assert hello["rank"] == 2 and hello["host"] == "h1"
+        assert hello["handover"]["mpi"] == {"PMI_ID": "2", "PMI_PORT": "node:4242",
+                                            "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"}
+        settings = hello["handover"]["settings"]
+        assert settings["HVLITE_CYCLE_TIME"] == "3" and settings["NCCL_SOCKET_IFNAME"] == "eth9"
+        assert settings["HVLRUN_HOST"] == "h1"
+        assert not {"OMP_NUM_THREADS", "HVLRUN_CLUSTER_HOSTS", ENV_KEY} & set(settings)
+        agent.stop_worker()
+        assert ended(proc)[0] == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_standin_told_its_worker_failed_prints_why_and_exits_1(agent):
+    proc = start_standin(agent)
+    try:
+        agent.wait_worker(60)
+        assert agent.tell_worker("fail", b"Traceback ...\nValueError: the loop failed\n")
+        code, err = ended(proc)
+        assert code == 1 and "ValueError: the loop failed" in err, err
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_standin_ended_by_hvlrun_tells_its_worker_the_world_ends():
+    notices = []
+    agent = Agent(KEY, "127.0.0.1", on_notice=notices.append)
+    proc = start_standin(agent)
+    try:
+        agent.wait_worker(60)
+        time.sleep(0.5)                   # past the setup frame: serving
+        proc.send_signal(signal.SIGTERM)
+        assert ended(proc)[0] == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while not notices and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert notices == [b"end"]
+    finally:
+        proc.kill()
+        proc.wait()
+        agent.close()
+
+
+def test_a_standin_whose_worker_is_gone_says_so_and_exits_1(agent):
+    proc = start_standin(agent)
+    try:
+        agent.wait_worker(60)
+        agent.close()                        # the worker's process (the agent's) is gone
+        code, err = ended(proc)
+        assert code == 1 and "rank 0: its worker is gone" in err, err
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_standin_without_a_pmi_port_says_hvlrun_needs_it(agent):
+    proc = start_standin(agent, PMI_PORT="")
+    code, err = ended(proc)
+    assert code == 1 and "-pmi-port" in err, err

@@ -1,8 +1,9 @@
 """Per-rank wrapper: ``python -m hvlite.runner.world.rank_exec -- command...``.
 
 Contract:
-  * The rank comes from the launcher's environment: the first of ``PMI_RANK``,
-    ``OMPI_COMM_WORLD_RANK``, ``PMIX_RANK``, ``SLURM_PROCID``; 0 if none is set.
+  * The rank comes from the launcher's environment: the first of ``PMI_RANK``, ``PMI_ID``
+    (hydra's ``-pmi-port`` mode sets only this), ``OMPI_COMM_WORLD_RANK``, ``PMIX_RANK``,
+    ``SLURM_PROCID``; 0 if none is set.
   * The command runs as a child; each line it writes is forwarded as ``[rank]<stdout>: line``
     to this process's stdout (``<stderr>`` likewise), flushed per line. Bytes that are not UTF-8
     are replaced; a last line without newline gets one; lines over 64 KiB are split.
@@ -57,7 +58,7 @@ from .say import tell as _tell
 __all__ = ["RANK_VARIABLES", "ENV_OUTPUT_DIR", "ENV_TEST_DELAY", "STOP_GRACE_SECONDS",
            "rank_from_env", "run_rank", "describe_exit", "main"]
 
-RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+RANK_VARIABLES = ("PMI_RANK", "PMI_ID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 ENV_TEST_DELAY = "HVLRUN_TEST_DELAY_START_RANK"
 _PR_SET_PDEATHSIG = 1
 _MAX_LINE = 65536

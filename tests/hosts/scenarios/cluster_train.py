@@ -7,6 +7,7 @@ batch's loss, which :func:`reference` computes in one process.
 """
 import hashlib
 import os
+import signal
 import time
 
 import numpy as np
@@ -191,3 +192,92 @@ def elastic_numpy(steps, commit_every, hold_at, hold_file, sleep=0.05, lr=0.1):
     train(state)
     return {"rank": hvlite.rank(), "size": hvlite.size(), "world": world,
             "counts": state.counts.tolist(), "w": state.w.tolist()}
+
+
+def ray_train_loop(config):
+    """Ray Train's ``train_loop_per_worker`` (``ray_train_driver.py``): ``config["steps"]``
+    steps of the :class:`Trainer`'s training in one hvlite world, resumed from the run's last
+    checkpoint when there is one. Every step, rank 0 reports a checkpoint holding the model,
+    the optimizer, and every rank's averaged gradients and pid so far, with metrics that say
+    how hvlite's world lines up with Ray Train's. ``config["raise_at"]`` (step, rank): that
+    rank raises there, in a run that did not resume, while its peers wait in the step's
+    allreduce."""
+    import tempfile
+
+    import torch
+    import ray.train
+
+    context = ray.train.get_context()
+    trainer = Trainer()
+    hvd = trainer.hvd
+    grads, pids, start = [], [], 0
+    restored = ray.train.get_checkpoint()
+    if restored is not None:
+        with restored.as_directory() as d:
+            saved = torch.load(os.path.join(d, "state.pt"), weights_only=False)
+        trainer.model.load_state_dict(saved["model"])
+        trainer.opt.load_state_dict(saved["opt"])
+        grads, pids, start = saved["grads"], saved["pids"], saved["step"] + 1
+    raise_at = tuple(config.get("raise_at") or ())
+    for step in range(start, config["steps"]):
+        if restored is None and raise_at == (step, hvd.rank()):
+            time.sleep(1.0)          # the peers are waiting in the step's allreduce by now
+            raise ValueError("rank %d failed on purpose at %.6f" % (hvd.rank(), time.time()))
+        out = trainer.step(step)
+        grads.append(hvd.allgather_object(out["grads"]))
+        pids.append(hvd.allgather_object(os.getpid()))
+        metrics = {"step": step, "resumed_at": start,
+                   "world": hvd.allgather_object(
+                       {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
+                        "ray_rank": context.get_world_rank(),
+                        "ray_local_rank": context.get_local_rank(),
+                        "host": os.environ.get("HVLRUN_HOST", ""), "pid": os.getpid()})}
+        with tempfile.TemporaryDirectory() as d:
+            checkpoint = None
+            if hvd.rank() == 0:
+                torch.save({"model": trainer.model.state_dict(), "opt": trainer.opt.state_dict(),
+                            "grads": grads, "pids": pids, "step": step},
+                           os.path.join(d, "state.pt"))
+                checkpoint = ray.train.Checkpoint.from_directory(d)
+            ray.train.report(metrics, checkpoint=checkpoint)
+
+
+def ray_train_numpy(config):
+    """Ray Train's loop without torch (a fresh world imports only NumPy and hvlite): the
+    linear regression of :func:`linear_reference`, ``config["steps"]`` steps, resumed from the
+    run's last checkpoint (``w`` and the step, reported by rank 0 every step).
+    ``config["raise_at"]`` (step, rank): as in :func:`ray_train_loop`; ``config["die_at"]``
+    likewise, but that rank's process kills itself (SIGKILL)."""
+    import tempfile
+
+    import hvlite
+    import ray.train
+
+    hvlite.init()
+    w, start = np.zeros(4), 0
+    restored = ray.train.get_checkpoint()
+    if restored is not None:
+        with restored.as_directory() as d:
+            saved = np.load(os.path.join(d, "state.npz"))
+            w, start = saved["w"], int(saved["step"]) + 1
+    raise_at = tuple(config.get("raise_at") or ())
+    die_at = tuple(config.get("die_at") or ())
+    for step in range(start, config["steps"]):
+        if restored is None and raise_at == (step, hvlite.rank()):
+            time.sleep(1.0)          # the peers are waiting in the step's allreduce by now
+            raise ValueError("rank %d failed on purpose at %.6f" % (hvlite.rank(), time.time()))
+        if restored is None and die_at == (step, hvlite.rank()):
+            time.sleep(1.0)
+            print("DYING %.6f" % time.time(), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        x, y = linear_batch(step)
+        mine = slice(hvlite.rank(), BATCH, hvlite.size())
+        grad = 2 * x[mine].T @ (x[mine] @ w - y[mine])
+        w = w - 0.1 * hvlite.allreduce(grad, op=hvlite.Sum, name="grad") / BATCH
+        with tempfile.TemporaryDirectory() as d:
+            checkpoint = None
+            if hvlite.rank() == 0:
+                np.savez(os.path.join(d, "state.npz"), w=w, step=step)
+                checkpoint = ray.train.Checkpoint.from_directory(d)
+            ray.train.report({"step": step, "resumed_at": start, "w": w.tolist(),
+                              "size": hvlite.size()}, checkpoint=checkpoint)
