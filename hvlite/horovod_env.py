@@ -123,14 +123,16 @@ VARIABLES: Dict[str, Variable] = {
     # --- the launcher's (Horovod's runner) ------------------------------------------------------
     "HOROVOD_START_TIMEOUT": Variable(HONOURED, "by hvlrun, as --start-timeout's default "
                                       "(HVLRUN_START_TIMEOUT first)"),
-    "HOROVOD_ELASTIC_TIMEOUT": Variable(HONOURED, "by hvlrun, as --elastic-timeout's default"),
+    "HOROVOD_ELASTIC_TIMEOUT": Variable(HONOURED, "by hvlrun and hvlite.spark.run_elastic, as "
+                                                "--elastic-timeout's (elastic_timeout's) default"),
     "HOROVOD_ELASTIC": Variable(UNUSED, "horovodrun sets it in elastic workers; an hvlite job is "
                                 "elastic when hvlrun gets --min-np/--max-np/"
                                 "--host-discovery-script"),
     "HOROVOD_SECRET_KEY": Variable(UNUSED, "horovodrun's key for its services; hvlrun makes its "
                                    "own per-job secret"),
     "HOROVOD_SPARK_PYTHONPATH": Variable(UNUSED, _SPARK),
-    "HOROVOD_SPARK_START_TIMEOUT": Variable(UNUSED, _SPARK),
+    "HOROVOD_SPARK_START_TIMEOUT": Variable(HONOURED, "by hvlite.spark.run and run_elastic, as "
+                                                      "start_timeout's default (else 600 s)"),
     "HOROVOD_SPARK_USE_LOCAL_RANK_GPU_INDEX": Variable(UNUSED, _SPARK),
     "HOROVOD_SPARK_WORK_DIR": Variable(UNUSED, _SPARK),
     # --- NCCL's location: Horovod's build settings, which hvlite reads at run time --------------
