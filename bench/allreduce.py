@@ -15,8 +15,10 @@ burst of load hits both), and "out/in" its ratio; a second table does the same t
 ``hvlite.torch`` (``allreduce`` vs ``allreduce_``; not with --no-torch). Phases, in order:
 hvlite as configured
 (on one host: the shm data plane), mpi4py, the memcpy floor, hvlite restarted with
-HVLITE_SHM_DISABLE=1 (its MPI data plane); these phases run --repeat times in turn (this VM's
-memory bandwidth drifts by up to 2x over minutes, so interleaving keeps the ratios honest) and
+HVLITE_SHM_DISABLE=1 (its MPI data plane); these phases run --repeat times in turn (this VM's host
+moves its CPUs between near and far placements within minutes, which changes the shm and MPI
+columns up to 4x, so interleaving keeps the ratios honest; the CPU pair's state, from
+bench/core_pair.c, is printed before and after the table) and
 each cell is the median of the repeats' medians. gloo runs last, once, because a live gloo
 process group was seen to slow the MPI-based columns on this 2-core machine (4 KiB mpi4py from
 6 to 32 us).
@@ -33,6 +35,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hvlite as hvd
+from core_pair import describe, measure
 from harness import (add_repeat_args, human, init_gloo, median_over_repeats, memcpy_floor, ms,
                      ratio, restart_engine, timed)
 from tables import add_json_arg, print_table, write_json
@@ -295,6 +298,16 @@ def torch_cells(runs):
     return {form: median_over_repeats([r[form] for r in runs]) for form in ("in", "out")}
 
 
+def cpu_pair(comm):
+    """On a VM, how far apart the first two CPUs are now (bench/core_pair.c; on rank 0, the
+    others waiting in hvlite's barrier, which sleeps, where MPI's would spin on a CPU being
+    measured): the shm and MPI planes' times at 2 ranks follow it (docs/benchmarks.md)."""
+    hvd.barrier()
+    found = measure() if comm.rank == 0 else None
+    hvd.barrier()
+    return found
+
+
 def main():
     p = argparse.ArgumentParser(description="hvlite allreduce benchmark")
     add_repeat_args(p)
@@ -318,6 +331,7 @@ def main():
     start = {n: v for n, v in os.environ.items() if n.startswith(("HVLITE_", "HOROVOD_"))}
     runs = {"hvl": [], "out": [], "torch": [], "hmpi": [], "mpi": [], "mem": []}
     th = None if args.no_torch else load_torch()
+    pair_before = cpu_pair(comm)
     for _ in range(repeat):
         # hvlite as configured (shm on one host), in place and out of place (NumPy, torch),
         # mpi4py, memcpy; hvlite on its MPI data plane
@@ -334,6 +348,7 @@ def main():
         runs["hmpi"].append(hvlite_column(cases, comm, iters))
         restart_engine(hvd, start, {})
     backend = "shm" if counters.get("shm_collectives") else "MPI"
+    pair_after = cpu_pair(comm)
     dist = None if args.no_torch else init_gloo(comm)    # last: torch.distributed gloo
     gloo = [None] * len(cases)
     if dist:
@@ -356,6 +371,8 @@ def main():
         if th:
             tables.append(torch_table(sizes, torch_cells(runs["torch"]), comm))
         print("engine counters of the last hvlite phase:", counters)
+        print("before the table: %s\nafter it:         %s" % (describe(pair_before),
+                                                            describe(pair_after)))
     if dist:
         dist.destroy_process_group()
     if args.autotune:

@@ -35,7 +35,7 @@ def add_repeat_args(parser):
     parser.add_argument("--iters", type=int, default=10, help="timed calls per case and repeat")
     parser.add_argument("--repeat", type=int, default=3,
                         help="run the phases this many times, interleaved; a cell is the median "
-                             "of the repeats' medians (this VM's memory bandwidth drifts by 2x)")
+                             "of the repeats' medians (this VM's speed drifts up to 4x as its host moves its CPUs)")
 
 
 def median_over_repeats(runs):
