@@ -94,6 +94,9 @@ SAME_DEFAULT = {
 
 # Deliberate differences: (Horovod module, name or Class.method) -> the reason.
 ALLOWED = {
+    ("horovod.tensorflow", "SyncBatchNormalization.call"): "Horovod's override only adds the "
+        "layer's updates to TF1's UPDATE_OPS collection; Keras 3 layers have no `updates` and TF2 "
+        "no collections, so the inherited call is the whole behaviour",
     ("horovod.common.basics", "HorovodBasics"): "Horovod's ctypes loader class; hvlite's basics are "
         "module functions (hvlite.basics, hvlite.timeline), compared here method by name",
     ("horovod.common.basics", "MPI"): "a typing stand-in for mpi4py's class inside Horovod's module",

@@ -29,6 +29,7 @@ from ..process_sets import ProcessSet, add_process_set, global_process_set, remo
 from ..timeline import start_timeline, stop_timeline
 from .compression import Compression
 from . import elastic, mpi_ops, util
+from .mpi_ops import check_num_rank_power_of_2  # noqa: F401 - Horovod's module has it too
 from .util import _executing_eagerly  # noqa: F401 - Horovod's namespace has it
 from ..elastic import HostsUpdatedInterrupt
 from .functions import (BroadcastGlobalVariablesHook, allgather_object, broadcast_,

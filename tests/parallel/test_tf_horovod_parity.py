@@ -392,3 +392,38 @@ def test_load_model_legacy_opts(legacy_opts):
         model.save(path)
         loaded = hvdk.load_model(path, None, None, hvd.Compression.none, legacy_opts)
     assert hvdk.is_distributed(loaded.optimizer) and type(loaded.optimizer).__name__ == "Adam"
+
+
+# ---- the last names: register_local_var, CommitStateCallback.commit, check_num_rank_power_of_2 ----
+
+@pytest.mark.parametrize("module", [hvdk, hvd_legacy_keras])
+def test_register_local_var_keeps_a_variable_out_of_the_broadcast(module):
+    mine = keras.layers.Dense(2, kernel_initializer=keras.initializers.Constant(RANK + 1.0))
+    model = keras.Sequential([keras.Input((3,)), mine])
+    callback = module.callbacks.BroadcastGlobalVariablesCallback(0)
+    callback.register_local_var(mine.kernel)
+    callback.set_model(model)
+    callback.on_train_begin()
+    np.testing.assert_array_equal(mine.kernel.numpy(), np.full((3, 2), RANK + 1.0, np.float32))
+    np.testing.assert_array_equal(mine.bias.numpy(),
+                                  hvd.broadcast(mine.bias.value, 0).numpy())
+
+
+def test_commit_state_callback_commit_commits_now():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    state = hvdk.elastic.KerasState(model, batch=0, epoch=0)
+    callback = hvdk.elastic.CommitStateCallback(state, batches_per_commit=100)
+    committed = [w + 1 for w in model.get_weights()]     # not what the state saved at start
+    model.set_weights(committed)
+    callback.commit()
+    model.set_weights([w + 2 for w in committed])
+    state.restore()                       # back to what commit() saved
+    for got, want in zip(model.get_weights(), committed):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_check_num_rank_power_of_2():
+    assert [hvd.check_num_rank_power_of_2(n) for n in (1, 2, 3, 4, 6, 8)] == \
+        [True, True, False, True, False, True]
+    assert hvd.check_num_rank_power_of_2 is hvd.mpi_ops.check_num_rank_power_of_2

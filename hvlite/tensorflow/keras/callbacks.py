@@ -76,6 +76,15 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         """True once the last broadcast was made."""
         self._sent = None          # ids of the variables broadcast at train begin
 
+    def register_local_var(self, var):
+        """Keep ``var`` out of the broadcast: each rank keeps its own value (Horovod's method;
+        the same as listing it in ``local_variables``).
+
+        Args:
+            var: a variable of the model or its optimizer.
+        """
+        self.local_variables.append(var)
+
     def _variables(self):
         local = {id(v) for v in self.local_variables}
         return [v for v in _model_variables(self.model) if id(v) not in local]

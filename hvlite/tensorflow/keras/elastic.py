@@ -56,10 +56,14 @@ class CommitStateCallback(keras.callbacks.Callback):
         self._since = 0
         self._due = False
 
+    def commit(self) -> None:
+        """Commit the state now (what the callback does when a commit is due)."""
+        self.state.commit()
+
     def _commit_if_due(self) -> None:
         if self._due:
             self._due = False
-            self.state.commit()
+            self.commit()
 
     def on_train_batch_end(self, batch, logs=None):
         self._since += 1
