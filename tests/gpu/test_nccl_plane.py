@@ -303,15 +303,15 @@ def test_a_result_on_an_external_stream_lives_in_torchs_memory():
     """torch.cuda.ExternalStream wraps a stream its maker may destroy before a result adopted on
     it is freed: there, the result is copied into torch's own memory on it (and the engine's
     freed behind the copy); on torch's own streams, the engine's memory is adopted as it is."""
-    from hvlite.torch import ops
+    from hvlite.torch import tensors
     mine = torch.cuda.Stream()
     external = torch.cuda.ExternalStream(mine.cuda_stream)
-    assert not ops._is_external(torch.cuda.current_stream()) and not ops._is_external(mine)
+    assert not tensors._is_external(torch.cuda.current_stream()) and not tensors._is_external(mine)
     x = torch.full((1000,), float(RANK + 1), device=CUDA)
     want = torch.cat([torch.full((1000,), float(r + 1), device=CUDA) for r in range(SIZE)])
     before = nccl_ran()
     with torch.cuda.stream(external):
-        assert ops._is_external(torch.cuda.current_stream())
+        assert tensors._is_external(torch.cuda.current_stream())
         got = hvd.allgather(x, name="on.external")
         torch.cuda.current_stream().synchronize()            # test check only
     check_plane(before, 1)

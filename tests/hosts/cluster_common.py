@@ -21,6 +21,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
 from typing import Dict, List, Optional, Set
@@ -30,6 +31,36 @@ import pytest
 MULTIPLIER = float(os.environ.get("HVLITE_TEST_TIMEOUT_MULTIPLIER", "1"))
 _JOB_WORDS = ("hvlite.runner", "hvlite.cluster", "hydra_pmi_proxy", "ray::Slot", "mpiexec",
               "ray::RayTrainWorker", "ray::TrainController")
+
+
+class NodesOnSimHosts:
+    """What the Ray and Spark clusters on simulated hosts share: each node's daemons run in a
+    mount namespace of their own (the node's private /dev/shm), reached through any of its
+    processes. Subclasses set ``sim``, ``head`` (the host the drivers run on) and ``engine``."""
+    sim = None
+    head = ""
+    engine = "cluster"
+
+    def node_pid(self, host: str) -> int:
+        """A process of the node on ``host``, in the node's mount namespace."""
+        mine = os.readlink("/proc/self/ns/mnt")
+        for pid in self.sim.pids(host):
+            try:
+                if os.readlink("/proc/%d/ns/mnt" % pid) != mine:
+                    return pid
+            except OSError:
+                continue
+        raise RuntimeError("no %s process on %s" % (self.engine, host))
+
+    def driver(self, script: str, args=()) -> List[str]:
+        """The argv that runs ``script`` as a driver on the head node, in its namespaces."""
+        mount = "--mount=/proc/%d/ns/mnt" % self.node_pid(self.head)
+        return (self.sim.enter(self.head) + [mount, sys.executable, script]
+                + [str(a) for a in args])
+
+    def node_shm(self, host: str) -> List[str]:
+        """The files in the ``/dev/shm`` of the node on ``host``."""
+        return sorted(os.listdir("/proc/%d/root/dev/shm" % self.node_pid(host)))
 
 
 class Driver:

@@ -25,6 +25,8 @@ import sys
 import time
 from typing import Dict, List, Optional
 
+from cluster_common import NodesOnSimHosts
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MULTIPLIER = float(os.environ.get("HVLITE_TEST_TIMEOUT_MULTIPLIER", "1"))
 _OBJECT_STORE = str(80 * 1024 * 1024)
@@ -44,7 +46,7 @@ def _ray_cli() -> List[str]:
     return [script] if os.path.exists(script) else [sys.executable, "-m", "ray.scripts.scripts"]
 
 
-class RayCluster:
+class RayCluster(NodesOnSimHosts):
     """A Ray cluster on simulated hosts (see the module contract)."""
 
     def __init__(self, sim, cpus: int = 1) -> None:
@@ -54,6 +56,7 @@ class RayCluster:
         self.temp_dirs: List[str] = []
         self.driver_tmp: Optional[str] = None
         self.head = sim.hosts[0]
+        self.engine = "Ray"
         self.address = "%s:%d" % (sim.addr(self.head), self.port)
 
     def env(self) -> Dict[str, str]:
@@ -107,26 +110,6 @@ class RayCluster:
         self._run([self._start_argv(h) for h in self.sim.hosts[1:]])
         self.start_seconds = time.monotonic() - started
         return self
-
-    def _node_pid(self, host: str) -> int:
-        """A process of the node on ``host`` (in its mount namespace)."""
-        mine = os.readlink("/proc/self/ns/mnt")
-        for pid in self.sim.pids(host):
-            try:
-                if os.readlink("/proc/%d/ns/mnt" % pid) != mine:
-                    return pid
-            except OSError:
-                continue
-        raise RuntimeError("no Ray process on %s" % host)
-
-    def driver(self, script: str, args=()) -> List[str]:
-        mount = "--mount=/proc/%d/ns/mnt" % self._node_pid(self.head)
-        return (self.sim.enter(self.head) + [mount, sys.executable, script]
-                + [str(a) for a in args])
-
-    def node_shm(self, host: str) -> List[str]:
-        """The files in the ``/dev/shm`` of the node on ``host``."""
-        return sorted(os.listdir("/proc/%d/root/dev/shm" % self._node_pid(host)))
 
     def kill_node(self, host: str) -> None:
         for _ in range(20):

@@ -22,6 +22,8 @@ import tempfile
 import time
 from typing import Dict, List, Optional
 
+from cluster_common import NodesOnSimHosts
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MULTIPLIER = float(os.environ.get("HVLITE_TEST_TIMEOUT_MULTIPLIER", "1"))
 
@@ -42,12 +44,13 @@ def _spark_home() -> str:
     return os.path.dirname(os.path.abspath(pyspark.__file__))
 
 
-class SparkCluster:
+class SparkCluster(NodesOnSimHosts):
     """A Spark standalone cluster on simulated hosts (see the module contract)."""
 
     def __init__(self, sim, cores: Dict[str, int]) -> None:
         self.sim, self.cores = sim, cores
-        self.master_host = sim.hosts[0]
+        self.master_host = self.head = sim.hosts[0]
+        self.engine = "Spark"
         self.master = "spark://%s:7077" % sim.addr(self.master_host)
         self.workdir = tempfile.mkdtemp(prefix="hvlite-spark-")
         self.procs: Dict[str, subprocess.Popen] = {}
@@ -108,24 +111,6 @@ class SparkCluster:
             self._wait_log(host, "Successfully registered with master")
         self.start_seconds = time.monotonic() - started
         return self
-
-    def _node_pid(self, host: str) -> int:
-        mine = os.readlink("/proc/self/ns/mnt")
-        for pid in self.sim.pids(host):
-            try:
-                if os.readlink("/proc/%d/ns/mnt" % pid) != mine:
-                    return pid
-            except OSError:
-                continue
-        raise RuntimeError("no Spark process on %s" % host)
-
-    def driver(self, script: str, args=()) -> List[str]:
-        mount = "--mount=/proc/%d/ns/mnt" % self._node_pid(self.master_host)
-        return (self.sim.enter(self.master_host) + [mount, sys.executable, script]
-                + [str(a) for a in args])
-
-    def node_shm(self, host: str) -> List[str]:
-        return sorted(os.listdir("/proc/%d/root/dev/shm" % self._node_pid(host)))
 
     def kill_node(self, host: str) -> None:
         for _ in range(40):

@@ -1,4 +1,4 @@
-"""What hvlite.torch does around CUDA streams and graphs (hvlite/torch/ops.py), checked without a
+"""What hvlite.torch does around CUDA streams and graphs (hvlite/torch/tensors.py), checked without a
 GPU: torch's CUDA answers are given here. On a GPU, tests/gpu/test_cuda_only.py and
 test_nccl_plane.py do the same for real.
 
@@ -21,7 +21,7 @@ import torch
 
 from hvlite import buffers
 from hvlite.errors import HvliteNotSupportedError
-from hvlite.torch import ops
+from hvlite.torch import tensors
 
 
 @pytest.fixture
@@ -51,26 +51,26 @@ def cuda_tensor(index):
 def test_a_cuda_collective_inside_a_graph_capture_is_refused_saying_why(cuda, index):
     cuda["capturing"].add(index)
     with pytest.raises(HvliteNotSupportedError, match="cannot be captured in a CUDA graph") as raised:
-        ops._source(cuda_tensor(index))          # before anything is recorded: nothing else is asked
+        tensors._source(cuda_tensor(index))          # before anything is recorded: nothing else is asked
     assert "cuda:%d" % index in str(raised.value) and "outside torch.cuda.graph" in str(raised.value)
     assert cuda["entered"] == ([] if index == 0 else [1])     # the tensor's device, not the current one
 
 
 def test_a_capture_on_another_device_does_not_refuse(cuda):
     cuda["capturing"].add(1)
-    assert ops._refuse_capture(torch.device("cuda", 0)) is None
+    assert tensors._refuse_capture(torch.device("cuda", 0)) is None
     assert cuda["entered"] == []
 
 
 def test_cpu_tensors_ask_nothing_of_cuda(cuda):
     cuda["capturing"].add(0)
-    source = ops._source(torch.ones(3))
-    assert source.memory == ops.buffers.HOST_MEMORY and cuda["entered"] == []
+    source = tensors._source(torch.ones(3))
+    assert source.memory == tensors.buffers.HOST_MEMORY and cuda["entered"] == []
 
 
 @pytest.mark.parametrize("stream_id, external", [(0, False), (0x21, False), (0x7F3A_1C00_0E00, True), (None, True)])
 def test_external_streams_are_told_from_torchs_own(stream_id, external):
-    assert ops._is_external(types.SimpleNamespace(stream_id=stream_id)) == external
+    assert tensors._is_external(types.SimpleNamespace(stream_id=stream_id)) == external
 
 
 class Buffer:
@@ -95,7 +95,7 @@ def test_a_gpu_result_on_an_external_stream_is_copied_and_its_memory_freed_behin
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: stream)
     monkeypatch.setattr(torch, "as_tensor", lambda result, device: order.append("adopt") or Adopted())
     monkeypatch.setattr(Buffer, "free", lambda self: order.append("free on %#x" % self.stream))
-    got = ops._adopt_device(buffer, 64, torch.device("cuda", 0))
+    got = tensors._adopt_device(buffer, 64, torch.device("cuda", 0))
     assert buffer.stream == 0x5151                   # freed on the caller's stream
     if external:
         assert got == "copy" and order == ["adopt", "clone", "free on 0x5151"]
