@@ -41,5 +41,5 @@ try:
 except ImportError as first:
     if not _preload_libmpi():
         raise ImportError("hvlite's engine could not be loaded (%s). Build it with "
-                          "'pip install .' (or 'make build' in a checkout)." % first) from first
+                          "'pip install .' in this environment." % first) from first
     from ._core import ffi, lib  # noqa: F401

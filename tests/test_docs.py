@@ -97,6 +97,7 @@ OTHER_PROGRAMS_FLAGS = {
     "--model", "--num-warmup-batches", "--num-batches-per-iter", "--num-iters",
     "--fp16-allreduce", "--use-adasum", "--no-cuda", "--warmup", "--bootstrap", "--ops",
     "--sizes-kib", "--csv", "--rows", "--lr", "--wait", "--no-build-isolation", "--inplace",
+    "--nnodes",
 }
 
 

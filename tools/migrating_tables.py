@@ -67,7 +67,7 @@ def flags_table():
                             % _names(same))]
     out.append(_table("Flags hvlrun honours in its own way", "", ("horovodrun flag", "in hvlrun"),
                       [(f, t) for f, s, t in rows if s == "honoured" and t]))
-    out.append(_table("Flags with no effect", "hvlrun names those it is given in one "
+    out.append(_table("Flags with no effect", "hvlrun names each one it is given in a "
                       "`hvlrun: note:` line, saying why, and runs the job.",
                       ("horovodrun flag", "why"),
                       [(f, t) for f, s, t in rows if s == "no effect"]))

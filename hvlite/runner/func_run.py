@@ -131,7 +131,7 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
         ValueError: bad arguments, ``use_gloo=True``, or a function that cannot be pickled.
     """
     if os.environ.get(_ENV_INSIDE):
-        raise RuntimeError("hvlite.runner.run was called inside a rank of hvlite.runner.run: the ranks run the "
+        raise RuntimeError("hvlite.run was called inside a rank of the job it started: the ranks run the "
                            "calling script again (as multiprocessing's spawn does), so put the call "
                            "under `if __name__ == '__main__':`")
     if use_gloo:
