@@ -285,9 +285,9 @@ _ORDER = []     # the order variable (see the module docstring), made on first u
 def _order_variable():
     """hvlite's order variable: made outside any function (``tf.init_scope``), on the CPU; None
     where that is a TF1 graph (a variable there would need a Session to initialize it)."""
+    if not tf.compat.v1.executing_eagerly_outside_functions():
+        return None         # checked first: an eager variable cannot be captured in a TF1 graph
     if not _ORDER:
-        if not tf.compat.v1.executing_eagerly_outside_functions():
-            return None
         with tf.init_scope(), tf.device("/cpu:0"):
             _ORDER.append(tf.Variable(0, dtype=tf.int64, trainable=False, name="hvlite_order"))
     return _ORDER[0]

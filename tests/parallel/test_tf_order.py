@@ -122,3 +122,18 @@ def test_a_tape_on_a_set_leaves_the_names_of_global_collectives_alone():
             np.testing.assert_allclose(average.numpy(), np.full(3, (SIZE + 1) / 2.0))
     finally:
         hvd.remove_process_set(ps)
+
+
+def test_a_function_traced_in_a_tf1_graph_after_eager_ones():
+    """The order variable is eager: a tf.function traced inside a TF1 graph (run by a Session),
+    after eager functions made it, must not capture it."""
+    @tf.function
+    def eager_one(x):
+        return hvd.allreduce(x, op=hvd.Sum, name="order.eager")
+    np.testing.assert_allclose(eager_one(tf.constant([1.0])).numpy(), [hvd.size()])
+    graph = tf.Graph()
+    with graph.as_default():
+        traced = tf.function(lambda x: hvd.allreduce(x, op=hvd.Sum, name="order.graph"))
+        out = traced(tf.constant([2.0]))
+        with tf.compat.v1.Session(graph=graph) as session:
+            np.testing.assert_allclose(session.run(out), [2.0 * hvd.size()])

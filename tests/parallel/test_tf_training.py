@@ -161,6 +161,39 @@ def test_model_fit_equivalence_and_callbacks():
         np.testing.assert_allclose(log["loss"], np.mean([l[epoch] for l in local_losses]), rtol=1e-6)
 
 
+def test_broadcast_callback_leaves_each_ranks_dropout_state():
+    """Keras 3 keeps a dropout layer's random state in a variable: the callback gives every rank
+    rank 0's weights but leaves each rank its own random state (Keras 2 had no such variable)."""
+    x, y = data(4, LOCAL_BATCH * SIZE * STEPS, 6)
+    keras.utils.set_random_seed(400 + RANK)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8), keras.layers.Dropout(0.5),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse",
+                  jit_compile=False)
+    model.fit(x[RANK::SIZE], y[RANK::SIZE], batch_size=LOCAL_BATCH, epochs=1, shuffle=False,
+              verbose=0, callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0)])
+    assert_same_on_every_rank(model.get_weights(), "weights")
+    states = [v.numpy() for v in model.variables if "seed_generator" in v.path]
+    assert states, [v.path for v in model.variables]
+    gathered = hvd.allgather_object(states)
+    assert not all(np.array_equal(gathered[0][0], theirs[0]) for theirs in gathered[1:]), \
+        "the dropout random state was made the same on every rank"
+
+
+def test_distributed_optimizer_keeps_weight_decay_exclusions():
+    """exclude_from_weight_decay() lives outside the optimizer's config: the wrapper keeps it."""
+    optimizer = keras.optimizers.AdamW(0.1, weight_decay=0.5)
+    optimizer.exclude_from_weight_decay(var_names=["bias"])
+    wrapped = hvdk.DistributedOptimizer(optimizer)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1)])
+    kernel, bias = model.trainable_variables
+    kernel.assign(np.ones((6, 1), np.float32))
+    bias.assign(np.ones((1,), np.float32))
+    wrapped.apply_gradients([(tf.zeros_like(kernel), kernel), (tf.zeros_like(bias), bias)])
+    np.testing.assert_allclose(kernel.numpy(), 1 - 0.1 * 0.5, rtol=1e-6)   # decayed
+    np.testing.assert_allclose(bias.numpy(), 1.0)                          # excluded
+
+
 @pytest.mark.parametrize("case", ["no_input", "root_resumed", "root_resumed_others_unbuilt",
                                   "root_resumed_others_unbuilt_accumulating"])
 def test_broadcast_callback_reaches_variables_built_by_the_first_step(case):
@@ -351,17 +384,19 @@ def test_learning_rate_callbacks():
                   jit_compile=False)
     probe = Probe()
     warmup = hvdk.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2)
-    schedule = hvdk.callbacks.LearningRateScheduleCallback(0.4, lambda e: 0.5 ** e, start_epoch=2)
+    # a constant multiplier decays from start_epoch: 0.4, then 0.2 (Horovod's code)
+    schedule = hvdk.callbacks.LearningRateScheduleCallback(0.4, 0.5, start_epoch=2)
     hvdk.broadcast_global_variables(0, model)
     model.fit(x[RANK::SIZE], y[RANK::SIZE], batch_size=LOCAL_BATCH, epochs=4, shuffle=False,
               verbose=0, callbacks=[warmup, schedule, probe])
     expected = []
     for epoch in range(4):
         for batch in range(STEPS):
-            e = epoch + batch / STEPS
-            expected.append(0.4 / SIZE * (e * (SIZE - 1) / 2 + 1) if epoch < 2 else 0.4 * 0.5 ** epoch)
+            e = epoch + (batch + 1) / STEPS     # the warmup counts the batch as done
+            expected.append(0.4 / SIZE * (e * (SIZE - 1) / 2 + 1) if epoch < 2
+                            else 0.4 * 0.5 ** (epoch - 2))
     np.testing.assert_allclose(probe.lrs, expected, rtol=1e-6)
-    assert probe.logs[-1]["lr"] == pytest.approx(0.4 * 0.5 ** 3)
+    assert probe.logs[-1]["lr"] == pytest.approx(0.2)
     assert_same_on_every_rank(model.get_weights(), "weights after warmup")
 
 

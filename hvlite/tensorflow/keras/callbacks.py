@@ -37,7 +37,9 @@ __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
 
 
 def _model_variables(model):
-    variables = list(model.variables)
+    # weights, not variables: Keras 3's variables also hold each dropout layer's random state,
+    # which every rank keeps its own (as with Keras 2, which had no such variable)
+    variables = list(model.weights)
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None and optimizer.built:
         variables += list(optimizer.variables)
@@ -161,8 +163,8 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     Args:
         initial_lr: the base learning rate.
-        multiplier: a constant, or a function of the epoch (fractional at each batch, unless
-            ``staircase``).
+        multiplier: a function of the epoch (fractional at each batch, unless ``staircase``),
+            or a constant ``m``, which gives ``m ** (epoch - start_epoch)`` (exponential decay).
         start_epoch: the first epoch it applies to.
         end_epoch: the first epoch it no longer applies to (None: no end).
         staircase: set the rate once per epoch (True) or at every batch.
@@ -179,7 +181,9 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         super().__init__()
         self.initial_lr = initial_lr
         """The base learning rate."""
-        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        # a constant decays the rate exponentially from start_epoch, as Horovod's code does
+        self.multiplier = (multiplier if callable(multiplier)
+                           else (lambda epoch: multiplier ** (epoch - start_epoch)))
         """The multiplier, as a function of the epoch."""
         self.start_epoch = start_epoch
         """The first epoch it applies to."""
@@ -228,7 +232,8 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
     """Ramp the learning rate from ``initial_lr / size`` to ``initial_lr`` over ``warmup_epochs``,
     at every batch (Goyal et al.): lr = initial_lr / size * (epoch * (size - 1) /
-    warmup_epochs + 1), with a fractional epoch; ``initial_lr`` exactly when it ends.
+    warmup_epochs + 1), with epoch the fraction of epochs done at the end of the batch (as in
+    Horovod); ``initial_lr`` exactly when it ends.
 
     Args:
         initial_lr: the learning rate reached at the end of the warmup.
@@ -241,6 +246,8 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
                  steps_per_epoch=None, verbose=0):
         def multiplier(epoch):
+            # as Horovod's: the batch's end, so the ramp reaches initial_lr at the last batch
+            epoch += 1.0 / self.steps_per_epoch
             n = size()
             return 1.0 / n * (epoch * (n - 1) / warmup_epochs + 1)
         super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,

@@ -278,6 +278,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     if backward_passes_per_step != 1:
         config["gradient_accumulation_steps"] = operator.index(backward_passes_per_step)
     distributed = _in_front(_DistributedMixin, optimizer.__class__).from_config(config)
+    # exclude_from_weight_decay() is kept outside the config: carry it over
+    for attr in ("_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern"):
+        if hasattr(optimizer, attr):
+            setattr(distributed, attr, getattr(optimizer, attr))
     _set_options(distributed, options)
     # Horovod's default sums the N steps' gradients; Keras's own accumulation averages them
     distributed._hvlite_average_aggregated = (backward_passes_per_step == 1
