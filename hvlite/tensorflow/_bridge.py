@@ -35,7 +35,8 @@ Contract:
   themselves when they read variables), so a function's collectives run one at a time, in the
   order they were made, on every rank, also in gradient functions TensorFlow builds without
   automatic ordering. Names that repeat within a step (an inner function called twice) are
-  then calls one after the other, which the engine allows. In a TF1 graph, see ``run``.
+  then calls one after the other, which the engine allows. In a TF1 graph, see ``run`` and
+  ``chained``.
 - ``np_dtype(tf_dtype)`` maps a TensorFlow dtype to NumPy and raises ``TypeError`` for a dtype
   the engine does not support, before anything is sent.
 - ``wait_all(handles)`` (``hvlite.handles``') waits for every handle and then raises the first
@@ -225,17 +226,34 @@ def library(fn):
 
 
 _UNCHAINED = [False]
+_CALL_CHAIN = []    # while one call builds its list of ops (chained()): [its last op]
 
 
 @contextlib.contextmanager
 def unchained():
-    """Ops made inside stay out of a TF1 graph's chain (variable broadcasts, usually run once
+    """Ops made inside stay out of a TF1 graph's chains (variable broadcasts, usually run once
     on their own before training: chained, running one would run the training step's)."""
     _UNCHAINED[0] = True
     try:
         yield
     finally:
         _UNCHAINED[0] = False
+
+
+@contextlib.contextmanager
+def chained():
+    """In a TF1 graph, the ops made inside (one call's list of gradients) form a chain of their
+    own: each follows the one made before it, and none follows an op made outside, so fetching
+    the training step runs no other collective, and fetching another op never runs the step's.
+    Nested calls join the outermost chain."""
+    if _CALL_CHAIN:
+        yield
+        return
+    _CALL_CHAIN.append(None)
+    try:
+        yield
+    finally:
+        _CALL_CHAIN.pop()
 
 
 def run(np_fn, tensors, out_dtypes):
@@ -258,24 +276,32 @@ def run(np_fn, tensors, out_dtypes):
     graph = tf.compat.v1.get_default_graph()
     if isinstance(graph, FuncGraph):
         return _ordered_in_function(graph, np_fn, tensors, out_dtypes)
-    chained = not _UNCHAINED[0]
-    chain = getattr(graph, "_hvlite_chain", None) if chained else None
     ran = [False]
 
     def numpy_body(*values):     # 0-d inputs arrive as NumPy scalars
         ran[0] = True
         return np_fn([np.asarray(v) for v in values])
     # A TF1 graph runs ops that do not depend on each other in any order, and each engine call
-    # holds a TensorFlow thread until every rank has made it: ops not run yet are chained in
-    # the order they were made, so every rank runs them in that order (tf.function does the
-    # same for its stateful ops). An op a Session has already run starts a new chain.
-    deps = [chain[0]] if chain is not None and not chain[1][0] else []
+    # holds a TensorFlow thread until every rank has made it, so ops fetched together must run
+    # in one order on every rank: they are chained in the order they were made (tf.function
+    # does the same for its stateful ops). One call's list of ops (chained()) is a chain of its
+    # own; other ops chain to the one made before them, unless a Session has already run it.
+    if _UNCHAINED[0]:
+        deps = []
+    elif _CALL_CHAIN:
+        deps = [_CALL_CHAIN[0]] if _CALL_CHAIN[0] is not None else []
+    else:
+        chain = getattr(graph, "_hvlite_chain", None)
+        deps = [chain[0]] if chain is not None and not chain[1][0] else []
     with tf.control_dependencies(deps):
         outs = tf.numpy_function(numpy_body, list(tensors), list(out_dtypes), stateful=True)
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-    if chained and outs:
-        graph._hvlite_chain = (outs[0] if isinstance(outs[0], tf.Operation) else outs[0].op,
-                               ran)
+    if outs and not _UNCHAINED[0]:
+        op = outs[0] if isinstance(outs[0], tf.Operation) else outs[0].op
+        if _CALL_CHAIN:
+            _CALL_CHAIN[0] = op
+        else:
+            graph._hvlite_chain = (op, ran)
     return outs
 
 

@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from ..collectives import reduce_op
 from ..process_sets import global_process_set, rank_and_size
-from ._bridge import library, op_name
+from ._bridge import chained, library, op_name
 from .compression import Compression
 from .ops import Average, _allreduce_group, _allreduce_when, _sparse_allreduce, _tensor
 
@@ -122,6 +122,15 @@ def allreduce_gradients(grads, prefix, compression=Compression.none, sparse_as_d
         ValueError: gradient_predivide_factor with an op other than Average.
         HvliteError: what the engine reports, as for ``hvlite.tensorflow.allreduce``.
     """
+    with chained():
+        return _allreduce_gradients(grads, prefix, compression, sparse_as_dense, op,
+                                    gradient_predivide_factor, num_groups, process_set, groups,
+                                    variables, when)
+
+
+def _allreduce_gradients(grads, prefix, compression, sparse_as_dense, op,
+                         gradient_predivide_factor, num_groups, process_set, groups, variables,
+                         when):
     op = reduce_op(None, op)
     pre, post = _scale_factors(op, gradient_predivide_factor)
     if rank_and_size(process_set)[0] < 0:

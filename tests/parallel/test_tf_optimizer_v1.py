@@ -90,6 +90,31 @@ def test_tf1_graph_with_a_session():
     check(got_slot, want_slot, "momentum slot")
 
 
+def test_a_metric_allreduce_does_not_run_the_training_step():
+    """A metric's allreduce made before or after the training step is its own op in a TF1
+    graph: fetching it needs none of the step's inputs and runs none of its collectives, and
+    the step runs none of the metric's."""
+    with tf.Graph().as_default():
+        value = tf.compat.v1.placeholder(tf.float32, [], name="metric_value")
+        before = hvd.allreduce(value, op=hvd.Sum, name="metric_before")
+        w = tf.compat.v1.get_variable("w", initializer=START["w"])
+        emb = tf.compat.v1.get_variable("emb", initializer=START["emb"])
+        ids = tf.compat.v1.placeholder(tf.int32, [None])
+        x = tf.compat.v1.placeholder(tf.float32, [None, 3])
+        y = tf.compat.v1.placeholder(tf.float32, [None, 1])
+        train = hvd.DistributedOptimizer(sgd()).minimize(loss_of(w, emb, ids, x, y),
+                                                        var_list=[w, emb])
+        after = hvd.allreduce(value, op=hvd.Sum, name="metric_after")
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            want = sum(r + 1.0 for r in range(SIZE))
+            assert sess.run(after, {value: RANK + 1.0}) == want      # no step input fed
+            mine = rows_of(RANK, 0)
+            sess.run(train, {ids: mine[0], x: mine[1], y: mine[2]})  # no metric value fed
+            assert sess.run(after, {value: RANK + 1.0}) == want
+            assert sess.run(before, {value: RANK + 1.0}) == want
+
+
 def test_eagerly_with_a_callable_loss():
     # plain SGD: with momentum, a densified gradient moves rows a sparse one leaves alone
     want_w, want_emb, _ = reference(sgd)
