@@ -51,8 +51,7 @@ _BUILD_WHY = ("hvlite compiles no framework extension (one engine serves torch a
               "installed), builds against the MPI it finds (HVLITE_MPICC, mpicc, else the MPICH "
               "wheel) and loads CUDA and NCCL at run time")
 _BUILD_TEXT = "read by Horovod's pip install, to choose what it compiles; " + _BUILD_WHY
-_SPARK = ("read by Horovod's Spark launcher (horovod.spark.run); hvlite's launchers do not read "
-          "it: give hvlite.spark.run the setting as an argument")
+_SPARK = "set by Horovod's Spark task service for the ranks it starts; hvlite does not read it: "
 
 VARIABLES: Dict[str, Variable] = {
     # --- the engine's settings (Horovod's common/common.h, env_parser.cc, logging.cc) ---------
@@ -130,11 +129,18 @@ VARIABLES: Dict[str, Variable] = {
                                 "--host-discovery-script"),
     "HOROVOD_SECRET_KEY": Variable(UNUSED, "horovodrun's key for its services; hvlrun makes its "
                                    "own per-job secret"),
-    "HOROVOD_SPARK_PYTHONPATH": Variable(UNUSED, _SPARK),
+    "HOROVOD_SPARK_PYTHONPATH": Variable(UNUSED, _SPARK + "each rank of hvlite.spark.run imports "
+                                         "from its own sys.path, then its Spark task's (what "
+                                         "Spark shipped there included)"),
     "HOROVOD_SPARK_START_TIMEOUT": Variable(HONOURED, "by hvlite.spark.run and run_elastic, as "
                                                       "start_timeout's default (else 600 s)"),
-    "HOROVOD_SPARK_USE_LOCAL_RANK_GPU_INDEX": Variable(UNUSED, _SPARK),
-    "HOROVOD_SPARK_WORK_DIR": Variable(UNUSED, _SPARK),
+    "HOROVOD_SPARK_USE_LOCAL_RANK_GPU_INDEX": Variable(
+        UNUSED, "read by Horovod's Spark estimators, to pick the GPU by local rank instead of "
+        "Spark's GPU addresses; hvlite has no Spark estimators, and each rank of hvlite.spark.run "
+        "sees the GPUs Spark gave its executor's tasks in local-rank order "
+        "(CUDA_VISIBLE_DEVICES), so torch.cuda.set_device(hvd.local_rank()) picks its own"),
+    "HOROVOD_SPARK_WORK_DIR": Variable(UNUSED, _SPARK + "each rank of hvlite.spark.run runs in "
+                                       "its Spark task's working directory"),
     # --- NCCL's location: Horovod's build settings, which hvlite reads at run time --------------
     "HOROVOD_NCCL_LIB": Variable(HONOURED, "the folder holding libnccl.so.2 (Horovod's meaning) or "
                                  "the library itself: the GPU plane loads it (HVLITE_NCCL_LIB "

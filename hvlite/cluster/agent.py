@@ -49,7 +49,8 @@ __all__ = ["KILL_GRACE_SECONDS", "STATUS", "WorkerGone", "Agent", "local_address
 KILL_GRACE_SECONDS = 10.0    # the host guard needs a few seconds to end what is below it
 # A result's first byte (``worker.py``): the value, the function's own failure, or a failure
 # that another rank's caused (hvlite's error saying a peer is gone or stopped).
-STATUS = {b"1": "ok", b"0": "raised", b"2": "consequence"}
+# ``b"3"``: the function returned, but its value cannot be pickled (the rank goes on).
+STATUS = {b"1": "ok", b"0": "raised", b"2": "consequence", b"3": "unpicklable"}
 _MAX_STDIN = 1 << 16
 
 
@@ -133,6 +134,8 @@ class Agent:
         self._worker: Optional[Channel] = None
         self.worker_info: Optional[dict] = None
         self._answers: List[Tuple[str, bytes]] = []
+        self._calling = threading.Lock()      # one call at a time: they share ``_answers``
+        self._turn = 0                        # the ``seq`` of the call whose turn it is
         self._gone = ""                       # why the connected rank process went away
         self._results: List[Tuple[int, int, str, bytes]] = []
         self._commands: List[_Command] = []
@@ -147,9 +150,12 @@ class Agent:
             self._setup = {"env": dict(env), "cwd": cwd, "path": list(path)}
 
     def set_job(self, payload: bytes) -> None:
-        """Hand ``payload`` (a pickled call) to every rank process that connects from now on."""
+        """Hand ``payload`` (a pickled call) to every rank process that connects from now on;
+        the results of an earlier job are forgotten (each job's hvlrun numbers its worlds
+        from 1 again)."""
         with self._lock:
             self._job = payload
+            self._results = []
 
     def wait_worker(self, timeout: float) -> dict:
         """Wait until this slot's rank process connected; return its hello (rank, world, pid).
@@ -168,13 +174,35 @@ class Agent:
                 raise WorkerGone("the agent is closing")
             return dict(self.worker_info)
 
-    def call(self, payload: bytes) -> Tuple[str, bytes]:
+    def call(self, payload: bytes, seq: Optional[int] = None) -> Tuple[str, bytes]:
         """Send a call to the connected rank process and wait for its answer: ``("ok", the
-        pickled value)``, or ``("raised" | "consequence", traceback text)`` (:data:`STATUS`).
+        pickled value)``, ``("raised" | "consequence", traceback text)`` or ``("unpicklable",
+        why)`` (:data:`STATUS`).
+
+        Calls are served one at a time. ``seq`` (0, 1, 2, ... as the driver issued them) makes
+        them run in that order whatever order they arrive in: call ``seq`` waits until call
+        ``seq - 1`` was answered (or failed). Without it, in arrival order.
 
         Raises:
             WorkerGone: no rank process is connected, or it went away before answering.
         """
+        if seq is None:
+            with self._calling:
+                return self._call(payload)
+        with self._lock:
+            while self._turn != seq and not self._closing:
+                self._lock.wait(1.0)
+        try:
+            if self._closing:
+                raise WorkerGone("the agent is closing")
+            with self._calling:
+                return self._call(payload)
+        finally:
+            with self._lock:
+                self._turn = max(self._turn, seq + 1)
+                self._lock.notify_all()
+
+    def _call(self, payload: bytes) -> Tuple[str, bytes]:
         with self._lock:
             worker = self._worker
             if worker is None:

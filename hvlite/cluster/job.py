@@ -18,6 +18,7 @@ Contract:
   * :class:`JobError` (a ``RuntimeError``) is what the engines' ``run``/``execute`` raise when a
     job fails: the failing rank (or None), its host, its traceback, and hvlrun's words.
 """
+import io
 import json
 import os
 import shlex
@@ -143,7 +144,9 @@ class Hvlrun:
             heartbeat_timeout: hvlrun's ``--heartbeat-timeout`` (None: its default).
             nics: network interfaces for hvlrun's ``--network-interface``.
             env: more variables for every rank.
-            stdout, stderr: where the ranks' output goes (this process's, when None).
+            stdout, stderr: where the ranks' output goes (this process's, when None); a
+                real file gets it directly, another stream object (a notebook's) through
+                a thread.
             verbose: 2 shows hvlrun's command.
             prefix_timestamp: hvlrun's ``--prefix-output-with-timestamp``.
             mpi_args: more mpiexec arguments.
@@ -258,6 +261,12 @@ class Hvlrun:
 
 
 def _fileno(stream: IO) -> Optional[int]:
+    """The descriptor hvlrun may write to directly: only a real file's (the process's own
+    streams, an opened file). A stream object of another kind (a notebook kernel's, whose
+    ``fileno()`` is the terminal's while its text goes to the cell) is written through."""
+    if stream not in (sys.__stdout__, sys.__stderr__) and \
+            not isinstance(stream, (io.TextIOWrapper, io.BufferedWriter, io.FileIO)):
+        return None
     try:
         return stream.fileno()
     except (AttributeError, OSError, ValueError):

@@ -23,6 +23,9 @@ Contract:
     gone or stopped: a consequence of another rank's failure), prints it on stderr, and the
     process exits 1: hvlrun then ends the world on every rank (their calls may be waiting on
     this one), and the driver raises naming the rank whose failure was no consequence.
+  * A value that cannot be pickled sends ``b"3"`` + its type and pickle's error (printed on
+    stderr too); the process goes on (a job's process exits 0): only that result is lost, and
+    the driver raises for it naming the rank.
   * ``SystemExit``: code 0 or None is a result of None; any other code ends the process with
     it (the elastic exits 75/76 reach hvlrun's elastic driver as agreed).
   * A lost agent (its actor or task ended) ends the process with code 1, saying so.
@@ -96,16 +99,28 @@ def _call(slot: _Slot, payload: bytes) -> bytes:
             if e.code not in (None, 0):
                 raise
             value = None
-        import cloudpickle
-        return b"1" + cloudpickle.dumps(value)
     except SystemExit:
         raise
     except BaseException as error:   # noqa: BLE001 - every failure goes back to the driver
         text = traceback.format_exc()
-        sys.stdout.flush()
-        sys.stderr.write(text)
-        sys.stderr.flush()
+        _err(text)
         return (b"2" if _consequence(error) else b"0") + text.encode("utf-8", "replace")
+    # apart from the call: a value that cannot travel is no failure of the rank or its world
+    try:
+        import cloudpickle
+        return b"1" + cloudpickle.dumps(value)
+    except Exception as error:   # noqa: BLE001 - any pickling error, told to the driver
+        why = "a value of type %s.%s: %s: %s" % (type(value).__module__,
+                                                 type(value).__qualname__,
+                                                 type(error).__name__, error)
+        _err("hvlite worker: the function's value cannot be pickled: %s\n" % why)
+        return b"3" + why.encode("utf-8", "replace")
+
+
+def _err(text: str) -> None:
+    sys.stdout.flush()
+    sys.stderr.write(text)
+    sys.stderr.flush()
 
 
 def _consequence(error: BaseException) -> bool:
@@ -143,7 +158,7 @@ def main(environ=os.environ) -> int:
             elif kind in ("call", "job"):
                 answer = _call(slot, data)
                 channel.send("result", answer)
-                if answer[:1] != b"1":
+                if answer[:1] not in (b"1", b"3"):
                     return 1
                 if kind == "job":
                     return 0

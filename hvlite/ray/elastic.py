@@ -6,15 +6,21 @@ Contract:
     of every live node (``CPU // cpus_per_worker``, and ``GPU // gpus_per_worker`` with GPUs;
     at most ``max_workers`` in all), pinned to its node (``NodeAffinitySchedulingStrategy``). A
     thread of the driver looks every :data:`WATCH_SECONDS`: a new node gets its actors; a node
-    whose agents no longer answer (a killed node, a killed actor: a TCP ping, not Ray's slower
-    health check) or that Ray reports dead is dropped. The host table it writes is hvlrun's
+    that Ray reports dead is dropped, and so is one whose agents missed
+    :data:`DROP_MISSED_PINGS` TCP pings in a row over :data:`DROP_SECONDS` (a killed node, a
+    killed actor: sooner than Ray's health check; a briefly frozen node is kept). A dropped
+    node's actors are ended at once (on a thread, bounded), and the node is not looked at again
+    until they are, so their resources come back for its new actors. The watcher's Ray calls
+    are bounded by ``timeout_s`` (a node that does not answer in time is dropped); its last
+    error is part of ``start()``'s. The host table it writes is hvlrun's
     discovery list, so hvlrun's elastic driver re-forms the job as hosts come and go (a host
     that restarts is a new host: its node id is part of its name).
   * ``run(fn, args, kwargs)`` starts hvlrun's elastic job (``--min-np``/``--max-np``/
     ``--elastic-timeout``/``--reset-limit``/``--blacklist-cooldown-range``); every rank of every
     world calls ``fn(*args, **kwargs)`` in a fresh process below its slot's actor (the function
     uses ``hvd.elastic.run`` and a ``State``: each world resumes from the last commit). It
-    returns the last world's results in rank order, or raises
+    returns the last world's results in rank order (each run its own: setting a run's job
+    clears what the agents kept of the one before), or raises
     :class:`~hvlite.cluster.JobError` (a rank's traceback, or hvlrun's words: too few workers
     for ``elastic_timeout``, the reset limit, worlds failing without progress).
   * ``start()`` waits until ``min_workers`` slots exist (``timeout_s``); ``shutdown()`` ends
@@ -31,12 +37,17 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ..cluster.frames import ChannelError, connect
 from ..cluster.job import END_GRACE_SECONDS, HostTable, Hvlrun, JobError, host_names
 from ..protocol.wire import new_secret
-from .slot import Slot, slot_options
+from .slot import slot_actor_class, slot_options
 
 __all__ = ["WATCH_SECONDS", "ElasticJob", "ElasticRayExecutor", "ElasticSettings"]
 
 WATCH_SECONDS = 1.0
 _PING_SECONDS = 1.0
+# A node whose agents stopped answering is dropped once they have missed this many pings in a
+# row over at least this long (a busy or briefly frozen node is no lost one; Horovod's
+# discovery waits about as long). A node Ray reports dead is dropped at once.
+DROP_MISSED_PINGS = 3
+DROP_SECONDS = 10.0
 
 
 def _alive(agent: str, key: str) -> bool:
@@ -64,6 +75,32 @@ class _Node:
         self.infos: Optional[List[dict]] = None
         self.since = time.monotonic()
         self.name = ""
+        self.missed, self.missed_since = 0, 0.0      # pings missed in a row, since when
+
+    def answered(self, ok: bool, now: float) -> bool:
+        """Count a look's ping; True when the node is to be dropped (module contract)."""
+        if ok:
+            self.missed = 0
+            return False
+        if not self.missed:
+            self.missed_since = now
+        self.missed += 1
+        return self.missed >= DROP_MISSED_PINGS and now - self.missed_since >= DROP_SECONDS
+
+
+def refuse_own_discovery(override_discovery: bool) -> None:
+    """ValueError for ``override_discovery=False``: the workers always follow Ray's nodes."""
+    if not override_discovery:
+        raise ValueError("hvlite.ray: override_discovery=False (a host discovery of your own) "
+                         "is not offered: the workers always follow the Ray cluster's nodes; "
+                         "leave it True, or run hvlrun --host-discovery-script outside Ray")
+
+
+def _cluster_resources() -> str:
+    try:
+        return str(ray.cluster_resources())
+    except Exception as e:   # noqa: BLE001 - only words for an error message
+        return "(unknown: %s)" % e
 
 
 class ElasticJob:
@@ -82,7 +119,9 @@ class ElasticJob:
         self._key = new_secret()
         self._lock = threading.Lock()
         self._nodes: Dict[str, _Node] = {}       # live or starting, by Ray node id
-        self._dropped: List[Any] = []            # actors of dropped nodes (killed at the end)
+        self._dropped: List[Any] = []            # actors of dropped nodes (killed at once, and
+        self._killers: Dict[str, threading.Thread] = {}   # again at the end), by node id
+        self._watch_error = ""                   # the watcher's last failure, for start()'s error
         self._payload: Optional[bytes] = None
         self._table: Optional[HostTable] = None
         self._stop = threading.Event()
@@ -102,9 +141,11 @@ class ElasticJob:
         while self._ready_slots() < self.min_workers:
             if time.monotonic() > deadline:
                 raise JobError("hvlite.ray: only %d of min_workers %d slots ready within %g s "
-                               "(timeout_s); the cluster has %s"
+                               "(timeout_s); the cluster has %s%s"
                                % (self._ready_slots(), self.min_workers, self.settings.timeout_s,
-                                  ray.cluster_resources()))
+                                  _cluster_resources(),
+                                  "; the node watcher's last error: " + self._watch_error
+                                  if self._watch_error else ""))
             time.sleep(0.2)
 
     def _ready_slots(self) -> int:
@@ -115,8 +156,8 @@ class ElasticJob:
         while not self._stop.wait(WATCH_SECONDS):
             try:
                 self._look()
-            except Exception:   # noqa: BLE001 - a cluster in trouble: look again later
-                pass
+            except Exception as e:   # noqa: BLE001 - a cluster in trouble: look again later
+                self._watch_error = "%s: %s" % (type(e).__name__, str(e).strip()[:500])
 
     def _look(self) -> None:
         alive = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
@@ -124,18 +165,18 @@ class ElasticJob:
         with self._lock:
             nodes = dict(self._nodes)
         for node, entry in nodes.items():
-            if node not in alive or (entry.name and not all(
-                    _alive(i["agent"], self._key) for i in entry.infos)):
+            if node not in alive or (entry.name and entry.answered(
+                    all(_alive(i["agent"], self._key) for i in entry.infos), time.monotonic())):
                 self._drop(node)
                 changed = True
         with self._lock:
             total = sum(len(n.actors) for n in self._nodes.values())
         for node, desc in alive.items():
-            if node in nodes:
-                continue
+            if node in nodes or self._killing(node):
+                continue                 # known, or its dropped actors still hold its resources
             slots = self._slots(desc.get("Resources", {}), total)
             if slots > 0:
-                remote = ray.remote(Slot)
+                remote = slot_actor_class()
                 strategy = NodeAffinitySchedulingStrategy(node, soft=False)
                 actors = [remote.options(**slot_options(self.cpus, self.gpus, strategy))
                           .remote(self._key) for _ in range(slots)]
@@ -164,16 +205,17 @@ class ElasticJob:
                 if time.monotonic() - entry.since > self.settings.timeout_s:
                     self._drop(entry.node)
                 continue
+            timeout = self.settings.timeout_s
             try:
-                infos = ray.get(entry.infos_ref)
+                infos = ray.get(entry.infos_ref, timeout=timeout)
                 gpus = ",".join(g for i in infos for g in i["gpus"])
                 env = dict(self.env, **({"CUDA_VISIBLE_DEVICES": gpus} if self.gpus else {}))
-                ray.get([a.setup.remote(env) for a in entry.actors])
+                ray.get([a.setup.remote(env) for a in entry.actors], timeout=timeout)
                 with self._lock:
                     payload = self._payload
                 if payload is not None:
-                    ray.get([a.set_job.remote(payload) for a in entry.actors])
-            except Exception:   # noqa: BLE001 - the node went away while starting
+                    ray.get([a.set_job.remote(payload) for a in entry.actors], timeout=timeout)
+            except Exception:   # noqa: BLE001 - the node went away while starting (or hangs)
                 self._drop(entry.node)
                 continue
             entry.infos = infos
@@ -183,10 +225,26 @@ class ElasticJob:
         return changed
 
     def _drop(self, node: str) -> None:
+        """Forget the node and end its actors on a thread (bounded: ``_close_actors``), so
+        that their resources come back before the node gets new ones."""
+        from .executor import _close_actors
         with self._lock:
             entry = self._nodes.pop(node, None)
-        if entry is not None:
+            if entry is None:
+                return
             self._dropped.extend(entry.actors)
+            killer = threading.Thread(target=_close_actors, args=(entry.actors,), daemon=True,
+                                      name="hvlite-ray-drop")
+            self._killers[node] = killer
+        killer.start()
+
+    def _killing(self, node: str) -> bool:
+        with self._lock:
+            killer = self._killers.get(node)
+            if killer is not None and not killer.is_alive():
+                del self._killers[node]
+                killer = None
+        return killer is not None
 
     def _write(self) -> None:
         with self._lock:
@@ -205,7 +263,12 @@ class ElasticJob:
         with self._lock:
             self._payload = payload
             ready = [n for n in self._nodes.values() if n.name]
-        ray.get([a.set_job.remote(payload) for n in ready for a in n.actors])
+        try:
+            ray.get([a.set_job.remote(payload) for n in ready for a in n.actors],
+                    timeout=self.settings.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise JobError("hvlite.ray: the slot actors did not take the job within %g s "
+                           "(timeout_s)" % self.settings.timeout_s) from None
         np = int(min(self._ready_slots(), self.max_workers))
         self._job = Hvlrun(self._table, self._key, np, ray.util.get_node_ip_address(),
                            elastic=self.elastic, start_timeout=self.settings.timeout_s,
@@ -245,8 +308,10 @@ class ElasticJob:
             world, _, rank, text = failed[0]
             world = -world
             message = text.decode("utf-8", "replace")
-            raise JobError("hvlite.ray: rank %d (world %d) raised:\n%s\n(%s)"
-                           % (rank, world, message.rstrip(), said), rank=rank,
+            what = ("returned a value that cannot be pickled: " if any(
+                s == "unpicklable" and d == text for _, _, s, d in results) else "raised:\n")
+            raise JobError("hvlite.ray: rank %d (world %d) %s%s\n(%s)"
+                           % (rank, world, what, message.rstrip(), said), rank=rank,
                            traceback=message, hvlrun=self._job.said())
         raise JobError("hvlite.ray: the elastic job failed: %s" % said, hvlrun=self._job.said())
 
@@ -260,8 +325,11 @@ class ElasticJob:
             self._thread.join(10)
         with self._lock:
             actors = [a for n in self._nodes.values() for a in n.actors] + self._dropped
-            self._nodes, self._dropped = {}, []
+            killers = list(self._killers.values())
+            self._nodes, self._dropped, self._killers = {}, [], {}
         _close_actors(actors)
+        for killer in killers:
+            killer.join(END_GRACE_SECONDS)
         if self._table is not None:
             self._table.remove()
             self._table = None
@@ -304,6 +372,7 @@ class ElasticRayExecutor:
                  override_discovery: bool = True) -> None:
         if gpus_per_slot and not use_gpu:
             raise ValueError("gpus_per_slot is set, but use_gpu is False")
+        refuse_own_discovery(override_discovery)
         self._job = ElasticJob(settings, settings.min_num_proc, settings.max_num_proc,
                                cpus_per_slot, (gpus_per_slot or 1) if use_gpu else 0,
                                settings.reset_limit, settings.cooldown_range,

@@ -6,7 +6,10 @@ Contract (what differs from Horovod is in ``docs/guides/ray.md``):
     places one slot actor per worker with a Ray placement group (``PACK`` bundles of one
     worker each, or with ``num_hosts`` one ``STRICT_SPREAD`` bundle per host holding its
     workers; inside a placement group, that one). ``min_workers``/``max_workers`` make it an
-    elastic executor (``elastic.py``): then only ``start`` and ``run`` are offered.
+    elastic executor (``elastic.py``): then only ``start`` and ``run`` are offered
+    (``execute``/``execute_single``/``run_remote`` raise NotImplementedError), and
+    ``executable_cls``/``executable_args``/``executable_kwargs`` and
+    ``override_discovery=False`` raise ValueError.
   * ``start(executable_cls=None, executable_args=None, executable_kwargs=None,
     extra_env_vars=None)`` waits for the placement group (``placement_group_timeout_s``), starts
     hvlrun over the actors' nodes (each node a host, its workers its slots, ranks in node order)
@@ -25,7 +28,10 @@ Contract (what differs from Horovod is in ``docs/guides/ray.md``):
     timeout), a node or actor lost (hvlrun's words naming the host), too few resources for the
     placement group in time (what the cluster has), ranks that did not start in time. After a
     failure the world is gone: later calls raise until ``shutdown()`` and ``start()`` again.
+    Except: a value a rank's function returned that cannot be pickled raises a JobError naming
+    the rank and the value's type for that call only; the world goes on.
 """
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -37,7 +43,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ..cluster.job import END_GRACE_SECONDS, HostTable, Hvlrun, JobError, host_names
 from ..protocol.wire import new_secret
-from .slot import RankFailed, Slot, slot_options, unwrap
+from .slot import RankFailed, ResultUnpicklable, slot_actor_class, slot_options, unwrap
 
 __all__ = ["Settings", "RayExecutor", "pickle_call"]
 
@@ -90,7 +96,7 @@ class _Placement:
                            % (count, "" if count == 1 else "s", _resources(cpus, gpus),
                               settings.placement_group_timeout_s,
                               _short(ray.cluster_resources()), _short(ray.available_resources())))
-        remote = ray.remote(Slot)
+        remote = slot_actor_class()
         self.actors = []
         for i in range(count):
             index = (i // per_host if per_host else i) if self.own else -1
@@ -155,7 +161,8 @@ class RayExecutor:
         self.use_gpu = use_gpu
         self._elastic = None
         if min_workers is not None:
-            from .elastic import ElasticJob
+            from .elastic import ElasticJob, refuse_own_discovery
+            refuse_own_discovery(override_discovery)
             settings.elastic = True
             self._elastic = ElasticJob(settings, min_workers, max_workers, cpus_per_worker,
                                        self.gpus_per_worker, reset_limit, cooldown_range,
@@ -174,6 +181,10 @@ class RayExecutor:
         self._table: Optional[HostTable] = None
         self._job: Optional[Hvlrun] = None
         self._ended: Optional[str] = None
+        # each actor's next call number: every rank runs the calls in the order issued, also
+        # when two threads call, or run_remote() is called again before ray.get
+        self._seq: List[int] = []
+        self._issuing = threading.Lock()
 
     # --- start ------------------------------------------------------------------------------
     def start(self, executable_cls: Optional[type] = None, executable_args: Optional[List] = None,
@@ -181,6 +192,10 @@ class RayExecutor:
               extra_env_vars: Optional[Dict[str, str]] = None) -> None:
         """Place the workers, start the world, build ``executable_cls`` in every rank."""
         if self._elastic is not None:
+            if executable_cls is not None or executable_args or executable_kwargs:
+                raise ValueError("hvlite.ray: an elastic executor (min_workers) builds no "
+                                 "executable_cls: each world's ranks are fresh processes; "
+                                 "build what you need inside the function given to run()")
             return self._elastic.start(extra_env_vars)
         if self._job is not None:
             raise RuntimeError("hvlite.ray: this executor is started; shutdown() first")
@@ -221,9 +236,10 @@ class RayExecutor:
         if ranks != list(range(count)):
             raise JobError("hvlite.ray: the ranks did not start in node order: %s" % ranks)
         self.workers = actors
+        self._seq = [0] * len(actors)
         if executable_cls is not None:
-            self._gather([a.call.remote(pickle_call("build", executable_cls, executable_args,
-                                                    executable_kwargs)) for a in actors])
+            self._gather(self._issue(pickle_call("build", executable_cls, executable_args,
+                                                 executable_kwargs), actors))
 
     def _get(self, refs: list, timeout: float, what: str) -> list:
         try:
@@ -268,15 +284,23 @@ class RayExecutor:
                            % self._ended)
         if self._job is None:
             raise RuntimeError("hvlite.ray: start() the executor first")
-        actors = self.workers[:1] if first_only else self.workers
-        return [a.call.remote(payload) for a in actors]
+        return self._issue(payload, self.workers[:1] if first_only else self.workers)
+
+    def _issue(self, payload: bytes, actors: list) -> list:
+        """One call on each of ``actors`` (the first ones of :attr:`workers`), numbered."""
+        with self._issuing:
+            refs = []
+            for i, actor in enumerate(actors):
+                refs.append(actor.call.remote(self._seq[i], payload))
+                self._seq[i] += 1
+            return refs
 
     def _gather(self, refs: list) -> list:
         """Every result in order; on the first failure, wait (bounded) for hvlrun to end the
         world and the other calls to end with it, then raise the cause (module contract)."""
         index = {ref: i for i, ref in enumerate(refs)}
         results: List[Any] = [None] * len(refs)
-        pending, failed, other = list(refs), [], []
+        pending, failed, other, unsent = list(refs), [], [], []
         trouble_since = None
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=0.1)
@@ -285,6 +309,9 @@ class RayExecutor:
                     results[index[ref]] = ray.get(ref)
                 except Exception as e:   # noqa: BLE001 - sorted below
                     cause = unwrap(e)
+                    if isinstance(cause, ResultUnpicklable):
+                        unsent.append(cause)
+                        continue
                     (failed if isinstance(cause, RankFailed) else other).append((index[ref], e))
             ended = self._job is not None and not self._job.running()
             if (failed or other or ended) and trouble_since is None:
@@ -294,6 +321,11 @@ class RayExecutor:
                     or time.monotonic() - trouble_since > END_GRACE_SECONDS):
                 break
         if not (failed or other or pending):
+            if unsent:                  # the world goes on: only this call's results are lost
+                first = min(unsent, key=lambda c: c.args[0])
+                raise JobError("hvlite.ray: %s (the world goes on: return a picklable value)"
+                               % first, rank=first.args[0], host=first.args[1],
+                               traceback=first.args[2])
             return results
         raise self._failure(failed, other, pending)
 

@@ -8,9 +8,12 @@ Contract:
     ``info`` (node, address, agent, GPU ids, the actor's directory and import path),
     ``setup`` (the variables the rank process takes), ``set_job``, ``wait_worker``, ``call``,
     ``results``, ``stop`` and ``close``.
-  * ``call(payload)`` returns the value the rank process's function returned, or raises
-    :class:`RankFailed` (rank, host, traceback) when the function raised, or
-    :class:`~hvlite.cluster.agent.WorkerGone` when the rank process is gone.
+  * ``call(seq, payload)`` returns the value the rank process's function returned, or raises
+    :class:`RankFailed` (rank, host, traceback) when the function raised,
+    :class:`ResultUnpicklable` (rank, host, why) when its value cannot be pickled (the rank
+    goes on), or :class:`~hvlite.cluster.agent.WorkerGone` when the rank process is gone.
+    Calls run one at a time in ``seq`` order (0, 1, ... per actor, as the driver issued them),
+    whatever order Ray delivers them in, so every rank runs a driver's calls in one order.
   * :func:`unwrap` turns what ``ray.get`` raised into the original exception, when Ray wrapped
     one of ours.
 """
@@ -24,11 +27,13 @@ import ray
 
 from ..cluster.agent import Agent, WorkerGone
 
-__all__ = ["RankFailed", "Slot", "unwrap", "RAY_OPTIONS"]
+__all__ = ["RankFailed", "ResultUnpicklable", "Slot", "unwrap", "RAY_OPTIONS"]
 
-# Calls block in the actor while a rank works: ``stop``/``close``/``results`` must still be
-# served beside them.
+# Calls block in the actor while a rank works (and wait there for their turn): they get
+# threads of their own ("calls"), so that ``stop``/``close``/``results`` are still served.
+# (Ray takes concurrency groups in ``ray.remote`` only, not in ``.options()``.)
 RAY_OPTIONS = {"max_concurrency": 8}
+CONCURRENCY_GROUPS = {"calls": 8}
 
 
 class RankFailed(RuntimeError):
@@ -38,6 +43,16 @@ class RankFailed(RuntimeError):
     def __str__(self) -> str:
         rank, host, text, _ = self.args
         return "rank %d (host %s) raised:\n%s" % (rank, host, text.rstrip())
+
+
+class ResultUnpicklable(RuntimeError):
+    """A rank's function returned a value that cannot be pickled: ``args`` are (rank, host,
+    why: the value's type and pickle's error). The rank and its world go on."""
+
+    def __str__(self) -> str:
+        rank, host, why = self.args
+        return "rank %d (host %s) returned a value that cannot be sent back: %s" % (
+            rank, host, why.strip())
 
 
 def unwrap(error: BaseException) -> BaseException:
@@ -69,11 +84,15 @@ class Slot:
     def wait_worker(self, timeout: float) -> dict:
         return self.agent.wait_worker(timeout)
 
-    def call(self, payload: bytes):
-        status, data = self.agent.call(payload)
+    @ray.method(concurrency_group="calls")
+    def call(self, seq: int, payload: bytes):
+        status, data = self.agent.call(payload, seq)
         if status == "ok":
             return pickle.loads(data)
         info = self.agent.worker_info or {}
+        if status == "unpicklable":
+            raise ResultUnpicklable(int(info.get("rank", -1)), str(info.get("host", "?")),
+                                    data.decode("utf-8", "replace"))
         raise RankFailed(int(info.get("rank", -1)), str(info.get("host", "?")),
                          data.decode("utf-8", "replace"), status == "consequence")
 
@@ -87,6 +106,11 @@ class Slot:
         self.agent.close()
 
 
+def slot_actor_class():
+    """``Slot`` as a Ray actor class (its concurrency groups set)."""
+    return ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(Slot)
+
+
 def slot_options(cpus: float, gpus: float, strategy: Optional[object] = None) -> dict:
     """``ray.remote`` options of a slot with these resources and scheduling strategy."""
     options = dict(RAY_OPTIONS, num_cpus=cpus, num_gpus=gpus)
@@ -95,4 +119,4 @@ def slot_options(cpus: float, gpus: float, strategy: Optional[object] = None) ->
     return options
 
 
-__all__ += ["slot_options", "WorkerGone"]
+__all__ += ["slot_actor_class", "slot_options", "WorkerGone"]

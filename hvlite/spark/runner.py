@@ -24,6 +24,7 @@ Contract (what differs from Horovod is in ``docs/guides/spark.md``):
 import os
 import pickle
 import threading
+import time
 from typing import Any, Callable, Dict, IO, List, Optional, Sequence
 
 import pyspark
@@ -153,26 +154,18 @@ class _SparkJob:
             return [pickle.loads(final[r][1]) for r in range(len(final))]
         said = self.job.describe_end(code)
         failed = sorted((-w, s == "consequence", r, d) for w, r, s, d in results if s != "ok")
+        unsent = {d.decode("utf-8", "replace") for _, _, s, d in results if s == "unpicklable"}
         if failed:
             _, _, rank, text = failed[0]
             text = text.decode("utf-8", "replace")
-            raise JobError("hvlite.spark: rank %d raised:\n%s\n(%s)" % (rank, text.rstrip(), said),
+            what = ("returned a value that cannot be pickled: " if text in unsent
+                    else "raised:\n")
+            raise JobError("hvlite.spark: rank %d %s%s\n(%s)" % (rank, what, text.rstrip(), said),
                            rank=rank, traceback=text, hvlrun=self.job.said())
         raise JobError("hvlite.spark: the job ended: %s" % said, hvlrun=self.job.said())
 
     def _results(self) -> list:
-        found = []
-        for task in self.register.tasks():
-            try:
-                channel = connect(task.agent, self.key)
-                channel.send("results")
-                kind, data = channel.recv()
-                channel.close()
-                if kind == "results":
-                    found.extend(pickle.loads(data))
-            except (ChannelError, ValueError, EOFError):
-                continue
-        return found
+        return collect_results([t.agent for t in self.register.tasks()], self.key)
 
     def close(self, failed: bool) -> None:
         """End hvlrun, the tasks and the Spark job (cancelled after a failure), the table."""
@@ -186,6 +179,38 @@ class _SparkJob:
             self.context.cancelJobGroup(self.group)
             self.thread.join(END_GRACE_SECONDS)
         self.table.remove()
+
+
+def collect_results(agents: Sequence[str], key: str,
+                    timeout: float = END_GRACE_SECONDS) -> list:
+    """Every agent's kept results (``Agent.results``), asked of all at once; an agent that
+    does not answer within ``timeout`` seconds (connect, handshake and reply) adds nothing.
+    Returns within about ``timeout``. Cannot fail."""
+    found: List[list] = [[] for _ in agents]
+
+    def ask(i: int, agent: str) -> None:
+        try:
+            channel = connect(agent, key, timeout=timeout)
+        except ChannelError:
+            return
+        try:
+            channel.sock.settimeout(timeout)
+            channel.send("results")
+            kind, data = channel.recv()
+            if kind == "results":
+                found[i] = pickle.loads(data)
+        except (ChannelError, OSError, ValueError, EOFError, pickle.UnpicklingError):
+            pass
+        finally:
+            channel.close()
+    askers = [threading.Thread(target=ask, args=(i, a), daemon=True)
+              for i, a in enumerate(agents)]
+    for t in askers:
+        t.start()
+    deadline = time.monotonic() + timeout + 1.0
+    for t in askers:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [r for i, t in enumerate(askers) if not t.is_alive() for r in found[i]]
 
 
 def _start_timeout(value: Optional[float]) -> float:

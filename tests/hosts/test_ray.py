@@ -96,6 +96,8 @@ def test_three_rank_torch_job_gives_horovods_gradients_in_rank_order(ray_cluster
     result = result()
     check(result)
     assert result["grad_error"] < 1e-6 and result["same_processes"]
+    print("\n[ray] two run_remote() in flight: %s; an unpicklable value: %s"
+          % (result["in_flight"], result["unpicklable"].splitlines()[0][:160]))
     print("\n[ray] 3-rank torch job: %.1f s, ranks %s on %s, largest gradient error %.2g"
           % (result["_seconds"], result["ranks"][-1], result["hosts"], result["grad_error"]))
 
@@ -157,6 +159,9 @@ def test_an_elastic_job_loses_a_node_and_gets_it_back(ray_cluster, tmp_path):
     print("\n[ray] elastic: %.1f s, world sizes %s, %d of %d steps applied once on every rank"
           % (result["_seconds"], sizes, result["counts"].count(1), len(result["counts"])))
     print("[ray] elastic re-forms: %s" % re.findall(r"re-forming: .*?reason: ([^;\n]*)", out))
+    print("[ray] a slot actor frozen 4 s: node kept; frozen for good: dropped after %.1f s, "
+          "back with a new actor %.1f s after the freeze; a second run returned %s"
+          % (result["frozen"]["dropped_s"], result["frozen"]["back_s"], result["again"]))
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ command ended when the requester goes away), the rank worker's calls and failure
 stand-in of Ray Train's workers (what it hands over, how each of its ends goes), and the
 driver's host names and table. The whole path on real clusters is ``tests/hosts/test_ray.py``
 and ``test_spark.py``."""
+import io
 import json
 import os
 import pickle
@@ -327,3 +328,182 @@ def test_a_standin_without_a_pmi_port_says_hvlrun_needs_it(agent):
     proc = start_standin(agent, PMI_PORT="")
     code, err = ended(proc)
     assert code == 1 and "-pmi-port" in err, err
+
+
+# --- calls in order, one at a time; results per job; values that cannot travel ---------------
+def echo_worker(agent, delay, order):
+    """A rank process's side of the frames, in a thread: answers each call with its payload,
+    after ``delay`` seconds, noting the order it got them in."""
+    channel = connect(agent.address, KEY)
+    channel.send("hello", json.dumps({"rank": 0, "world": 0, "pid": 1}).encode())
+
+    def serve():
+        try:
+            while True:
+                kind, data = channel.recv()
+                if kind == "call":
+                    order.append(data)
+                    time.sleep(delay)
+                    channel.send("result", b"1" + pickle.dumps(data))
+        except ChannelError:
+            pass
+    threading.Thread(target=serve, daemon=True).start()
+    return channel
+
+
+def test_calls_at_once_each_get_their_own_answer(agent):
+    channel = echo_worker(agent, 0.1, [])
+    agent.wait_worker(10)
+    payloads = [b"%d" % i for i in range(6)]
+    got = {}
+    threads = [threading.Thread(target=lambda p=p: got.update({p: agent.call(p)}), daemon=True)
+               for p in payloads]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)
+    for t in threads:
+        t.join(10)
+    channel.close()
+    assert not any(t.is_alive() for t in threads), "a call hung"
+    assert {p: pickle.loads(v[1]) for p, v in got.items()} == {p: p for p in payloads}
+
+
+def test_numbered_calls_run_in_the_drivers_order_whatever_order_they_arrive_in(agent):
+    order = []
+    channel = echo_worker(agent, 0.05, order)
+    agent.wait_worker(10)
+    got = {}
+    threads = [threading.Thread(target=lambda s=s: got.update({s: agent.call(b"%d" % s, s)}))
+               for s in (2, 0, 1)]                   # as Ray may deliver them
+    for t in threads:
+        t.start()
+        time.sleep(0.05)
+    for t in threads:
+        t.join(10)
+    channel.close()
+    assert order == [b"0", b"1", b"2"]
+    assert {s: pickle.loads(v[1]) for s, v in got.items()} == {0: b"0", 1: b"1", 2: b"2"}
+
+
+def test_a_new_job_forgets_the_results_of_the_last(agent):
+    for value in ("first", "second"):
+        agent.set_job(call("run", lambda v=value: v))
+        proc = start_worker(agent, rank=0)
+        try:
+            assert proc.wait(60) == 0
+        finally:
+            proc.kill()
+            proc.wait()
+        assert [pickle.loads(r[3]) for r in agent.results()] == [value]
+
+
+def test_a_value_that_cannot_be_pickled_is_named_and_the_rank_goes_on(agent):
+    proc = start_worker(agent, rank=3)
+    try:
+        agent.wait_worker(60)
+        status, why = agent.call(call("run", lambda: threading.Lock()))
+        assert status == "unpicklable" and b"_thread.lock" in why, (status, why)
+        assert agent.call(call("run", lambda: 7)) == ("ok", cloudpickle.dumps(7))
+        agent.stop_worker()
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_collecting_results_gives_up_on_a_stalled_agent_in_time(agent):
+    pytest.importorskip("pyspark")
+    from hvlite.spark.runner import collect_results
+    agent.set_job(call("run", lambda: "kept"))
+    proc = start_worker(agent, rank=0)
+    try:
+        assert proc.wait(60) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    stalled = socket.socket()                  # shakes hands, then never answers
+    stalled.bind(("127.0.0.1", 0))
+    stalled.listen(1)
+    held = []
+
+    def serve():
+        sock, _ = stalled.accept()
+        held.append(Channel(sock, KEY, server=True).handshake())
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    found = collect_results(["127.0.0.1:%d" % stalled.getsockname()[1], agent.address], KEY,
+                            timeout=2.0)
+    seconds = time.monotonic() - started
+    stalled.close()
+    for channel in held:
+        channel.close()
+    assert [pickle.loads(r[3]) for r in found] == ["kept"]
+    assert seconds < 5, seconds
+
+
+def test_the_horovod_spark_variables_point_to_nothing_hvlite_lacks():
+    from hvlite.horovod_env import VARIABLES
+    for name in ("HOROVOD_SPARK_PYTHONPATH", "HOROVOD_SPARK_WORK_DIR",
+                 "HOROVOD_SPARK_USE_LOCAL_RANK_GPU_INDEX"):
+        text = VARIABLES[name].text
+        assert "argument" not in text and "hvlite.spark.run" in text, (name, text)
+
+
+def test_rank_output_goes_through_a_stream_object_that_is_no_real_file():
+    from hvlite.cluster.job import _fileno
+
+    class NotebookStream(io.StringIO):       # ipykernel's: fileno() is the terminal's
+        def fileno(self):
+            return 1
+    assert _fileno(NotebookStream()) is None
+    assert _fileno(sys.__stdout__) == sys.__stdout__.fileno()
+    with open(os.devnull, "w") as f:
+        assert _fileno(f) == f.fileno()
+
+
+# --- the elastic Ray executor's own rules (no cluster needed) ---------------------------------
+def test_elastic_ray_refuses_what_it_cannot_take():
+    pytest.importorskip("ray")
+    from hvlite.ray import ElasticRayExecutor, RayExecutor
+    settings = RayExecutor.create_settings()
+    with pytest.raises(ValueError, match="override_discovery=False"):
+        RayExecutor(settings, min_workers=2, override_discovery=False)
+    with pytest.raises(ValueError, match="override_discovery=False"):
+        ElasticRayExecutor(ElasticRayExecutor.create_settings(), override_discovery=False)
+    executor = RayExecutor(settings, min_workers=2)
+    with pytest.raises(ValueError, match="builds no executable_cls"):
+        executor.start(executable_cls=dict)
+    with pytest.raises(NotImplementedError):
+        executor.execute(lambda w: 1)
+
+
+def test_the_elastic_watchers_last_error_is_in_starts_error():
+    pytest.importorskip("ray")
+    from hvlite.cluster.job import JobError
+    from hvlite.ray.elastic import ElasticJob
+    from hvlite.ray.executor import Settings
+    job = ElasticJob(Settings(timeout_s=2.5), 2, 3, 1, 0)
+
+    def look():
+        raise ConnectionError("the GCS is away")
+    job._look = look
+    try:
+        with pytest.raises(JobError, match="last error: ConnectionError: the GCS is away"):
+            job.start()
+    finally:
+        job.shutdown()
+
+
+def test_an_elastic_node_is_dropped_only_after_pings_missed_for_a_while():
+    pytest.importorskip("ray")
+    from hvlite.ray.elastic import DROP_MISSED_PINGS, DROP_SECONDS, _Node
+    node = _Node("n1", [])
+    assert not node.answered(False, 100.0)                 # one missed ping: kept
+    assert not node.answered(True, 101.0)                  # it answered: the count starts over
+    t = 200.0
+    for _ in range(DROP_MISSED_PINGS - 1):
+        assert not node.answered(False, t)
+        t += 1.0
+    assert not node.answered(False, 200.0 + DROP_SECONDS - 0.5)   # enough pings, too soon
+    assert node.answered(False, 200.0 + DROP_SECONDS)
