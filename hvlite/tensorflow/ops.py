@@ -73,8 +73,25 @@ def _tensor(value):
 
 
 def _floating(tensors):
-    """True if the op on these tensors needs a gradient: floating and a tape may record."""
-    return all(t.dtype.is_floating for t in tensors) and needs_gradient()
+    """True if the op on these tensors needs a gradient: one is floating and a tape may
+    record."""
+    return any(t.dtype.is_floating for t in tensors) and needs_gradient()
+
+
+def _floating_part(xs, ys, dys):
+    """A group's floating members (the others have no gradient): their positions, inputs,
+    outputs and output gradients (zeros where none came)."""
+    at = [i for i, x in enumerate(xs) if x.dtype.is_floating]
+    dys = [tf.zeros_like(ys[i]) if dys[i] is None else tf.convert_to_tensor(dys[i]) for i in at]
+    return at, [xs[i] for i in at], [ys[i] for i in at], dys
+
+
+def _placed(at, n, grads):
+    """The gradients of a group of ``n``: ``grads`` at positions ``at``, None elsewhere."""
+    out = [None] * n
+    for i, g in zip(at, grads):
+        out[i] = g
+    return out
 
 
 def _after(tensors):
@@ -118,11 +135,11 @@ def _allreduce_group(tensors, names, op, pre, post, process_set):
         def grad(*dys):
             if op not in (Sum, Average):
                 raise NotImplementedError("allreduce has a gradient for op Sum and Average only")
-            dys = [tf.convert_to_tensor(d) for d in dys]
-            with _after(ys):
-                return _allreduce_group(dys, _group_names("allreduce.grad", None, len(dys),
-                                                          process_set), op, pre, post,
-                                        process_set)
+            at, _, floating_ys, dys = _floating_part(xs, ys, dys)
+            with _after(floating_ys):
+                return _placed(at, len(xs), _allreduce_group(
+                    dys, _group_names("allreduce.grad", None, len(dys), process_set), op, pre,
+                    post, process_set))
         return ys, grad
     return list(forward(*tensors))
 
@@ -277,9 +294,9 @@ def _dim0(x):
 
 
 def _allgather_grads(xs, ys, dys, process_set):
-    """Horovod's allgather gradient: the Average-allreduce of each output gradient, cut to this
-    rank's rows. One engine call for the gradients, one for every rank's row counts."""
-    dys = [tf.zeros_like(y) if dy is None else tf.convert_to_tensor(dy) for y, dy in zip(ys, dys)]
+    """Horovod's allgather gradient: the Average-allreduce of each output gradient (``dys``,
+    tensors), cut to this rank's rows. One engine call for the gradients, one for every rank's
+    row counts."""
     with _after(ys):
         averaged = _allreduce_raw(dys, _group_names("allgather.grad", None, len(dys),
                                                     process_set), Average, 1.0, 1.0, process_set)
@@ -302,7 +319,9 @@ def _allgather_group(tensors, names, process_set):
         ys = _allgather_raw(list(xs), names, process_set)
 
         def grad(*dys):
-            return _allgather_grads(xs, ys, dys, process_set)
+            at, floating_xs, floating_ys, dys = _floating_part(xs, ys, dys)
+            return _placed(at, len(xs), _allgather_grads(floating_xs, floating_ys, dys,
+                                                         process_set))
         return ys, grad
     return list(forward(*tensors))
 
@@ -513,13 +532,13 @@ def _reducescatter_group(tensors, names, op, pre, post, process_set):
                 raise NotImplementedError("reducescatter has a gradient for op Sum and Average "
                                           "only")
             scale = pre * post * (rank_and_size(process_set)[1] if op == Sum else 1)
-            dys = [tf.zeros_like(y) if dy is None else tf.convert_to_tensor(dy)
-                   for y, dy in zip(ys, dys)]
+            at, _, floating_ys, dys = _floating_part(xs, ys, dys)
             if scale != 1.0:
                 dys = [dy * tf.cast(scale, dy.dtype) for dy in dys]
-            with _after(ys):
-                return _allgather_raw(dys, _group_names("reducescatter.grad", None, len(dys),
-                                                        process_set), process_set)
+            with _after(floating_ys):
+                return _placed(at, len(xs), _allgather_raw(
+                    dys, _group_names("reducescatter.grad", None, len(dys), process_set),
+                    process_set))
         return ys, grad
     return list(forward(*tensors))
 

@@ -194,3 +194,38 @@ def test_process_set_gradients():
     finally:
         if SIZE > 2:
             hvd.remove_process_set(subset)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_groups_with_integer_members_and_indexed_slices(mode):
+    """A group's floating members have their gradient though another member is an integer
+    tensor, and an allreduce of tf.IndexedSlices has one (Horovod's sparse path: the
+    allgather's, then the division by the set's size)."""
+    xs = uniform(12, lambda r: (3,))
+    ws = uniform(13, lambda r: (3,))
+    def ints():     # made in the graph of the mode
+        return tf.constant([1, 2, 3], tf.int32)
+
+    def allreduced(x):
+        return hvd.grouped_allreduce([x, ints()], op=hvd.Sum)[0]
+    total = np.sum(xs, axis=0)
+    dy = np.sum([w + total for w in ws], axis=0)             # Sum: every rank's dy, summed
+    np.testing.assert_allclose(gradient(mode, allreduced, xs[RANK], ws[RANK]), dy, rtol=1e-6)
+
+    def gathered(x):
+        return hvd.grouped_allgather([x, ints()])[0]
+    wg = uniform(14, lambda r: (3 * SIZE,))
+    y = np.concatenate(xs)
+    mean_dy = np.mean([w + y for w in wg], axis=0)
+    np.testing.assert_allclose(gradient(mode, gathered, xs[RANK], wg[RANK]),
+                               mean_dy[3 * RANK:3 * RANK + 3], rtol=1e-6)
+
+    def sparse(x):
+        slices = tf.IndexedSlices(x[:2], tf.constant([0, 1]), tf.constant([3]))
+        return tf.convert_to_tensor(hvd.allreduce(slices, op=hvd.Average))
+    dense = np.zeros(3)
+    dense[:2] = np.mean([x[:2] for x in xs], axis=0)
+    mean_dy = np.mean([w + dense for w in ws], axis=0)        # every rank's rows 0 and 1
+    expected = np.zeros(3)
+    expected[:2] = mean_dy[:2] / SIZE      # the allgather's average, then the division
+    np.testing.assert_allclose(gradient(mode, sparse, xs[RANK], ws[RANK]), expected, rtol=1e-6)
