@@ -181,12 +181,19 @@ class _DistributedGradientTape(tf.GradientTape):
         return _key(source) in self._hvlite_local
 
     @library
-    def gradient(self, target, sources, output_gradients=None,
-                 unconnected_gradients=tf.UnconnectedGradients.NONE, use_generic_names=False):
+    def gradient(self, target, sources, output_gradients=None, use_generic_names=False,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE):
         """The gradients of ``target`` w.r.t. ``sources``, allreduced over every rank (those of
         registered local sources stay local).
 
         Every rank must call it with the same sources, in the same order.
+
+        Args:
+            target, sources, output_gradients: as for ``tf.GradientTape.gradient``.
+            use_generic_names: accepted, as in Horovod (the engine names come from the tape's
+                position in the program, not from the variables).
+            unconnected_gradients: as for ``tf.GradientTape.gradient`` (after Horovod's four
+                positional parameters).
 
         Returns:
             Gradients in the structure of ``sources`` (None where unconnected).

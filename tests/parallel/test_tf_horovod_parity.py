@@ -380,6 +380,11 @@ def test_horovod_positional_orders():
     np.testing.assert_array_equal(total, np.full(2, SIZE, np.float32))
     np.testing.assert_array_equal(hvd_legacy_keras.allreduce(np.ones(2, np.float32)).numpy(),
                                   np.ones(2, np.float32))
+    # DistributedGradientTape.gradient: (target, sources, output_gradients, use_generic_names)
+    x = tf.Variable([1.0, 2.0])
+    with hvd.DistributedGradientTape(tf.GradientTape()) as tape:
+        loss = tf.reduce_sum(x * x)
+    np.testing.assert_array_equal(tape.gradient(loss, [x], None, True)[0].numpy(), [2.0, 4.0])
 
 
 @pytest.mark.parametrize("legacy_opts", [False, True])
