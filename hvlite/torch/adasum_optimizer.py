@@ -15,6 +15,8 @@ optimizer's own ``step`` (and closure): the same updates for per-parameter optim
 parameters keep their values while backward still reads them. As in Horovod, ``synchronize()``
 does nothing and ``skip_synchronize()`` raises. Delta names are ``adasum.<parameter name>``.
 ``set_backward_passes_per_step(n)`` and ``load_state_dict`` reset the accumulation counters.
+As ``DistributedOptimizer``, it shares the optimizer's objects, so a learning rate scheduler
+made before wrapping drives it and its ``step`` is the Adasum one.
 """
 import torch
 
@@ -25,6 +27,7 @@ from ..objects import allgather_object
 from ..process_sets import rank_and_size
 from .ops import allreduce_async_
 from .parameter_names import find_duplicates, parameter_names
+from .wrapping import adopt, load_in_place
 
 __all__ = ["adasum_optimizer"]
 
@@ -77,10 +80,11 @@ class _AdasumOptimizer:
         self._passes = passes
         self._passes_left = {p: passes for p in self._params}
 
-    def load_state_dict(self, *args, **kwargs):
-        """The wrapped optimizer's, with the accumulation counters reset (as Horovod's)."""
+    def load_state_dict(self, state_dict):
+        """The wrapped optimizer's, with the accumulation counters reset (as Horovod's), into
+        the optimizer's own ``param_groups`` and ``state`` objects."""
         self._passes_left = {p: self._passes for p in self._params}
-        return super().load_state_dict(*args, **kwargs)
+        return load_in_place(self, super().load_state_dict, state_dict)
 
     def _on_gradient(self, p):
         if self._passes_left[p] <= 0:
@@ -139,6 +143,6 @@ def adasum_optimizer(optimizer, named_parameters, compression, backward_passes_p
     base = type(optimizer)
     cls = type(base.__name__, (_AdasumOptimizer, base), {})
     wrapped = cls.__new__(cls)
-    wrapped.__dict__.update(optimizer.__dict__)    # same state, param groups and defaults
+    adopt(wrapped, optimizer)    # same state, param groups and defaults (not a scheduler's step)
     wrapped._adasum_setup(named_parameters, compression, backward_passes_per_step, process_set)
     return wrapped

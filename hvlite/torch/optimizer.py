@@ -34,6 +34,10 @@ As Horovod's, ``set_backward_passes_per_step(n)`` (or setting ``backward_passes_
 changes the accumulation from the next step on, and ``load_state_dict`` starts the step over
 (accumulation counters reset; allreduces already submitted are waited for, their results
 dropped: every rank submitted them, so they end) before loading the wrapped optimizer's state.
+
+The wrapper shares the optimizer's objects (``param_groups``, ``state``) and keeps them when
+it loads a state dict, so a learning rate scheduler made on the optimizer before wrapping
+drives the wrapper's learning rates; its ``step`` is the wrapper's (see ``wrapping.py``).
 """
 import contextlib
 import threading
@@ -48,6 +52,7 @@ from .adasum_optimizer import adasum_optimizer
 from .compression import Compression
 from .ops import Adasum, Average, Sum, allreduce_async_, sparse_allreduce_async
 from .parameter_names import find_duplicates, parameter_names
+from .wrapping import adopt, load_in_place
 
 # Autograd runs a model's CPU and CUDA gradients on different threads at once: the hooks' shared
 # state (bucket, handles) is changed under this lock (module-wide: an optimizer stays copyable)
@@ -144,11 +149,13 @@ class _DistributedOptimizer:
         self._passes = passes
         self._start_over()
 
-    def load_state_dict(self, *args, **kwargs):
+    def load_state_dict(self, state_dict):
         """The wrapped optimizer's ``load_state_dict``, after starting the step over (as
-        Horovod's: a checkpoint restored mid-accumulation begins a fresh step)."""
+        Horovod's: a checkpoint restored mid-accumulation begins a fresh step). The values go
+        into the optimizer's own ``param_groups`` and ``state`` objects, which a scheduler made
+        before wrapping also holds."""
         self._start_over()
-        return super().load_state_dict(*args, **kwargs)
+        return load_in_place(self, super().load_state_dict, state_dict)
 
     def _start_over(self):
         """Forget the step in progress: wait out the allreduces already submitted (their
@@ -377,7 +384,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     base = type(optimizer)
     cls = type(base.__name__, (_DistributedOptimizer, base), {})
     wrapped = cls.__new__(cls)
-    wrapped.__dict__.update(optimizer.__dict__)    # same state, param groups and defaults
+    adopt(wrapped, optimizer)    # same state, param groups and defaults (not a scheduler's step)
     wrapped._hvl_setup(named_parameters, compression, backward_passes_per_step, op,
                        gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set,
                        bucket_bytes)

@@ -1,0 +1,93 @@
+"""DistributedOptimizer over a training script's life, each checked on every rank against one
+process computing on the combined batch: a learning rate scheduler made before wrapping (its
+learning rates reach the wrapper, whose step runs; also after broadcast_optimizer_state, which
+loads a state dict on the other ranks), for op=Average and op=Adasum.
+SPMD: run by hvlrun at 2 and 3 ranks (Adasum at a power-of-2 size only)."""
+import copy
+import warnings
+
+import pytest
+import torch
+
+import hvlite.torch as hvd
+
+RANK, SIZE = hvd.rank(), hvd.size()
+torch.set_num_threads(1)
+
+
+def model_and_batches(seed=0, steps=3):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(),
+                                torch.nn.Linear(4, 2)).double()
+    g = torch.Generator().manual_seed(77)
+    x = torch.randn(steps, SIZE * 2, 5, generator=g, dtype=torch.float64)   # 2 rows/rank
+    y = torch.randn(steps, SIZE * 2, 2, generator=g, dtype=torch.float64)
+    return model, x, y
+
+
+def rows_of(ranks):
+    return torch.cat([torch.arange(2 * r, 2 * r + 2) for r in ranks])
+
+
+def assert_close(model, reference, what):
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.allclose(p, q, rtol=1e-10, atol=1e-12), (what, name, (p - q).abs().max())
+
+
+def assert_same_on_every_rank(model, what):
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    everyone = hvd.allgather(flat.reshape(1, -1), name="same." + what)
+    for r in range(SIZE):
+        assert torch.equal(everyone[r], flat), (what, "rank %d differs" % r)
+
+
+def train_with_scheduler(model, opt, sched, x, y, ranks):
+    rows = rows_of(ranks)
+    lrs = []
+    for b in range(x.shape[0]):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x[b][rows]), y[b][rows]).backward()
+        opt.step()
+        sched.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    return lrs
+
+
+@pytest.mark.parametrize("broadcast_state", [False, True])
+def test_scheduler_made_before_wrapping_drives_the_wrapper(broadcast_state):
+    model, x, y = model_and_batches()
+    reference = copy.deepcopy(model)
+    base = torch.optim.SGD(model.parameters(), lr=0.4, momentum=0.5)
+    sched = torch.optim.lr_scheduler.StepLR(base, step_size=1, gamma=0.5)
+    opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
+    if broadcast_state:      # the other ranks load the root's state dict
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*lr_scheduler.step.*")
+        lrs = train_with_scheduler(model, opt, sched, x, y, [RANK])
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.4, momentum=0.5)
+    ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=1, gamma=0.5)
+    if broadcast_state:      # the state broadcast made momentum buffers of zeros: the same
+        for p in reference.parameters():
+            p.grad = torch.zeros_like(p)
+        ref_opt.step()
+    ref_lrs = train_with_scheduler(reference, ref_opt, ref_sched, x, y, range(SIZE))
+    assert lrs == ref_lrs == [0.2, 0.1, 0.05], (lrs, ref_lrs)
+    assert sched.get_last_lr() == [0.05]
+    assert opt.param_groups is base.param_groups and opt.state is base.state
+    assert_close(model, reference, "scheduler before wrapping")
+
+
+def test_scheduler_made_before_wrapping_drives_the_adasum_optimizer():
+    if SIZE & (SIZE - 1):
+        pytest.skip("Adasum needs a power-of-2 number of ranks")
+    model, x, y = model_and_batches(seed=1)
+    base = torch.optim.SGD(model.parameters(), lr=0.4)
+    sched = torch.optim.lr_scheduler.StepLR(base, step_size=1, gamma=0.5)
+    opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                   op=hvd.Adasum)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    lrs = train_with_scheduler(model, opt, sched, x, y, [RANK])
+    assert lrs == [0.2, 0.1, 0.05]
+    # each rank stepped on its own rows: only the Adasum reduction of the deltas makes them equal
+    assert_same_on_every_rank(model, "adasum")
