@@ -17,9 +17,11 @@ clipping) sees the averaged gradients on every rank, so every rank takes the sam
 ``GradScaler`` skips a step on every rank or on none). Where a parameter got no gradient in the
 step, that wait happens at ``step()`` (with a warning, once) or ``synchronize()`` instead, as in
 Horovod. A backward pass after that and before ``step()`` starts the step over from the
-averaged gradients, as after Horovod's ``synchronize()``. ``step()`` then runs the wrapped
-step. Every rank must build the same model (checked at construction: a clear ``ValueError`` on
-every rank otherwise) and call backward/step in the same pattern.
+averaged gradients, as after Horovod's ``synchronize()`` (with ``op=Sum`` it raises
+``RuntimeError`` instead, as Horovod does: the summed gradient would be summed again).
+``step()`` then runs the wrapped step. Every rank must build the same model (checked at
+construction: a clear ``ValueError`` on every rank otherwise) and call backward/step in the
+same pattern.
 
 Gradient names are ``allreduce.<parameter name>`` (from ``named_parameters``, else the
 parameter's position), the same every step, so the engine's response cache agrees on them
@@ -181,6 +183,13 @@ class _DistributedOptimizer:
 
     def _on_gradient_locked(self, p):
         if self._reduced:            # a backward pass after one without step() (a skipped step)
+            if self._op == Sum:      # the sum would count the summed gradient again, n times
+                raise RuntimeError(
+                    "gradient of '%s' computed more than backward_passes_per_step=%d times "
+                    "before step(): with op=Sum a backward pass after the gradients were summed "
+                    "would sum them again. Call optimizer.step() or optimizer.zero_grad() "
+                    "between backward passes, or set backward_passes_per_step to the number of "
+                    "passes to accumulate" % (self._parameter_names[p], self._passes))
             self._reduced = self._synchronized = False
         if not self._end_queued:
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)

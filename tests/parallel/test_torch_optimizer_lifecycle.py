@@ -1,7 +1,8 @@
 """DistributedOptimizer over a training script's life, each checked on every rank against one
 process computing on the combined batch: a learning rate scheduler made before wrapping (its
 learning rates reach the wrapper, whose step runs; also after broadcast_optimizer_state, which
-loads a state dict on the other ranks), for op=Average and op=Adasum.
+loads a state dict on the other ranks), for op=Average and op=Adasum; a second backward pass
+before step() (Average starts over from the averaged gradients, Sum raises).
 SPMD: run by hvlrun at 2 and 3 ranks (Adasum at a power-of-2 size only)."""
 import copy
 import warnings
@@ -91,3 +92,29 @@ def test_scheduler_made_before_wrapping_drives_the_adasum_optimizer():
     assert lrs == [0.2, 0.1, 0.05]
     # each rank stepped on its own rows: only the Adasum reduction of the deltas makes them equal
     assert_same_on_every_rank(model, "adasum")
+
+
+@pytest.mark.parametrize("op", [hvd.Average, hvd.Sum])
+def test_second_backward_before_step(op):
+    """Average: a backward pass after the gradients were averaged (a skipped step) starts the
+    step over from them, which averages right. Sum: it would sum the summed gradient again (the
+    first pass counted n*n times), so it raises on every rank, as Horovod does; zero_grad()
+    starts a clean step."""
+    w = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), named_parameters=[("w", w)],
+                                   op=op)
+    g = [torch.tensor([1.0 + r, 2.0 * r], dtype=torch.float64) for r in range(SIZE)]
+    (w * g[RANK]).sum().backward()
+    first = sum(g) / SIZE if op == hvd.Average else sum(g)
+    assert torch.allclose(w.grad, first)
+    if op == hvd.Sum:
+        with pytest.raises(RuntimeError, match="more than backward_passes_per_step=1 times.*"
+                                               "op=Sum.*zero_grad"):
+            (w * g[RANK]).sum().backward()
+        opt.zero_grad()
+        (w * g[RANK]).sum().backward()
+        assert torch.allclose(w.grad, sum(g))
+    else:
+        (w * g[RANK]).sum().backward()
+        assert torch.allclose(w.grad, first + sum(g) / SIZE)
+    opt.step()
