@@ -7,7 +7,9 @@ the input gradient of that combined computation; weight and bias gradients stay 
 rules (unbiased variance, momentum or cumulative average). Each layer uses one allreduce of
 [sum, sum of squares, count] forward and one of [sum dy, sum dy*xhat] backward, named after the
 layer's creation index so they repeat every step (response-cache hits). Every rank must run
-the same layers in the same order. Evaluation mode is plain BatchNorm.
+the same layers in the same order. Evaluation mode is plain BatchNorm with running
+statistics; without them (``track_running_stats=False``) it normalizes by the combined batch,
+as in training (as BatchNorm and Horovod's SyncBatchNorm do).
 """
 import itertools
 
@@ -83,7 +85,8 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
 
     In training, the mean and variance are those of every rank's batch together (ranks may
     hold batches of different sizes), and the running statistics stay equal on every rank; in
-    evaluation, or with one rank, it is a plain batch norm. Every rank must run the layer in
+    evaluation with running statistics, or with one rank, it is a plain batch norm (without
+    running statistics, evaluation also uses every rank's batch, as BatchNorm uses its batch). Every rank must run the layer in
     the same order.
 
     Args:
@@ -101,15 +104,17 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
             raise ValueError("expected at least 2D input (got %dD input)" % input.dim())
 
     def forward(self, input):
-        """Normalize ``input`` (at least 2-D, channels in dimension 1): in training with more
-        than one rank, by the statistics of every rank's batch (collective: every rank calls
-        it, in the same order); otherwise as ``torch.nn.BatchNorm2d`` does.
+        """Normalize ``input`` (at least 2-D, channels in dimension 1): in training, or in
+        evaluation with ``track_running_stats=False``, with more than one rank, by the
+        statistics of every rank's batch (collective: every rank calls it, in the same order);
+        otherwise as ``torch.nn.BatchNorm2d`` does.
 
         Raises:
             ValueError: ``input`` has fewer than 2 dimensions.
         """
         self._check_input_dim(input)
-        if not self.training or size() == 1:
+        # as BatchNorm: evaluation without running statistics normalizes by the batch's
+        if (not self.training and self.track_running_stats) or size() == 1:
             return super().forward(input)
         momentum = self.momentum if self.momentum is not None else 0.0
         if self.track_running_stats and self.num_batches_tracked is not None:

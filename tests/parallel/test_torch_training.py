@@ -4,9 +4,10 @@ step; fp16 compression; sparse embedding gradients; mixed precision with torch's
 in torch's plain loop and Horovod's synchronize-then-clip one), broadcast_parameters and
 broadcast_optimizer_state (state created or not: created by a zero-gradient step, as in
 Horovod, which leaves the parameters as they were; a root resumed from a checkpoint, under
-each optimizer wrapper; L-BFGS), SyncBatchNorm forward/backward/running stats,
-join with uneven batches, and clear errors for a model that differs across ranks. On the CPU,
-or on CUDA models and tensors with HVLITE_TEST_DEVICE=cuda (torch_device.py).
+each optimizer wrapper; L-BFGS), SyncBatchNorm forward/backward/running stats (and in
+evaluation without running stats), join with uneven batches, and clear errors for a model that
+differs across ranks. On the CPU, or on CUDA models and tensors with HVLITE_TEST_DEVICE=cuda
+(torch_device.py).
 SPMD: run by hvlrun."""
 import contextlib
 import copy
@@ -267,6 +268,23 @@ def test_sync_batch_norm_matches_combined_batch():
     sync.eval()
     plain.eval()
     assert torch.allclose(sync(mine), plain(mine), atol=1e-12)
+
+
+def test_sync_batch_norm_in_evaluation_without_running_stats_uses_every_rank():
+    """BatchNorm without running statistics normalizes by the batch in evaluation too: the
+    combined batch here, as Horovod's SyncBatchNorm does."""
+    torch.manual_seed(4)
+    data = torch.randn(SIZE * 3, 2, 5, dtype=torch.float64).to(DEVICE)
+    weights = torch.randn_like(data)
+    sync = hvd.SyncBatchNorm(2, track_running_stats=False).double().to(DEVICE).eval()
+    plain = torch.nn.BatchNorm1d(2, track_running_stats=False).double().to(DEVICE).eval()
+    mine = data[RANK * 3:(RANK + 1) * 3].clone().requires_grad_()
+    combined = data.clone().requires_grad_()
+    out, ref = sync(mine), plain(combined)
+    (out * weights[RANK * 3:(RANK + 1) * 3]).sum().backward()
+    (ref * weights).sum().backward()
+    assert torch.allclose(out, ref[RANK * 3:(RANK + 1) * 3], atol=1e-10)
+    assert torch.allclose(mine.grad, combined.grad[RANK * 3:(RANK + 1) * 3], atol=1e-10)
 
 
 @pytest.mark.parametrize("dtype,rows,tolerance", [(torch.float32, 4, 1e-5), (torch.float64, 1, 1e-10)])
