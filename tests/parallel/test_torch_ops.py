@@ -1,8 +1,11 @@
 """hvlite.torch collectives x torch dtypes x shapes against a torch reference on every rank;
-async and in-place forms; sparse_allreduce_async. (Gradients: test_torch_grads.py.) On the CPU,
+async and in-place forms; sparse_allreduce_async; object collectives (cloudpickled objects, and
+an object that cannot be pickled raising on every rank). (Gradients: test_torch_grads.py.) On the CPU,
 or on CUDA tensors with HVLITE_TEST_DEVICE=cuda (torch_device.py): results must come back on the
 input's device.
 SPMD: run by hvlrun."""
+import pickle
+import threading
 import time
 
 import numpy as np
@@ -119,6 +122,34 @@ def test_grouped_and_objects_and_compression():
     assert hvd.broadcast_object({"r": RANK}, root_rank=SIZE - 1) == {"r": SIZE - 1}
     assert hvd.allgather_object(RANK) == list(range(SIZE))
     hvd.barrier()
+
+
+def test_objects_made_in_a_function_travel():
+    """Lambdas, closures and classes defined in a function travel (cloudpickle, as Horovod)."""
+    pytest.importorskip("cloudpickle")
+    offset = 10 * RANK
+
+    class Local:
+        def __init__(self, value):
+            self.value = value
+
+    fn = hvd.broadcast_object(lambda v: v + offset, root_rank=SIZE - 1)
+    assert fn(1) == 10 * (SIZE - 1) + 1
+    got = hvd.allgather_object(Local(RANK))
+    assert [type(o).__name__ for o in got] == ["Local"] * SIZE
+    assert [o.value for o in got] == list(range(SIZE))
+
+
+def test_an_object_that_cannot_be_pickled_raises_on_every_rank():
+    """The root's (or any rank's) pickling error reaches every rank, and nothing is left
+    waiting: the next collective runs."""
+    lock = threading.Lock()
+    root = SIZE - 1
+    with pytest.raises(pickle.PicklingError, match="rank %d cannot pickle.*_thread.lock" % root):
+        hvd.broadcast_object(lock if RANK == root else None, root_rank=root)
+    with pytest.raises(pickle.PicklingError, match=r"rank\(s\) \[1\] of the set.*_thread.lock"):
+        hvd.allgather_object(lock if RANK == 1 else RANK)
+    assert hvd.allgather_object(RANK) == list(range(SIZE))
 
 
 def sparse_input(seed, rank, shape, sparse_dim):
