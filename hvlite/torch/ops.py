@@ -24,6 +24,9 @@ elsewhere; alltoall: ``g`` sent back along the received splits; reducescatter: t
 of each rank's loss, these are equal for allreduce and alltoall, ``1/n`` of it for allgather
 and broadcast, and ``n`` times it for reducescatter (so reducescatter then allgather has
 allreduce's gradient). Backward passes are collectives too: every rank runs them, same order.
+Under ``create_graph=True`` (grad mode on in backward) they call these differentiable functions,
+so second-order gradients (a gradient penalty) go through the collectives too; otherwise the
+non-differentiable ``_async`` forms, which skip autograd's bookkeeping.
 
 CUDA tensors: results come back on the input's device. At submit an event is recorded on the
 current stream of the tensor's device (after the output is allocated), which the engine's copies
@@ -91,6 +94,9 @@ class _AllreduceFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         op, prescale, postscale, process_set = ctx.args
+        if torch.is_grad_enabled():     # create_graph: the gradient's graph goes through it too
+            return (allreduce(grad, op=op, prescale_factor=prescale, postscale_factor=postscale,
+                              process_set=process_set), None, None, None, None, None)
         return (allreduce_async(grad, None, None, op, prescale, postscale, process_set).wait(),
                 None, None, None, None, None)
 
@@ -160,6 +166,9 @@ class _GroupedAllreduceFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         op, prescale, postscale, process_set = ctx.args
+        if torch.is_grad_enabled():
+            return (None, *grouped_allreduce(list(grads), op=op, prescale_factor=prescale,
+                                             postscale_factor=postscale, process_set=process_set))
         return (None, *grouped_allreduce_async(list(grads), None, None, op, prescale, postscale,
                                                process_set).wait())
 
@@ -312,11 +321,15 @@ def _gathered_gradients(ctx, grads):
     """Horovod's allgather gradient: this rank's rows of the averaged allreduce of each output
     gradient. The other ranks' row counts are gathered here, as backward needs them."""
     process_set = ctx.process_set
-    with burst():
-        averaged = [allreduce_async(g, op=Average, process_set=process_set) for g in grads]
-        counts = allgather_async(torch.tensor(ctx.rows, dtype=torch.int64),
-                                 process_set=process_set)
-    *averaged, counts = wait_all(averaged + [counts])
+    rows = torch.tensor(ctx.rows, dtype=torch.int64)
+    if torch.is_grad_enabled():     # create_graph: through the differentiable allreduce
+        averaged = grouped_allreduce(list(grads), op=Average, process_set=process_set)
+        counts = allgather_async(rows, process_set=process_set).wait()
+    else:
+        with burst():
+            averaged = [allreduce_async(g, op=Average, process_set=process_set) for g in grads]
+            counts = allgather_async(rows, process_set=process_set)
+        *averaged, counts = wait_all(averaged + [counts])
     me, n = rank_and_size(process_set)
     starts = counts.reshape(n, len(grads))[:me].sum(0).tolist()
     return [a.narrow(0, start, rows) for a, start, rows in zip(averaged, starts, ctx.rows)]
@@ -395,7 +408,10 @@ class _BroadcastFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         """Horovod's: the averaged allreduce of the gradient on the root, zero elsewhere."""
-        averaged = allreduce_async(grad, op=Average, process_set=ctx.process_set).wait()
+        if torch.is_grad_enabled():
+            averaged = allreduce(grad, op=Average, process_set=ctx.process_set)
+        else:
+            averaged = allreduce_async(grad, op=Average, process_set=ctx.process_set).wait()
         return (averaged if rank() == ctx.root else torch.zeros_like(averaged)), None, None, None
 
 
@@ -462,7 +478,10 @@ class _AlltoallFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad, _unused):
-        back, _ = alltoall_async(grad, ctx.received, None, ctx.process_set).wait()
+        if torch.is_grad_enabled():
+            back, _ = alltoall(grad, ctx.received, process_set=ctx.process_set)
+        else:
+            back, _ = alltoall_async(grad, ctx.received, None, ctx.process_set).wait()
         return back, None, None, None
 
 
@@ -533,6 +552,10 @@ class _ReducescatterFn(torch.autograd.Function):
         """Horovod's: the allgather of each gradient, times the factors (and the size for Sum)."""
         if ctx.scale != 1.0:
             grads = [g * ctx.scale for g in grads]
+        if torch.is_grad_enabled():
+            if not ctx.grouped:
+                return None, allgather(grads[0], process_set=ctx.process_set)
+            return (None, *grouped_allgather(list(grads), process_set=ctx.process_set))
         if not ctx.grouped:
             return None, allgather_async(grads[0], process_set=ctx.process_set).wait()
         return (None, *grouped_allgather_async(list(grads), process_set=ctx.process_set).wait())

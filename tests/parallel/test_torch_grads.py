@@ -9,7 +9,8 @@
   rank's loss sum(w_r * sin(y_r)), times the factor that relates Horovod's convention to
   dJ/dx (1 for allreduce and alltoall, 1/n for allgather and broadcast, n for reducescatter).
 Single and grouped forms, the global set and a set that excludes rank 0 (so a set rank differs
-from the global one). SPMD: run by hvlrun at 2 and 3 ranks."""
+from the global one). Second order (create_graph=True): a gradient penalty through allreduce and
+alltoall against one process's autograd on every rank's inputs. SPMD: run by hvlrun at 2 and 3 ranks."""
 import numpy as np
 import pytest
 import torch
@@ -252,3 +253,40 @@ def test_results_join_the_graph_only_where_autograd_records(op):
         assert (result.grad_fn is not None) == in_graph
         assert result.requires_grad == in_graph
         assert torch.equal(result.detach(), expected)
+
+
+@pytest.mark.parametrize("call", ["allreduce_sum", "allreduce_average", "grouped_allreduce",
+                                  "alltoall"])
+def test_gradient_penalty_through_a_collective(call):
+    """create_graph=True through a collective whose gradient is dJ/dx (allreduce, alltoall):
+    each rank's loss z_r plus the penalty |dz/dx_r|^2 gives every rank the gradient of
+    J + sum_r |dJ/dx_r|^2, J = sum over ranks of z_r, computed here in one process from every
+    rank's inputs (without second-order terms through the collective, it differs)."""
+    n, op = SIZE, (hvd.Average if call == "allreduce_average" else hvd.Sum)
+    xs = [torch.tensor(seeded(40, r, (2 * n,)), requires_grad=True) for r in range(n)]
+    ws = [torch.tensor(seeded(41, r, (2 * n,))) for r in range(n)]
+
+    def collective_everywhere(X):       # every rank's output from every rank's input
+        if call == "alltoall":
+            return [torch.cat([X[k][2 * r:2 * r + 2] for k in range(n)]) for r in range(n)]
+        total = sum(X) / (n if op == hvd.Average else 1)
+        return [total] * n
+
+    def collective(x):
+        if call == "alltoall":
+            return hvd.alltoall(x)
+        if call == "grouped_allreduce":
+            return hvd.grouped_allreduce([x], op=op)[0]
+        return hvd.allreduce(x, op=op)
+
+    def loss(y, w):
+        return (w * torch.sin(y)).sum()  # nonlinear: the penalty has second-order terms
+    x = xs[RANK].detach().clone().requires_grad_()
+    z = loss(collective(x), ws[RANK])
+    g, = torch.autograd.grad(z, x, create_graph=True)
+    (z + (g ** 2).sum()).backward()
+    J = sum(loss(y, w) for y, w in zip(collective_everywhere(xs), ws))
+    G = torch.autograd.grad(J, xs, create_graph=True)
+    assert torch.allclose(g, G[RANK], rtol=1e-12, atol=1e-12)
+    expected, = torch.autograd.grad(J + sum((Gr ** 2).sum() for Gr in G), xs[RANK])
+    assert torch.allclose(x.grad, expected, rtol=1e-12, atol=1e-12), (x.grad, expected)
