@@ -27,7 +27,7 @@ from ..objects import allgather_object
 from ..process_sets import rank_and_size
 from .ops import allreduce_async_
 from .parameter_names import find_duplicates, parameter_names
-from .wrapping import adopt, load_in_place
+from .wrapping import adopt, hook, load_in_place
 
 __all__ = ["adasum_optimizer"]
 
@@ -57,8 +57,7 @@ class _AdasumOptimizer:
                                  "ranks: this rank has %d, rank %d has %d" %
                                  (len(mine), r, len(theirs)))
         self._passes_left = {p: self._passes for p in self._params}
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient)
-                       for p in self._params]
+        self._hooks = [hook(p, self._on_gradient) for p in self._params]
 
     @staticmethod
     def find_duplicates(lst):

@@ -32,6 +32,10 @@ way ``p.grad`` stays sparse, as optimizers such as ``SparseAdam`` need.
 A rank that is not in ``process_set`` does what Horovod's does: it registers no hooks and takes
 no part, and its ``step()`` applies its own local gradients.
 
+A parameter is reduced by the last wrapper made over it: wrapping it again (a second
+``DistributedOptimizer`` for a new training phase) removes the earlier wrapper's hook, which
+would otherwise reduce its gradients a second time.
+
 As Horovod's, ``set_backward_passes_per_step(n)`` (or setting ``backward_passes_per_step``)
 changes the accumulation from the next step on, and ``load_state_dict`` starts the step over
 (accumulation counters reset; allreduces already submitted are waited for, their results
@@ -54,7 +58,7 @@ from .adasum_optimizer import adasum_optimizer
 from .compression import Compression
 from .ops import Adasum, Average, Sum, allreduce_async_, sparse_allreduce_async
 from .parameter_names import find_duplicates, parameter_names
-from .wrapping import adopt, load_in_place
+from .wrapping import adopt, hook, load_in_place
 
 # Autograd runs a model's CPU and CUDA gradients on different threads at once: the hooks' shared
 # state (bucket, handles) is changed under this lock (module-wide: an optimizer stays copyable)
@@ -98,8 +102,9 @@ class _DistributedOptimizer:
         self._reduced = False       # p.grad holds this step's averaged gradients
         self._synchronized = False  # ... and synchronize() was called (for step()'s warning)
         self._should_synchronize = True
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient)
-                       for p in self._params] if self._included else []
+        # a parameter wrapped again (a second optimizer) keeps only the new wrapper's hook
+        self._hooks = [hook(p, self._on_gradient if self._included else None)
+                       for p in self._params]
 
     def _make_groups(self, num_groups, groups):
         if groups is not None:

@@ -1,5 +1,6 @@
 """What the two optimizer wrappers (``DistributedOptimizer`` and its Adasum form) share: taking
-over a torch optimizer's own objects and loading a state dict into them.
+over a torch optimizer's own objects, loading a state dict into them, and owning the gradient
+hooks of its parameters.
 
 Contract:
 
@@ -12,10 +13,20 @@ Contract:
 * ``load_in_place(optimizer, load, state_dict)``: runs torch's ``load_state_dict`` (``load``),
   then puts the loaded groups and state back into the objects the optimizer had, so whatever
   holds them (a scheduler on the optimizer that was wrapped) keeps seeing the live ones.
+* ``hook(param, fn)``: registers ``fn`` as ``param``'s post-accumulate-grad hook for hvlite
+  and returns its handle, first removing the one an earlier wrapper registered there: the
+  last wrapper made over a parameter is the one that reduces its gradient (a second
+  optimizer for a new training phase does not reduce it twice). ``fn`` None only removes
+  the earlier one (a wrapper on a rank outside its process set) and returns None.
 """
 import weakref
 
-__all__ = ["adopt", "load_in_place"]
+from torch.utils.weak import WeakIdKeyDictionary
+
+__all__ = ["adopt", "load_in_place", "hook"]
+
+# parameter -> the handle of hvlite's hook on it (weak, by identity: a model may be dropped)
+_HOOKS = WeakIdKeyDictionary()
 
 
 def adopt(wrapped, optimizer):
@@ -55,3 +66,14 @@ def load_in_place(optimizer, load, state_dict):
     optimizer.param_groups, optimizer.state = groups, state
     return result
 
+
+
+def hook(param, fn):
+    old = _HOOKS.get(param)
+    if old is not None:
+        old.remove()
+        del _HOOKS[param]
+    if fn is None:
+        return None
+    handle = _HOOKS[param] = param.register_post_accumulate_grad_hook(fn)
+    return handle

@@ -2,7 +2,8 @@
 process computing on the combined batch: a learning rate scheduler made before wrapping (its
 learning rates reach the wrapper, whose step runs; also after broadcast_optimizer_state, which
 loads a state dict on the other ranks), for op=Average and op=Adasum; a second backward pass
-before step() (Average starts over from the averaged gradients, Sum raises).
+before step() (Average starts over from the averaged gradients, Sum raises); a second
+optimizer wrapped over the same model (it alone reduces the gradients).
 SPMD: run by hvlrun at 2 and 3 ranks (Adasum at a power-of-2 size only)."""
 import copy
 import warnings
@@ -118,3 +119,35 @@ def test_second_backward_before_step(op):
         (w * g[RANK]).sum().backward()
         assert torch.allclose(w.grad, first + sum(g) / SIZE)
     opt.step()
+
+
+@pytest.mark.parametrize("second_op", [hvd.Average, hvd.Sum])
+def test_a_second_optimizer_on_the_same_model_reduces_alone(second_op):
+    """A new training phase wraps the same parameters again: the first wrapper's hooks are
+    gone (they reduced every gradient a second time, and with bucket_bytes=0 raised 'already
+    in flight')."""
+    model, x, y = model_and_batches(seed=2, steps=4)
+    reference = copy.deepcopy(model)
+    names = list(model.named_parameters())
+    first = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.3),
+                                     named_parameters=names)
+    second = None
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.3)
+    for b in range(x.shape[0]):
+        if b == 2:         # the second phase
+            second = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                              named_parameters=names, op=second_op,
+                                              bucket_bytes=0)
+            ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+        opt = second or first
+        opt.zero_grad()
+        rows = rows_of([RANK])
+        torch.nn.functional.mse_loss(model(x[b][rows]), y[b][rows]).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        # Sum over ranks of each rank's mean loss = SIZE times the combined batch's mean loss
+        scale = SIZE if (second is not None and second_op == hvd.Sum) else 1
+        rows = rows_of(range(SIZE))
+        (scale * torch.nn.functional.mse_loss(reference(x[b][rows]), y[b][rows])).backward()
+        ref_opt.step()
+    assert_close(model, reference, "second optimizer")
