@@ -48,16 +48,42 @@ class _AdasumOptimizer:
         self._passes = backward_passes_per_step
         self._process_set = process_set
         self._params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
-        self._names = parameter_names(self._params, named_parameters)
+        if callable(named_parameters):      # model.named_parameters, not called
+            named_parameters = named_parameters()
+        self._named = None if named_parameters is None else list(named_parameters)
+        self._names = parameter_names(self._params, self._named)
+        self._check_same_model_everywhere()
+        self._passes_left = {p: self._passes for p in self._params}
+        self._hooks = [hook(p, self._on_gradient) for p in self._params]
+
+    def _check_same_model_everywhere(self):
         mine = [(self._names[p], tuple(p.shape), str(p.dtype)) for p in self._params]
         for r, theirs in enumerate(allgather_object(mine, name="AdasumOptimizer.check",
-                                                    process_set=process_set)):
+                                                    process_set=self._process_set)):
             if theirs != mine:
                 raise ValueError("DistributedOptimizer(op=Adasum): the parameters differ across "
                                  "ranks: this rank has %d, rank %d has %d" %
                                  (len(mine), r, len(theirs)))
-        self._passes_left = {p: self._passes for p in self._params}
-        self._hooks = [hook(p, self._on_gradient) for p in self._params]
+
+    def add_param_group(self, param_group):
+        """torch's ``add_param_group``; the new parameters' deltas are reduced too (named as
+        at wrapping). A collective: every rank adds the same group, between steps.
+
+        Raises:
+            ValueError: as torch's; a new parameter missing from ``named_parameters``; or
+                parameters that differ across ranks (on every rank).
+        """
+        super().add_param_group(param_group)
+        new = [p for p in self.param_groups[-1]["params"] if p.requires_grad]
+        if self._named is None:
+            names = {p: "param.%d" % (len(self._params) + i) for i, p in enumerate(new)}
+        else:
+            names = parameter_names(new, self._named)
+        self._params += new
+        self._names.update(names)
+        self._passes_left.update((p, self._passes) for p in new)
+        self._check_same_model_everywhere()
+        self._hooks += [hook(p, self._on_gradient) for p in new]
 
     @staticmethod
     def find_duplicates(lst):

@@ -34,7 +34,8 @@ no part, and its ``step()`` applies its own local gradients.
 
 A parameter is reduced by the last wrapper made over it: wrapping it again (a second
 ``DistributedOptimizer`` for a new training phase) removes the earlier wrapper's hook, which
-would otherwise reduce its gradients a second time.
+would otherwise reduce its gradients a second time. ``add_param_group`` after wrapping hooks
+and names the new parameters as at wrapping (every rank adds the same group, between steps).
 
 As Horovod's, ``set_backward_passes_per_step(n)`` (or setting ``backward_passes_per_step``)
 changes the accumulation from the next step on, and ``load_state_dict`` starts the step over
@@ -86,8 +87,11 @@ class _DistributedOptimizer:
         self._sparse_as_dense = sparse_as_dense
         self._process_set = process_set
         self._params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        if callable(named_parameters):      # model.named_parameters, not called
+            named_parameters = named_parameters()
+        self._named = None if named_parameters is None else list(named_parameters)
         #: param -> name (Horovod's attribute name; some scripts read it)
-        self._parameter_names = parameter_names(self._params, named_parameters)
+        self._parameter_names = parameter_names(self._params, self._named)
         self._groups = self._make_groups(num_groups, groups)
         self._included = rank_and_size(process_set)[0] >= 0
         if self._included:
@@ -179,6 +183,36 @@ class _DistributedOptimizer:
         self._unready = len(self._params)
         self._end_queued = self._reduced = self._synchronized = False
         self._should_synchronize = True
+
+    def add_param_group(self, param_group):
+        """torch's ``add_param_group``, and the new parameters' gradients are reduced too:
+        hooked and named as at wrapping (from ``named_parameters``, else ``param.<i>``
+        continuing the positions), reduced in buckets. A collective: every rank adds the
+        same group, between steps (checked as at wrapping).
+
+        Raises:
+            RuntimeError: called during a step (between ``backward()`` and ``step()``).
+            ValueError: as torch's; a new parameter missing from ``named_parameters``; or
+                parameters that differ across ranks (on every rank).
+        """
+        if (self._handles or self._bucket or self._group_ready
+                or any(d != self._passes for d in self._delay.values())):
+            raise RuntimeError("add_param_group() was called between backward() and step(); "
+                               "add parameter groups between steps")
+        super().add_param_group(param_group)
+        new = [p for p in self.param_groups[-1]["params"] if p.requires_grad]
+        if self._named is None:
+            names = {p: "param.%d" % (len(self._params) + i) for i, p in enumerate(new)}
+        else:
+            names = parameter_names(new, self._named)
+        self._params += new
+        self._parameter_names.update(names)
+        for p in new:
+            self._groups[p], self._delay[p] = None, self._passes
+        self._unready += len(new)
+        if self._included:
+            self._check_same_model_everywhere()
+        self._hooks += [hook(p, self._on_gradient if self._included else None) for p in new]
 
     # ---- during backward ----
 

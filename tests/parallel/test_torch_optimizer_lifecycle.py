@@ -3,7 +3,8 @@ process computing on the combined batch: a learning rate scheduler made before w
 learning rates reach the wrapper, whose step runs; also after broadcast_optimizer_state, which
 loads a state dict on the other ranks), for op=Average and op=Adasum; a second backward pass
 before step() (Average starts over from the averaged gradients, Sum raises); a second
-optimizer wrapped over the same model (it alone reduces the gradients).
+optimizer wrapped over the same model (it alone reduces the gradients); a parameter group
+added after wrapping (reduced too; refused during a step).
 SPMD: run by hvlrun at 2 and 3 ranks (Adasum at a power-of-2 size only)."""
 import copy
 import warnings
@@ -151,3 +152,47 @@ def test_a_second_optimizer_on_the_same_model_reduces_alone(second_op):
         (scale * torch.nn.functional.mse_loss(reference(x[b][rows]), y[b][rows])).backward()
         ref_opt.step()
     assert_close(model, reference, "second optimizer")
+
+
+@pytest.mark.parametrize("naming", ["named", "positions", "adasum"])
+def test_a_param_group_added_after_wrapping_is_reduced(naming):
+    """Fine-tuning that unfreezes a layer: its parameters, added with add_param_group after
+    wrapping, are reduced too (they stayed local, and the ranks diverged)."""
+    if naming == "adasum" and SIZE & (SIZE - 1):
+        pytest.skip("Adasum needs a power-of-2 number of ranks")
+    model, x, y = model_and_batches(seed=3, steps=4)
+    reference = copy.deepcopy(model)
+    head, tail = model[2], model[0]
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(head.parameters(), lr=0.3),
+        named_parameters=model.named_parameters() if naming != "positions" else None,
+        op=hvd.Adasum if naming == "adasum" else hvd.Average)
+    ref_opt = torch.optim.SGD(reference[2].parameters(), lr=0.3)
+    for b in range(x.shape[0]):
+        if b == 1:
+            opt.add_param_group({"params": tail.parameters(), "lr": 0.1})
+            ref_opt.add_param_group({"params": reference[0].parameters(), "lr": 0.1})
+        for o, m, ranks in ((opt, model, [RANK]), (ref_opt, reference, range(SIZE))):
+            rows = rows_of(ranks)
+            o.zero_grad()
+            torch.nn.functional.mse_loss(m(x[b][rows]), y[b][rows]).backward()
+            o.step()
+    if naming == "adasum":     # every rank stepped on its own rows: the reduction makes them equal
+        assert_same_on_every_rank(model, "adasum add_param_group")
+        return
+    assert sorted(opt._parameter_names.values()) == (
+        ["0.bias", "0.weight", "2.bias", "2.weight"] if naming == "named"
+        else ["param.0", "param.1", "param.2", "param.3"])
+    assert_close(model, reference, "add_param_group")
+
+
+def test_add_param_group_during_a_step_raises():
+    model, x, y = model_and_batches(seed=4)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model[2].parameters(), lr=0.3),
+                                   named_parameters=model.named_parameters(),
+                                   backward_passes_per_step=2)
+    torch.nn.functional.mse_loss(model(x[0]), y[0]).backward()     # 1 of 2 passes
+    with pytest.raises(RuntimeError, match="between backward.. and step"):
+        opt.add_param_group({"params": model[0].parameters()})
+    torch.nn.functional.mse_loss(model(x[0]), y[0]).backward()
+    opt.step()
