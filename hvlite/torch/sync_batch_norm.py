@@ -6,8 +6,10 @@ the input gradient of that combined computation; weight and bias gradients stay 
 (the optimizer averages them, as for any parameter). Running statistics follow BatchNorm's
 rules (unbiased variance, momentum or cumulative average). Each layer uses one allreduce of
 [sum, sum of squares, count] forward and one of [sum dy, sum dy*xhat] backward, named after the
-layer's creation index so they repeat every step (response-cache hits). Every rank must run
-the same layers in the same order. Evaluation mode is plain BatchNorm with running
+order in which layers first synchronize (``SyncBatchNorm.<i>``, fixed at a layer's first
+synchronized call, so they repeat every step: response-cache hits). Every rank must run the
+same layers in the same order; layers a rank only creates (a model only rank 0 builds, used
+in evaluation) take no number. Evaluation mode is plain BatchNorm with running
 statistics; without them (``track_running_stats=False``) it normalizes by the combined batch,
 as in training (as BatchNorm and Horovod's SyncBatchNorm do).
 """
@@ -97,7 +99,7 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
                  track_running_stats=True, device=None, dtype=None):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
-        self._hvl_name = "SyncBatchNorm.%d" % next(_layer_ids)
+        self._hvl_name = None      # numbered at the first synchronized call (see the module)
 
     def _check_input_dim(self, input):
         if input.dim() < 2:
@@ -122,6 +124,8 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
             if self.momentum is None:   # cumulative moving average
                 momentum = 1.0 / float(self.num_batches_tracked)
         running = self.track_running_stats
+        if self._hvl_name is None:
+            self._hvl_name = "SyncBatchNorm.%d" % next(_layer_ids)
         return _SyncBatchNormFn.apply(input, self.weight, self.bias,
                                       self.running_mean if running else None,
                                       self.running_var if running else None,

@@ -5,9 +5,9 @@ in torch's plain loop and Horovod's synchronize-then-clip one), broadcast_parame
 broadcast_optimizer_state (state created or not: created by a zero-gradient step, as in
 Horovod, which leaves the parameters as they were; a root resumed from a checkpoint, under
 each optimizer wrapper; L-BFGS), SyncBatchNorm forward/backward/running stats (and in
-evaluation without running stats), join with uneven batches, and clear errors for a model that
-differs across ranks. On the CPU, or on CUDA models and tensors with HVLITE_TEST_DEVICE=cuda
-(torch_device.py).
+evaluation without running stats, and with layers only one rank creates), join with uneven
+batches, and clear errors for a model that differs across ranks. On the CPU, or on CUDA models
+and tensors with HVLITE_TEST_DEVICE=cuda (torch_device.py).
 SPMD: run by hvlrun."""
 import contextlib
 import copy
@@ -285,6 +285,22 @@ def test_sync_batch_norm_in_evaluation_without_running_stats_uses_every_rank():
     (ref * weights).sum().backward()
     assert torch.allclose(out, ref[RANK * 3:(RANK + 1) * 3], atol=1e-10)
     assert torch.allclose(mine.grad, combined.grad[RANK * 3:(RANK + 1) * 3], atol=1e-10)
+
+
+def test_sync_batch_norm_layers_only_one_rank_creates_do_not_shift_the_names():
+    """Rank 0 alone builds a model with SyncBatchNorm layers first (an EMA copy it evaluates):
+    the layers every rank trains still pair up (they were named by creation order, so rank 0's
+    names were shifted and the first forward failed with a deadlock)."""
+    if RANK == 0:
+        ema = torch.nn.Sequential(hvd.SyncBatchNorm(3), hvd.SyncBatchNorm(3)).double().eval()
+        ema(torch.randn(2, 3, dtype=torch.float64))
+    torch.manual_seed(6)
+    data = torch.randn(SIZE * 3, 3, dtype=torch.float64).to(DEVICE)
+    sync = hvd.SyncBatchNorm(3).double().to(DEVICE)
+    plain = torch.nn.BatchNorm1d(3).double().to(DEVICE)
+    for _ in range(2):
+        out, ref = sync(data[RANK * 3:(RANK + 1) * 3]), plain(data)
+        assert torch.allclose(out, ref[RANK * 3:(RANK + 1) * 3], atol=1e-10)
 
 
 @pytest.mark.parametrize("dtype,rows,tolerance", [(torch.float32, 4, 1e-5), (torch.float64, 1, 1e-10)])
