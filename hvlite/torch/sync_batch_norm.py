@@ -4,62 +4,80 @@ Contract: in training mode (and with more than one rank) the forward pass normal
 mean and variance of the combined batch of all ranks, and the backward pass gives every rank
 the input gradient of that combined computation; weight and bias gradients stay per-rank sums
 (the optimizer averages them, as for any parameter). Running statistics follow BatchNorm's
-rules (unbiased variance, momentum or cumulative average). Each layer uses one allreduce of
-[sum, sum of squares, count] forward and one of [sum dy, sum dy*xhat] backward, named after the
-order in which layers first synchronize (``SyncBatchNorm.<i>``, fixed at a layer's first
-synchronized call, so they repeat every step: response-cache hits). Every rank must run the
-same layers in the same order; layers a rank only creates (a model only rank 0 builds, used
-in evaluation) take no number. Evaluation mode is plain BatchNorm with running
-statistics; without them (``track_running_stats=False``) it normalizes by the combined batch,
-as in training (as BatchNorm and Horovod's SyncBatchNorm do).
+rules (unbiased variance, momentum or cumulative average). Each layer uses one allgather of
+every rank's per-channel [mean, M2, count] forward (combined in float64; the activation is
+worked on in float32, or float64 for float64 inputs) and one allreduce of [sum dy,
+sum dy*xhat] backward, named after the order in which layers first synchronize
+(``SyncBatchNorm.<i>``, fixed at a layer's first synchronized call, so they repeat every
+step: response-cache hits). Every rank must run the same layers in the same order; layers a
+rank only creates (a model only rank 0 builds, used in evaluation) take no number.
+Evaluation mode is plain BatchNorm with running statistics; without them
+(``track_running_stats=False``) it normalizes by the combined batch, as in training (as
+BatchNorm and Horovod's SyncBatchNorm do).
 """
 import itertools
 
 import torch
 
 from ..basics import size
-from .ops import Sum, allreduce_async
+from .ops import Sum, allgather_async, allreduce_async
 
 __all__ = ["SyncBatchNorm"]
 
 _layer_ids = itertools.count()
 
 
-def _normalized(x, mean, invstd, shape):
-    return (x.double() - mean.view(shape)) * invstd.view(shape)
+def _compute_dtype(dtype):
+    """float32 for half-precision inputs, else the input's own (float32 or float64)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _normalized(x, mean, invstd, shape, dtype):
+    """(x - mean) * invstd in ``dtype``, as one new tensor (in place after the subtraction)."""
+    return (x.to(dtype) - mean.to(dtype).view(shape)).mul_(invstd.to(dtype).view(shape))
 
 
 class _SyncBatchNormFn(torch.autograd.Function):
-    """Sums in float64. Nothing here waits for the device: the count is the host's, and only
-    a local batch of at most one value per channel reads the combined count back. The input is
-    saved for backward in its own dtype (the float64 normalized values are remade there)."""
+    """Works over the activation in float32 (float64 for float64 inputs): each rank's
+    per-channel mean and M2 (sum of squared deviations) come from ``torch.var_mean``; only
+    those, with the count, travel and are combined in float64 (Chan's parallel formula, which
+    cancels no large sums), as are the two per-channel sums of backward. Nothing here waits
+    for the device: the count is the host's, and only a local batch of at most one value per
+    channel reads the combined count back. The input is saved for backward in its own dtype
+    (the normalized values are remade there)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, eps, momentum, name):
         channels = x.shape[1]
         dims = [d for d in range(x.dim()) if d != 1]
         local_count = x.numel() // max(channels, 1)
-        xd = x.double()
-        local = torch.cat([xd.sum(dim=dims), (xd * xd).sum(dim=dims),
-                           xd.new_full((1,), float(local_count))])
-        del xd
-        total = allreduce_async(local, op=Sum, name=name + ".stats").wait()
-        count = total[-1]
+        dtype = _compute_dtype(x.dtype)
+        if local_count:
+            var, mean = torch.var_mean(x.to(dtype), dim=dims, correction=0)
+        else:                       # an empty local batch adds nothing
+            var = mean = x.new_zeros(channels, dtype=dtype)
+        local = torch.cat([mean.double(), var.double() * local_count,
+                           mean.new_full((1,), float(local_count), dtype=torch.float64)])
+        ranks = allgather_async(local.view(1, -1), name=name + ".stats").wait()
+        counts = ranks[:, -1:]
+        count = counts.sum()
         if local_count <= 1 and count.item() <= 1:      # else more than 1 value: no read back
             raise ValueError("SyncBatchNorm: expected more than 1 value per channel over all ranks "
                              "when training (got %d)" % int(count.item()))
-        mean = total[:channels] / count
-        var = (total[channels:2 * channels] / count - mean * mean).clamp_min(0)
+        means = ranks[:, :channels]
+        mean = (means * counts).sum(0) / count
+        m2 = ranks[:, channels:2 * channels].sum(0) + (counts * (means - mean) ** 2).sum(0)
+        var = m2 / count
         invstd = torch.rsqrt(var + eps)
         if running_mean is not None:
             with torch.no_grad():
-                unbiased = var * count / (count - 1).clamp_min(1)
+                unbiased = m2 / (count - 1).clamp_min(1)
                 running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
                 running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
         shape = [1, channels] + [1] * (x.dim() - 2)
-        out = _normalized(x, mean, invstd, shape)
+        out = _normalized(x, mean, invstd, shape, dtype)
         if weight is not None:
-            out = out * weight.double().view(shape) + bias.double().view(shape)
+            out.mul_(weight.to(dtype).view(shape)).add_(bias.to(dtype).view(shape))
         ctx.save_for_backward(x, mean, invstd, weight)
         ctx.count, ctx.name, ctx.dims, ctx.shape = count, name, dims, shape
         return out.to(x.dtype)
@@ -68,17 +86,18 @@ class _SyncBatchNormFn(torch.autograd.Function):
     def backward(ctx, grad):
         x, mean, invstd, weight = ctx.saved_tensors
         dims, shape = ctx.dims, ctx.shape
-        xhat = _normalized(x, mean, invstd, shape)
-        g = grad.double()
+        dtype = _compute_dtype(x.dtype)
+        xhat = _normalized(x, mean, invstd, shape, dtype)
+        g = grad.to(dtype)
         grad_weight = (g * xhat).sum(dim=dims).to(weight.dtype) if weight is not None else None
         grad_bias = g.sum(dim=dims).to(weight.dtype) if weight is not None else None
-        gx = g * weight.double().view(shape) if weight is not None else g
-        local = torch.cat([gx.sum(dim=dims), (gx * xhat).sum(dim=dims)])
+        gx = g * weight.to(dtype).view(shape) if weight is not None else g
+        local = torch.cat([gx.sum(dim=dims), (gx * xhat).sum(dim=dims)]).double()
         total = allreduce_async(local, op=Sum, name=ctx.name + ".grad").wait()
         channels = invstd.numel()
-        mean_dy = (total[:channels] / ctx.count).view(shape)
-        mean_dy_xhat = (total[channels:] / ctx.count).view(shape)
-        grad_x = invstd.view(shape) * (gx - mean_dy - xhat * mean_dy_xhat)
+        mean_dy = (total[:channels] / ctx.count).to(dtype).view(shape)
+        mean_dy_xhat = (total[channels:] / ctx.count).to(dtype).view(shape)
+        grad_x = (gx - mean_dy).sub_(xhat.mul_(mean_dy_xhat)).mul_(invstd.to(dtype).view(shape))
         return grad_x.to(grad.dtype), grad_weight, grad_bias, None, None, None, None, None
 
 

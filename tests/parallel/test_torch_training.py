@@ -5,8 +5,8 @@ in torch's plain loop and Horovod's synchronize-then-clip one), broadcast_parame
 broadcast_optimizer_state (state created or not: created by a zero-gradient step, as in
 Horovod, which leaves the parameters as they were; a root resumed from a checkpoint, under
 each optimizer wrapper; L-BFGS), SyncBatchNorm forward/backward/running stats (and in
-evaluation without running stats, and with layers only one rank creates), join with uneven
-batches, and clear errors for a model that differs across ranks. On the CPU, or on CUDA models
+evaluation without running stats, with layers only one rank creates, and float32/bfloat16
+activations against float64), join with uneven batches, and clear errors for a model that differs across ranks. On the CPU, or on CUDA models
 and tensors with HVLITE_TEST_DEVICE=cuda (torch_device.py).
 SPMD: run by hvlrun."""
 import contextlib
@@ -323,6 +323,34 @@ def test_sync_batch_norm_single_precision_and_one_row_per_rank(dtype, rows, tole
     assert torch.allclose(out, ref[RANK * rows:(RANK + 1) * rows], atol=tolerance)
     assert torch.allclose(mine.grad, combined.grad[RANK * rows:(RANK + 1) * rows], atol=tolerance)
     assert torch.allclose(sync.running_var, plain.running_var, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype,offset,tolerance", [(torch.float32, 0.0, 2e-6),
+                                                     (torch.float32, 100.0, 2e-5),
+                                                     (torch.bfloat16, 3.0, 2e-2)])
+def test_sync_batch_norm_low_precision_against_float64(dtype, offset, tolerance):
+    """float32 and bfloat16 activations are worked on in float32 (only per-channel statistics in
+    float64): outputs, input gradients and running statistics within ``tolerance`` of float64
+    BatchNorm on the combined batch, also for a mean far from zero (where summing squares
+    cancels), and ranks holding different numbers of rows."""
+    torch.manual_seed(8)
+    counts = [3 + r for r in range(SIZE)]
+    starts = [sum(counts[:r]) for r in range(SIZE)]
+    data = (torch.randn(sum(counts), 4, 5, dtype=torch.float64) * 2 + offset).to(dtype)
+    weights = torch.randn(data.shape, dtype=torch.float64)
+    sync = hvd.SyncBatchNorm(4).to(DEVICE)
+    plain = torch.nn.BatchNorm1d(4).double().to(DEVICE)
+    lo, hi = starts[RANK], starts[RANK] + counts[RANK]
+    mine = data[lo:hi].clone().to(DEVICE).requires_grad_()
+    combined = data.double().to(DEVICE).requires_grad_()
+    out, ref = sync(mine), plain(combined)
+    (out.double() * weights[lo:hi].to(DEVICE)).sum().backward()
+    (ref * weights.to(DEVICE)).sum().backward()
+    assert out.dtype == dtype and mine.grad.dtype == dtype
+    assert (out.double() - ref[lo:hi]).abs().max() < tolerance
+    assert (mine.grad.double() - combined.grad[lo:hi]).abs().max() < tolerance
+    for a, b in ((sync.running_mean, plain.running_mean), (sync.running_var, plain.running_var)):
+        assert torch.allclose(a.double(), b, rtol=1e-5, atol=1e-5)
 
 
 def test_join_with_uneven_batches():
