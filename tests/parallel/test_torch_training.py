@@ -6,8 +6,9 @@ broadcast_optimizer_state (state created or not: created by a zero-gradient step
 Horovod, which leaves the parameters as they were; a root resumed from a checkpoint, under
 each optimizer wrapper; L-BFGS), SyncBatchNorm forward/backward/running stats (and in
 evaluation without running stats, with layers only one rank creates, and float32/bfloat16
-activations against float64), join with uneven batches, and clear errors for a model that differs across ranks. On the CPU, or on CUDA models
-and tensors with HVLITE_TEST_DEVICE=cuda (torch_device.py).
+activations against float64), join with uneven batches, and clear errors for a model that
+differs across ranks. On the CPU, or on CUDA models and tensors with HVLITE_TEST_DEVICE=cuda
+(torch_device.py).
 SPMD: run by hvlrun."""
 import contextlib
 import copy
