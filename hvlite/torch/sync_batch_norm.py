@@ -107,8 +107,8 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
     In training, the mean and variance are those of every rank's batch together (ranks may
     hold batches of different sizes), and the running statistics stay equal on every rank; in
     evaluation with running statistics, or with one rank, it is a plain batch norm (without
-    running statistics, evaluation also uses every rank's batch, as BatchNorm uses its batch). Every rank must run the layer in
-    the same order.
+    running statistics, evaluation also uses every rank's batch, as BatchNorm uses its
+    batch). Every rank must run the layer in the same order.
 
     Args:
         num_features, eps, momentum, affine, track_running_stats, device, dtype: as for
