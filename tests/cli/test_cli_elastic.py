@@ -325,3 +325,28 @@ def test_a_plain_job_is_judged_by_the_same_loop_with_its_own_rules():
     assert PLAIN.start_timeout_reason([1, 2], 2) == "ranks 1,2 did not start within 2 s"
     assert ELASTIC.start_timeout_reason([1], 2) == "rank 1 did not start in time"
     assert (PLAIN.check_timeout(0), ELASTIC.check_timeout(0)) == (None, 30.0)
+
+
+@pytest.mark.parametrize("bind", ["127.0.0.2", "0.0.0.0", "127.0.0.1"])
+def test_an_all_local_world_is_told_an_address_the_store_listens_on(tmp_path, bind):
+    """With --network-interface the store listens only on that interface's address (127.0.0.2
+    stands in for it here): an all-local world must be told that address, not 127.0.0.1
+    (which was refused); a store on every address or on loopback is reached over loopback."""
+    import threading
+    from types import SimpleNamespace
+    from hvlite.runner.elastic.driver import _Driver
+    from hvlite.runner.world.spec import Launch
+    key = new_secret()
+    server = CommitStore(key, str(tmp_path), bind).start()
+    try:
+        args = SimpleNamespace(min_np=1, max_np=None, blacklist_cooldown_range=None,
+                               elastic_timeout=5.0, np=None, reset_limit=None)
+        advertise = bind if bind != "0.0.0.0" else socket.gethostname()
+        driver = _Driver(Launch(args, "mpich", "mpiexec", ["true"], {}, {}), lambda: [],
+                         server, advertise, [], threading.Event())
+        address = driver.spec(1, [Host("localhost", 2)], "start").rank_env["HVLRUN_ELASTIC_STORE"]
+        assert address == "%s:%d" % ("127.0.0.2" if bind == "127.0.0.2" else "127.0.0.1",
+                                     server.port)
+        assert CommitClient(address, key, timeout=10).connect().fetch() is None
+    finally:
+        server.close()

@@ -174,10 +174,17 @@ class _Driver:
             return "; no commit yet"
         return "; last commit #%d (world %d)" % (info.seq, info.world)
 
-    def spec(self, number: int, hosts: List[Host], reason: str) -> WorldSpec:
+    def store_address(self, hosts: List[Host]) -> str:
+        """The commit store's ``host:port`` for a world on ``hosts``: loopback when they are
+        all local and the store listens there, else its advertised address (with
+        --network-interface the store listens only on that interface's address)."""
         local = all(is_local(h.name) for h in hosts)
+        loopback = local and self.store.bind_host in ("0.0.0.0", "127.0.0.1")
+        return "%s:%d" % ("127.0.0.1" if loopback else self.store_host, self.store.port)
+
+    def spec(self, number: int, hosts: List[Host], reason: str) -> WorldSpec:
         env = {ENV_WORLD: str(number), ENV_REASON: reason[:300],
-               ENV_STORE: "%s:%d" % ("127.0.0.1" if local else self.store_host, self.store.port)}
+               ENV_STORE: self.store_address(hosts)}
         if self.timeline:
             env["HVLITE_TIMELINE"] = world_path(self.timeline, number)
         return WorldSpec(number, hosts, env)
