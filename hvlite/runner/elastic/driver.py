@@ -9,7 +9,8 @@ commit store (``commit_store.py``) and check that every rank holds the same stat
 Contract:
   * :func:`run_elastic` runs the job and returns hvlrun's exit code: 0 when every rank of a world
     finished; 128+signum after SIGINT/SIGTERM; the failing rank's code when a rank fails after
-    another finished; 127 when mpiexec cannot be run; :data:`ELASTIC_FAILED_CODE` when the job
+    another finished; 1 when the ranks exit with ``PROGRAM_ERROR_CODE`` (an error in the
+    program's elastic state that every world would meet: ``hvlite.elastic.run``); 127 when mpiexec cannot be run; :data:`ELASTIC_FAILED_CODE` when the job
     cannot go on: fewer than ``--min-np`` usable slots for ``--elastic-timeout`` seconds,
     ``--reset-limit`` re-forms used up, or :data:`NO_PROGRESS_LIMIT` worlds in a row failed
     before storing a commit (a program that fails by itself, not a lost worker).
@@ -44,7 +45,8 @@ import threading
 import time
 from typing import Callable, List, Optional, Tuple
 
-from ...protocol.elastic_env import ENV_KEY, ENV_REASON, ENV_STORE, ENV_WORLD
+from ...protocol.elastic_env import (ENV_KEY, ENV_REASON, ENV_STORE, ENV_WORLD,
+                                     PROGRAM_ERROR_CODE)
 from ...protocol.wire import new_secret
 from ..hosts.hostlist import Host, interface_ipv4, is_local
 from ..world.rules import ELASTIC
@@ -302,6 +304,10 @@ class _Driver:
             if end.kind in ("done", "signal", "finished-failed") or (
                     end.kind == "launcher" and end.code == 127):
                 return end.code
+            if end.kind == "failed" and end.code == PROGRAM_ERROR_CODE:
+                say("elastic: error: the program's state cannot go on (its error is above, on "
+                    "every rank); not re-forming: a new world would fail the same way")
+                return 1
             if end.kind in _FAILURE_KINDS:
                 no_progress = 0 if progressed else no_progress + 1
                 if no_progress >= NO_PROGRESS_LIMIT or (no_progress and self.blacklisted_out()):
