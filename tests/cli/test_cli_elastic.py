@@ -350,3 +350,43 @@ def test_an_all_local_world_is_told_an_address_the_store_listens_on(tmp_path, bi
         assert CommitClient(address, key, timeout=10).connect().fetch() is None
     finally:
         server.close()
+
+
+def test_a_discovery_script_that_fails_at_first_ends_the_job_at_once(hvlrun, tmp_path):
+    """Horovod's rule: a script that fails on its first run ends the job with its error (it
+    waited --elastic-timeout, then said only "0 slots usable")."""
+    script = tmp_path / "hosts.sh"
+    script.write_text("#!/bin/sh\necho no inventory here >&2\nexit 4\n")
+    script.chmod(0o755)
+    started = time.monotonic()
+    job = hvlrun(["--min-np", "1", "--elastic-timeout", "60", "--host-discovery-script",
+                  str(script), "true"], timeout=30)
+    assert job.returncode == 1, job.stderr
+    assert "exited with code 4" in job.stderr and "no inventory here" in job.stderr, job.stderr
+    assert "host discovery never succeeded" in job.stderr, job.stderr
+    assert "slots usable" not in job.stderr and time.monotonic() - started < 20
+
+
+def test_the_timeout_message_names_discoverys_last_error(store, capsys):
+    """Discovery worked once, then fails: the --elastic-timeout error says why."""
+    import threading
+    from types import SimpleNamespace
+    from hvlite.runner.elastic.driver import ELASTIC_FAILED_CODE, _Driver
+    from hvlite.runner.world.spec import Launch
+    server, _ = store
+    args = SimpleNamespace(min_np=2, max_np=None, blacklist_cooldown_range=None,
+                           elastic_timeout=0.5, np=None, reset_limit=None)
+    calls = []
+
+    def source():
+        calls.append(1)
+        if len(calls) == 1:
+            return [Host("h1", 1)]
+        raise DiscoveryError("host discovery script ./d.sh exited with code 3")
+    driver = _Driver(Launch(args, "mpich", "mpiexec", ["true"], {}, {}), source, server,
+                     "127.0.0.1", [], threading.Event())
+    assert driver.run() == ELASTIC_FAILED_CODE
+    err = capsys.readouterr().err
+    assert "only 1 slot usable (h1:1; blacklisted: none) for 0.5 s, below --min-np 2" in err, err
+    assert "host discovery's last run failed: host discovery script ./d.sh exited with code 3" \
+        in err, err

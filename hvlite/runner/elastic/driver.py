@@ -9,7 +9,8 @@ commit store (``commit_store.py``) and check that every rank holds the same stat
 Contract:
   * :func:`run_elastic` runs the job and returns hvlrun's exit code: 0 when every rank of a world
     finished; 128+signum after SIGINT/SIGTERM; the failing rank's code when a rank fails after
-    another finished; 1 when the ranks exit with ``PROGRAM_ERROR_CODE`` (an error in the
+    another finished; 1 when host discovery fails before it ever succeeded (Horovod's rule:
+    the script's error is told at once); 1 when the ranks exit with ``PROGRAM_ERROR_CODE`` (an error in the
     program's elastic state that every world would meet: ``hvlite.elastic.run``); 127 when mpiexec cannot be run; :data:`ELASTIC_FAILED_CODE` when the job
     cannot go on: fewer than ``--min-np`` usable slots for ``--elastic-timeout`` seconds,
     ``--reset-limit`` re-forms used up, or :data:`NO_PROGRESS_LIMIT` worlds in a row failed
@@ -89,11 +90,13 @@ class _Driver:
         self.asked_reform = False
         self.last_error = ""
         self.known: List[Host] = []           # discovery's last answer
+        self.discovered = False               # discovery succeeded once
         self.timeline = launch.knobs.get("HVLITE_TIMELINE") or os.environ.get("HVLITE_TIMELINE")
         self.trace = ElasticTrace(self.timeline, time.monotonic()) if self.timeline else None
         # for the ready log: (the last world that ran, its end, its ranks, the new world)
         self.pending_reform: Optional[Tuple[int, WorldEnd, int, WorldSpec]] = None
         self.stop = stop                      # set when the job ends (cancels discovery)
+        self.exit_code = ELASTIC_FAILED_CODE  # when no world can be chosen
 
     # --- hosts ---------------------------------------------------------------------------------
     def discover(self) -> List[Host]:
@@ -102,11 +105,12 @@ class _Driver:
         try:
             hosts = self.source()
         except DiscoveryError as e:
-            if str(e) != self.last_error and not (self.caught or self.stop.is_set()):
+            if (str(e) != self.last_error and self.discovered
+                    and not (self.caught or self.stop.is_set())):
                 say("elastic: warning: %s" % e)
             self.last_error = str(e)
             return list(self.known)
-        self.last_error, self.known = "", hosts
+        self.last_error, self.known, self.discovered = "", hosts, True
         return hosts
 
     def choose(self, first: bool) -> Optional[List[Host]]:
@@ -116,6 +120,12 @@ class _Driver:
         waiting = False
         while True:
             hosts = self.discover()
+            if not self.discovered:         # Horovod's rule: a script failing at first ends the job
+                if not self.caught:
+                    say("elastic: error: %s; ending the job (host discovery never succeeded)"
+                        % self.last_error)
+                    self.exit_code = 1
+                return None
             with self.lock:
                 usable = self.pool.usable(hosts, time.monotonic())
                 blacklisted = self.pool.blacklisted(time.monotonic())
@@ -131,9 +141,10 @@ class _Driver:
             if time.monotonic() > deadline or self.caught:
                 if not self.caught:
                     say("elastic: error: only %s for %g s, below --min-np %d "
-                        "(--elastic-timeout): ending the job%s"
+                        "(--elastic-timeout): ending the job%s%s"
                         % (state, self.launch.args.elastic_timeout, self.min_np,
-                           self._commit_note()))
+                           self._commit_note(), "; host discovery's last run failed: %s"
+                           % self.last_error if self.last_error else ""))
                 return None
             if not waiting:
                 waiting = True
@@ -272,7 +283,7 @@ class _Driver:
         while True:
             hosts = self.choose(first=number == 0)
             if hosts is None:
-                return 128 + self.caught[0] if self.caught else ELASTIC_FAILED_CODE
+                return 128 + self.caught[0] if self.caught else self.exit_code
             if number > 0:
                 if args.reset_limit is not None and resets >= args.reset_limit:
                     say("elastic: error: the job re-formed %d times (--reset-limit %d); not "
