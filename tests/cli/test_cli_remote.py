@@ -259,3 +259,39 @@ def test_hvlrun_lost_with_its_output_still_ends_the_job_here(tmp_path, who):
             proc.wait()
         if child is not None and alive(child):
             os.kill(child, 9)
+
+
+@pytest.mark.parametrize("sig,elastic", [("SIGTERM", False), ("SIGINT", True)])
+def test_a_signal_during_the_host_check_ends_hvlrun_at_once(tmp_path, sig, elastic):
+    """hvlrun checking a remote host whose shell hangs: a signal ends the check (the shell is
+    killed) and hvlrun exits 128+signum at once (it waited for the check, then exited 125)."""
+    import signal
+    pidfile = tmp_path / "pid"
+    shell = "sh -c 'echo $$ > %s; exec sleep 60' {host}" % pidfile
+    argv = [sys.executable, "-m", "hvlite.runner", "-H", "fakehost:1", "--ssh-command", shell,
+            "--start-timeout", "0"] + (["--min-np", "1"] if elastic else ["-np", "1"]) + ["true"]
+    proc = subprocess.Popen(argv, env=hvlrun_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    shell_pid = None
+    try:
+        deadline = time.monotonic() + 20
+        while shell_pid is None and time.monotonic() < deadline:
+            text = pidfile.read_text() if pidfile.exists() else ""
+            shell_pid = int(text) if text.endswith("\n") else None
+            time.sleep(0.05)
+        assert shell_pid is not None, "the check never started"
+        sent = time.monotonic()
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=15)
+        assert proc.returncode == 128 + getattr(signal, sig), err
+        assert time.monotonic() - sent < 5, err
+        deadline = time.monotonic() + 5
+        while alive(shell_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(shell_pid), "the remote shell %d lives on" % shell_pid
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if shell_pid is not None and alive(shell_pid):
+            os.kill(shell_pid, 9)

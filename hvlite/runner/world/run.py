@@ -89,7 +89,7 @@ def run_world(launch: Launch, spec: WorldSpec, caught: List[int], rules: Rules) 
         How the world ended.
     """
     secret = new_secret()
-    server, addr, early = open_control(launch, spec, secret, rules)
+    server, addr, early = open_control(launch, spec, secret, rules, caught)
     if server is None:
         return _ended(rules, early)
     try:
