@@ -26,7 +26,10 @@ def test_discovery_output_is_parsed_with_default_slots():
     text = "# hosts\nh1:4\nh2 slots=2\n\nh3  # no count\n"
     assert parse_discovery(text, 3) == [Host("h1", 4), Host("h2", 2), Host("h3", 3)]
     assert parse_discovery("", 1) == []
-    for bad, message in (("h1:x", "bad slot count"), ("h1\nh1:2", "a second time"),
+    # a host named again with the same slots is one host (as Horovod); other slots: an error
+    assert parse_discovery("h1:2\nh2\nh1:2\nh2 slots=3\n", 3) == [Host("h1", 2), Host("h2", 3)]
+    for bad, message in (("h1:x", "bad slot count"),
+                         ("h1\nh1:2", "names host 'h1' a second time with 2 slots \\(first 1\\)"),
                          ("a b c", "cannot parse")):
         with pytest.raises(DiscoveryError, match=message):
             parse_discovery(bad, 1)
@@ -214,9 +217,20 @@ def test_elastic_flags_are_checked(hvlrun):
                           (["--min-np", "1", "--blacklist-cooldown-range", "5", "1"],
                            "0 <= MIN <= MAX"),
                           (["-np", "2", "--reset-limit", "3"],
-                           "--reset-limit only applies to elastic jobs")):
-        job = hvlrun(args + ["true"])
+                           "--reset-limit only applies to elastic jobs"),
+                          (["--min-np", "4", "-H", "localhost:2"],
+                           "--min-np 4 is above the 2 slots of the fixed hosts (localhost:2): "
+                           "the job could never start"),
+                          (["-H", "localhost", "--min-np", "1", "--slots-per-host", "4"],
+                           "--slots-per-host applies to the lines of --host-discovery-script")):
+        job = hvlrun(args + ["true"], env={"HOROVOD_ELASTIC_TIMEOUT": "1"})
         assert job.returncode == 2 and message in job.stderr, (args, job.stderr)
+    for name, args in (("HOROVOD_ELASTIC_TIMEOUT", ["--min-np", "1", "-np", "1"]),
+                       ("HOROVOD_START_TIMEOUT", ["-np", "1"]),
+                       ("HVLRUN_HEARTBEAT_TIMEOUT", ["-np", "1"])):
+        job = hvlrun(args + ["true"], env={name: "30s"})
+        assert job.returncode == 2 and "$%s='30s' is not a number of seconds" % name \
+            in job.stderr, (name, job.stderr)
 
 
 def test_dry_run_shows_the_first_world_of_the_discovered_hosts(hvlrun, tmp_path):
