@@ -295,3 +295,20 @@ def test_a_signal_during_the_host_check_ends_hvlrun_at_once(tmp_path, sig, elast
             proc.communicate()
         if shell_pid is not None and alive(shell_pid):
             os.kill(shell_pid, 9)
+
+
+def test_openmpi_forwards_the_users_environment_to_every_rank(capsys, monkeypatch):
+    """Open MPI forwards only what -x names: every variable but host-, shell- and
+    launcher-specific ones (hydra forwards the whole environment by itself)."""
+    given = {"NCCL_DEBUG": "INFO", "MY_VAR": "1", "HOROVOD_FUSION_THRESHOLD": "1",
+             "OMPI_MCA_btl": "tcp,self", "PATH": os.environ["PATH"]}
+    skipped = {"HOSTNAME": "here", "SSH_CLIENT": "1.2.3.4 5 6", "CUDA_VISIBLE_DEVICES": "0",
+               "OMPI_COMM_WORLD_RANK": "3", "PMIX_RANK": "3", "OLDPWD": "/", "BASH_FUNC_f%%": "x"}
+    for name, value in {**given, **skipped}.items():
+        monkeypatch.setenv(name, value)
+    _, argv = dry_run(capsys, *HOSTS, "x", flavour="openmpi")
+    forwarded = {argv[i + 1] for i, a in enumerate(argv) if a == "-x"}
+    assert set(given) <= forwarded, forwarded
+    assert not set(skipped) & forwarded, forwarded
+    _, argv = dry_run(capsys, *HOSTS, "x")                     # hydra: no list of names
+    assert "-x" not in argv and "MY_VAR" not in argv

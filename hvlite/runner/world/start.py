@@ -30,7 +30,7 @@ from ..control.server import ControlServer
 from ..hosts.host_check import CANCELLED, check_hosts
 from .mpi_command import build_command
 from .rules import Rules
-from .settings import (OPENMPI_PASSTHROUGH, control_address, interface_names, job_settings,
+from .settings import (control_address, interface_names, job_settings, openmpi_exports,
                        remote_hosts, rsh_template)
 from .spec import Launch, WorldEnd, WorldSpec
 
@@ -90,8 +90,7 @@ def command(launch: Launch, spec: WorldSpec, addr: Optional[str], secret: str
         rank_env[ENV_HEARTBEAT] = "%g" % args.heartbeat_timeout
     # The secret travels in the environment only: hydra forwards it to every rank.
     hidden = dict(launch.hidden_env, **{ENV_SECRET: secret})
-    passthrough = [n for n in os.environ
-                   if n in OPENMPI_PASSTHROUGH or n.startswith(("HVLITE_", "HVLRUN_"))]
+    passthrough = openmpi_exports(os.environ) if launch.flavour == "openmpi" else []
     argv = build_command(launch.flavour, launch.mpiexec, spec.np, spec.hosts, rank_env,
                          args.mpi_args, launch.command, export_names=passthrough + sorted(hidden),
                          launch_options=options)
