@@ -112,7 +112,10 @@ def test_missing_command_is_reported(hvlrun):
     assert "cannot run '/nonexistent/program'" in job.stderr
 
 
-def test_sigterm_to_hvlrun_stops_the_job():
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_to_hvlrun_stops_the_job(signum):
+    """SIGTERM, and SIGHUP (the terminal closed; it killed hvlrun outright, leaving its job's
+    files), end the job in order with exit 128+signum."""
     cmd = [PY, "-m", "hvlite.runner", "-np", "2", PY, "-c",
            "import time; print('up', flush=True); time.sleep(600)"]
     proc = subprocess.Popen(cmd, cwd=str(REPO), env=hvlrun_env(), stdin=subprocess.DEVNULL,
@@ -120,14 +123,14 @@ def test_sigterm_to_hvlrun_stops_the_job():
     try:
         seen = [proc.stdout.readline(), proc.stdout.readline()]
         assert all("<stdout>: up" in line for line in seen), seen
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         out, err = proc.communicate(timeout=20 * MULTIPLIER)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM, err
-    assert "got SIGTERM, stopping the job" in err
+    assert proc.returncode == 128 + signum, err
+    assert "got %s, stopping the job" % signal.Signals(signum).name in err
 
 
 def test_check_build_prints_mpiexec(hvlrun):

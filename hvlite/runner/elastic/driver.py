@@ -8,16 +8,17 @@ commit store (``commit_store.py``) and check that every rank holds the same stat
 
 Contract:
   * :func:`run_elastic` runs the job and returns hvlrun's exit code: 0 when every rank of a world
-    finished; 128+signum after SIGINT/SIGTERM; the failing rank's code when a rank fails after
-    another finished; 1 when host discovery fails before it ever succeeded (Horovod's rule:
-    the script's error is told at once); 1 when the ranks exit with ``PROGRAM_ERROR_CODE`` (an error in the
-    program's elastic state that every world would meet: ``hvlite.elastic.run``); 127 when mpiexec cannot be run; :data:`ELASTIC_FAILED_CODE` when the job
-    cannot go on: fewer than ``--min-np`` usable slots for ``--elastic-timeout`` seconds,
-    ``--reset-limit`` re-forms used up, or :data:`NO_PROGRESS_LIMIT` worlds in a row failed
-    before storing a commit (a program that fails by itself, not a lost worker).
+    finished; 128+signum after SIGINT/SIGTERM/SIGHUP; the failing rank's code when a rank fails
+    after another finished; 1 when host discovery fails before it ever succeeded (Horovod's
+    rule: the script's error is told at once) or when the ranks exit with
+    ``PROGRAM_ERROR_CODE`` (an error in the program's elastic state that every world would
+    meet: ``hvlite.elastic.run``); 127 when mpiexec cannot be run; :data:`ELASTIC_FAILED_CODE`
+    when the job cannot go on: fewer than ``--min-np`` usable slots for ``--elastic-timeout``
+    seconds, ``--reset-limit`` re-forms used up, or :data:`NO_PROGRESS_LIMIT` worlds in a row
+    failed before storing a commit (a program that fails by itself, not a lost worker).
   * Hosts come from ``--host-discovery-script`` (run now and then every
     :data:`DISCOVERY_INTERVAL` seconds while a world runs; a run still going when hvlrun gets
-    SIGINT/SIGTERM or the job ends is cancelled: ``discovery.py``) or, without a script, from
+    a signal or the job ends is cancelled: ``discovery.py``) or, without a script, from
     ``-H``/``--hostfile``/localhost. A world gets the usable slots (``host_pool.py``: not
     blacklisted) in discovery order, at most ``--max-np``; the first world at most ``-np``.
   * While a world runs, a change of the usable hosts that would give it more ranks (up to
