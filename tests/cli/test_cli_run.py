@@ -64,6 +64,23 @@ def test_omp_num_threads_default_and_user_value(hvlrun):
     assert job.stdout.count("omp %d\n" % expected) == 2, job.stdout
     job = hvlrun(["-np", "2", PY, "-c", code], env={"OMP_NUM_THREADS": "7"})
     assert job.stdout.count("omp 7\n") == 2, job.stdout
+    code = "import os; print('auto', os.environ.get('HVLRUN_OMP_AUTO'))"
+    job = hvlrun(["-np", "2", PY, "-c", code], drop=["OMP_NUM_THREADS"])
+    assert job.stdout.count("auto None\n") == 2, job.stdout      # the wrapper's, not the rank's
+
+
+def test_omp_num_threads_is_each_hosts_own():
+    """hvlrun's value is its own host's (8 cores, 2 ranks: 4); a rank's wrapper on a 96-core
+    host with 8 ranks sets 12 (it got the launch host's value); the user's value stays."""
+    from hvlite.runner.world.rank_exec import child_environment
+    hvlrun_set = {"OMP_NUM_THREADS": "4", "HVLRUN_OMP_AUTO": "1", "HVLRUN_SECRET": "s"}
+    assert child_environment(dict(hvlrun_set, MPI_LOCALNRANKS="8"), 96) == {
+        "OMP_NUM_THREADS": "12", "MPI_LOCALNRANKS": "8"}
+    assert child_environment(dict(hvlrun_set, OMPI_COMM_WORLD_LOCAL_SIZE="200"), 96)[
+        "OMP_NUM_THREADS"] == "1"
+    assert child_environment(hvlrun_set, 96) == {"OMP_NUM_THREADS": "4"}   # no local size
+    assert child_environment({"OMP_NUM_THREADS": "7", "MPI_LOCALNRANKS": "8"}, 96) == {
+        "OMP_NUM_THREADS": "7", "MPI_LOCALNRANKS": "8"}
 
 
 def test_knob_flags_reach_every_rank(hvlrun):

@@ -14,7 +14,7 @@ import sys
 from typing import Dict, List, Mapping, Sequence, Tuple
 
 from ..hosts import hostlist as hostlib
-from ..control.names import ENV_OUTPUT_DIR, ENV_PREFIX_TIME
+from ..control.names import ENV_OMP_AUTO, ENV_OUTPUT_DIR, ENV_PREFIX_TIME
 from .mpi_command import interface_options, launcher_env, remote_options
 from ..hosts.remote_shell import srun_template, ssh_template
 
@@ -41,8 +41,10 @@ def rank_env(args: argparse.Namespace, hosts: Sequence[hostlib.Host],
     prefix, ``--tcp``)."""
     variables = dict(knobs)
     if "OMP_NUM_THREADS" not in os.environ:
+        # this host's value; each rank's wrapper works out its own host's (ENV_OMP_AUTO)
         local = hostlib.local_rank_count(hosts, args.np)
         variables["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // local))
+        variables[ENV_OMP_AUTO] = "1"
     if args.output_filename:
         variables[ENV_OUTPUT_DIR] = os.path.abspath(args.output_filename)
     if args.prefix_output_with_timestamp:
