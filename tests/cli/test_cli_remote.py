@@ -285,6 +285,7 @@ def test_a_signal_during_the_host_check_ends_hvlrun_at_once(tmp_path, sig, elast
         _, err = proc.communicate(timeout=15)
         assert proc.returncode == 128 + getattr(signal, sig), err
         assert time.monotonic() - sent < 5, err
+        assert "Traceback" not in err and "mpiexec" not in err, err    # no job was started
         deadline = time.monotonic() + 5
         while alive(shell_pid) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -312,3 +313,15 @@ def test_openmpi_forwards_the_users_environment_to_every_rank(capsys, monkeypatc
     assert not set(skipped) & forwarded, forwarded
     _, argv = dry_run(capsys, *HOSTS, "x")                     # hydra: no list of names
     assert "-x" not in argv and "MY_VAR" not in argv
+
+
+def test_a_slow_host_check_reads_the_secret_and_names_the_failure():
+    """A remote shell that answers after several polls (0.1 s each) gets the secret once and
+    is judged by its exit code (re-sending the secret on a later poll raised in the thread,
+    and the host counted as passed)."""
+    from hvlite.runner.hosts.host_check import check_hosts
+    template = "sh -c 'sleep 0.5; read s; echo got $s; exit 3' {host}"
+    errors = check_hosts(["hz"], template, "127.0.0.1:1", "s3cret", 30, sys.executable, None,
+                         lambda: set(), 20)
+    assert len(errors) == 1 and "host hz is not reachable" in errors[0], errors
+    assert "exit code 3" in errors[0] and "got s3cret" in errors[0], errors

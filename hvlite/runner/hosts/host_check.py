@@ -40,13 +40,13 @@ def _check_one(host: str, argv: List[str], secret: str, timeout: Optional[float]
         return "host %s: cannot run the remote shell `%s`: %s" % (host, shown, e)
     deadline = None if timeout is None else time.monotonic() + timeout
     message: Optional[str] = None
-    data = (secret + "\n").encode("ascii")
+    data: Optional[bytes] = (secret + "\n").encode("ascii")
     while True:
         try:
             out, _ = proc.communicate(data, timeout=_POLL_SECONDS)
             break
         except subprocess.TimeoutExpired:
-            pass
+            data = None       # sent (or being sent): communicate() goes on with it
         if cancel():
             message = CANCELLED
         elif deadline is not None and time.monotonic() > deadline:
