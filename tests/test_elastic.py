@@ -20,6 +20,7 @@ from jobs import MULTIPLIER, ROOT, run_job
 
 TORCH = os.path.join(ROOT, "tests", "scenarios", "elastic_train.py")
 KERAS = os.path.join(ROOT, "tests", "scenarios", "elastic_keras.py")
+PROGRAM_ERROR = os.path.join(ROOT, "tests", "scenarios", "elastic_program_error.py")
 ELASTIC_FAILED_CODE = 122
 
 
@@ -250,3 +251,24 @@ def test_reset_limit_ends_the_job(tmp_path):
     assert job.returncode == ELASTIC_FAILED_CODE, job.stderr
     assert "the job re-formed 1 times (--reset-limit 1); not again after: rank 0 on " \
            "localhost exited with code 3" in job.stderr, job.stderr
+
+
+@pytest.mark.parametrize("mode,error", [
+    ("key", r"StateEncodingError: hvlite\.elastic: the state cannot be committed: cannot commit "
+            r"counts: dict key np\.int64\(1\) of type int64"),
+    ("horovod", r"StateNotCommittableError: hvlite\.elastic: HorovodStyle subclasses State"),
+    ("mismatch", r"StateMismatchError: hvlite\.elastic: after loading rank 0's state, rank 1 "
+                 r"holds a different state")])
+def test_a_state_error_ends_the_job_with_it_on_every_rank(tmp_path, mode, error):
+    """The program's own state errors are raised on every rank and end the job (exit 1) in
+    world 1: no rank leaves as if a peer were lost, no world is re-formed."""
+    script, _ = discovery(tmp_path, "localhost:2")
+    job = run_job(2, ["python", PROGRAM_ERROR, mode], timeout=120,
+                  hvlrun_args=["--min-np", "2", "--host-discovery-script", script])
+    out, err = job.stdout, job.stderr
+    assert job.returncode == 1, err[-4000:]
+    assert len(re.findall(error, err)) == 2, err[-4000:]            # on both ranks
+    assert err.count("the job ends: a re-formed world would fail the same way") == 2, err
+    assert "hvlrun: elastic: error: the program's state cannot go on" in err, err
+    assert "re-forming: world" not in err and "exited with code 76" not in err, err
+    assert "WORLD w=2" not in out, out

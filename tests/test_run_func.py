@@ -40,6 +40,13 @@ SCRIPT = textwrap.dedent('''
             sys.exit(0)
         return "fine"
 
+    def wait_forever(flag):
+        import time
+        import hvlite as hvd
+        hvd.init()
+        open(flag, "w").close()
+        time.sleep(300)
+
     def elastic_train(hosts_file):
         import time
         import hvlite as hvd, hvlite.elastic as el
@@ -99,6 +106,12 @@ SCRIPT = textwrap.dedent('''
             print("RESULT", hvlite.run(elastic_train, args=(os.path.abspath("hosts"),), num_proc=2,
                                        min_num_proc=1, max_num_proc=2,
                                        host_discovery_script=os.path.abspath("discover.sh")), flush=True)
+        elif what == "interrupt":          # the caller gets Ctrl-C while the job runs
+            try:
+                hvlite.run(wait_forever, args=(os.path.abspath("started"),), num_proc=2,
+                           min_num_proc=1)
+            except KeyboardInterrupt:
+                print("INTERRUPTED", flush=True)
         print("LEFT", sorted(n for n in os.listdir(".") if n.startswith(".hvlite-run-")), flush=True)
 ''')
 
@@ -198,3 +211,36 @@ def test_elastic_results_are_the_last_worlds(tmp_path):
     out, err = drive(tmp_path, "elastic")
     assert "RESULT [(0, 1)]" in out, out + err
     assert "exited with code 1" not in err, err
+
+
+def test_an_interrupted_caller_lets_hvlrun_end_its_job(tmp_path):
+    """Ctrl-C in the caller: hvlrun gets SIGINT and time to end its elastic job in order, so its
+    commit folder is removed (subprocess.run killed it after 0.25 s and left it behind)."""
+    import time
+    script = tmp_path / "driver.py"
+    script.write_text(SCRIPT)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    with subprocess.Popen([sys.executable, str(script), "interrupt"], cwd=str(tmp_path),
+                          env=job_env({"TMPDIR": str(tmp)}), text=True, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                          start_new_session=True) as proc:
+        try:
+            deadline = time.monotonic() + 60 * MULTIPLIER
+            while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert (tmp_path / "started").exists(), "the job never started"
+            assert [n for n in os.listdir(tmp) if n.startswith("hvlrun-elastic-")]
+            os.kill(proc.pid, signal.SIGINT)        # the caller only, as a KeyboardInterrupt
+            out, err = proc.communicate(timeout=60 * MULTIPLIER)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.communicate(timeout=STOP_GRACE)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.communicate()
+    assert "INTERRUPTED" in out and "LEFT []" in out, out + err
+    assert "hvlrun got SIGINT" in err, err                  # hvlrun ended the job itself
+    assert not [n for n in os.listdir(tmp) if n.startswith("hvlrun-elastic-")], os.listdir(tmp)

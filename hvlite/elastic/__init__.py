@@ -19,8 +19,9 @@ hvlrun), ``state`` (State, ObjectState), ``run`` (the decorator), ``sampler``.
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
 from .run import make_run, run
 from .sampler import ElasticIndexSampler
-from .state import ObjectState, State, StateMismatchError, StateNotCommittableError
+from .state import (ObjectState, State, StateEncodingError, StateMismatchError,
+                    StateNotCommittableError)
 
 __all__ = ["run", "make_run", "State", "ObjectState", "HostsUpdatedInterrupt",
            "HorovodInternalError", "StateMismatchError", "StateNotCommittableError",
-           "ElasticIndexSampler"]
+           "StateEncodingError", "ElasticIndexSampler"]

@@ -129,13 +129,23 @@ class _Encoder:
         return node
 
     def key(self, key: Any, path: str) -> Any:
-        if key is None or isinstance(key, (bool, int, str)) or (
-                isinstance(key, float) and math.isfinite(key)):
-            return key
-        if isinstance(key, tuple):
-            return {"t": [self.key(k, path) for k in key]}
-        raise TypeError("cannot commit %s: dict key %r of type %s"
-                        % (path, key, type(key).__name__))
+        return encode_key(key, path)
+
+
+def encode_key(key: Any, path: str) -> Any:
+    """Return the commit form of dict key ``key`` of the dict at ``path``: None, a bool, int,
+    str or finite float as it is, a tuple of those as ``{"t": [...]}``.
+
+    Raises:
+        TypeError: any other key (a NumPy scalar, say), naming the path and the key's type.
+    """
+    if key is None or isinstance(key, (bool, int, str)) or (
+            isinstance(key, float) and math.isfinite(key)):
+        return key
+    if isinstance(key, tuple):
+        return {"t": [encode_key(k, path) for k in key]}
+    raise TypeError("cannot commit %s: dict key %r of type %s"
+                    % (path, key, type(key).__name__))
 
 
 def _parts(tree: Any) -> List[Any]:

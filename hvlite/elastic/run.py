@@ -17,9 +17,13 @@ Contract: ``run(func)`` returns ``wrapper(state, *args, **kwargs)``, which
          ``HOSTS_UPDATED_CODE``; the next world goes on from exactly here.
        * an ``HvliteError`` saying a peer is gone or silent (``HorovodInternalError``, not a
          mismatch, deadlock or invalid argument, which are the program's own errors): exits
-         with ``PEER_LOST_CODE`` at once; the next world goes on from the last commit, and the
-         steps since are done again (on every rank: the ranks' state after the last commit is
+         with ``PEER_LOST_CODE`` at once; the next world goes on from the last commit, and
+         the steps since are done again (on every rank: the ranks' state after the last commit is
          dropped everywhere).
+       * an error the ranks agreed on that a new world would meet again
+         (``StateNotCommittableError``, ``StateMismatchError``, ``StateEncodingError``): every
+         rank prints it and exits with ``PROGRAM_ERROR_CODE``; the driver ends the job (exit 1)
+         instead of re-forming it.
      Anything else propagates (the rank fails; the driver re-forms without blaming peers).
   Outside an elastic hvlrun, errors propagate unchanged (there is no one to re-form the job).
   ``make_run(is_peer_error)`` builds the decorator with an adapter's own test for errors that
@@ -28,23 +32,28 @@ Contract: ``run(func)`` returns ``wrapper(state, *args, **kwargs)``, which
 import functools
 import os
 import sys
+import traceback
 from typing import Any, Callable, Optional
 
 from ..basics import rank
 from ..ops import barrier
 from ..errors import HvliteDeadlockError, HvliteError, HvliteInvalidArgument, MismatchError
 from ..protocol.commit_client import CommitStoreError
-from ..protocol.elastic_env import HOSTS_UPDATED_CODE, PEER_LOST_CODE
-from .state import HostsUpdatedInterrupt, State
+from ..protocol.elastic_env import HOSTS_UPDATED_CODE, PEER_LOST_CODE, PROGRAM_ERROR_CODE
+from .state import (HostsUpdatedInterrupt, State, StateEncodingError, StateMismatchError,
+                    StateNotCommittableError)
 from .world import current
 
 __all__ = ["run", "make_run"]
 
 _PROGRAM_ERRORS = (MismatchError, HvliteInvalidArgument, HvliteDeadlockError)
+# raised on every rank at the same point, and again in any re-formed world: the job ends
+_AGREED_ERRORS = (StateNotCommittableError, StateMismatchError, StateEncodingError)
 
 
 def _hvlite_peer_error(error: BaseException) -> bool:
-    return isinstance(error, HvliteError) and not isinstance(error, _PROGRAM_ERRORS)
+    return isinstance(error, HvliteError) and not isinstance(error, _PROGRAM_ERRORS
+                                                             + _AGREED_ERRORS)
 
 
 def _say(me: int, message: str) -> None:
@@ -68,6 +77,17 @@ def _leave_world(me: int, state: State, interrupt: HostsUpdatedInterrupt) -> Non
     raise SystemExit(HOSTS_UPDATED_CODE)
 
 
+def _end_job(me: int, managed: bool) -> None:
+    """Every rank, after an agreed error a new world would meet again: print it and exit
+    with PROGRAM_ERROR_CODE, so the driver ends the job (re-raise it outside an elastic hvlrun).
+    Call from an ``except`` block."""
+    if not managed:
+        raise                         # noqa: PLE0704 - the error being handled
+    traceback.print_exc()
+    _say(me, "the job ends: a re-formed world would fail the same way")
+    raise SystemExit(PROGRAM_ERROR_CODE) from None
+
+
 def make_run(is_peer_error: Optional[Callable[[BaseException], bool]] = None
              ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Return Horovod's ``run`` decorator, for a framework adapter.
@@ -86,7 +106,10 @@ def make_run(is_peer_error: Optional[Callable[[BaseException], bool]] = None
         def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
             world = current()
             me = rank()
-            seq = state._begin_world(world)
+            try:
+                seq = state._begin_world(world)
+            except _AGREED_ERRORS:
+                _end_job(me, world.managed)
             if world.managed and me == 0:
                 try:
                     world.ready(seq)
@@ -103,6 +126,8 @@ def make_run(is_peer_error: Optional[Callable[[BaseException], bool]] = None
                 if not world.managed:
                     raise
                 _leave_world(me, state, interrupt)
+            except _AGREED_ERRORS:
+                _end_job(me, world.managed)
             except Exception as error:     # noqa: BLE001 - sorted below, re-raised otherwise
                 if not (world.managed and peer_error(error)):
                     raise

@@ -52,8 +52,8 @@ from . import codec
 from .sampler import ElasticIndexSampler
 from .world import World, agree, current
 
-__all__ = ["HostsUpdatedInterrupt", "StateMismatchError", "StateNotCommittableError", "State",
-           "ObjectState"]
+__all__ = ["HostsUpdatedInterrupt", "StateMismatchError", "StateNotCommittableError",
+           "StateEncodingError", "State", "ObjectState"]
 
 
 class StateMismatchError(HvliteError):
@@ -63,6 +63,11 @@ class StateMismatchError(HvliteError):
 class StateNotCommittableError(HvliteError, TypeError):
     """A state whose class does not say what its state is (a Horovod-style subclass) was
     committed in an elastic hvlrun job, which must store it."""
+
+
+class StateEncodingError(TypeError):
+    """Rank 0's state does not fit the commit format; raised on every rank at once (``commit``,
+    ``sync``), with rank 0's message."""
 
 
 def _store_error(what: str, error: Optional[Exception], failed: bool) -> None:
@@ -166,23 +171,38 @@ class State:
             HostsUpdatedInterrupt: on every rank, when hvlrun asked the world to stop here (the
                 commit is kept; ``hvlite.elastic.run`` re-forms the world and goes on).
             StateNotCommittableError: a Horovod-style subclass in an elastic hvlrun job.
-            TypeError: a value the commit format cannot hold (named in the message).
+            StateEncodingError: a value the commit format cannot hold (named in the message; a
+                TypeError, on every rank).
             HvliteError: rank 0 could not store the commit (on every rank, naming the cause).
         """
         world = current()
         if world.managed:
             self._committable()
-        self.save()
+        try:
+            self.save()
+        except StateNotCommittableError:
+            raise
+        except TypeError as e:    # every rank holds the same state: every rank raises this
+            raise StateEncodingError("hvlite.elastic: the state cannot be committed: %s"
+                                     % e) from e
         if not world.managed:
             return
         seq, updates, error = 0, 0, None
+        data: Optional[bytes] = None
         if rank() == 0:
             try:
-                seq, updates = world.put(codec.encode(self._saved))
+                data = codec.encode(self._saved)
+                seq, updates = world.put(data)
             except (CommitStoreError, TypeError) as e:
                 error = e
-        failed, seq, updates = agree([error is not None, seq, updates], "commit")
-        _store_error("store the commit", error, failed)
+        # 1: the store failed (a peer's or hvlrun's trouble); 2: the state cannot be encoded
+        # (the program's own error, raised as TypeError on every rank: no re-form helps)
+        failed, seq, updates = agree([0 if error is None else 1 if data is not None else 2,
+                                      seq, updates], "commit")
+        if failed == 2:
+            raise StateEncodingError("hvlite.elastic: rank 0's state cannot be committed: %s"
+                                     % (error or "see rank 0's error"))
+        _store_error("store the commit", error, failed == 1)
         self.commit_seq = seq
         self._interrupt_if(updates, committed=True)
 
@@ -211,7 +231,8 @@ class State:
         """Give every rank rank 0's current state, and check it. Collective.
 
         Raises:
-            TypeError: on every rank, when rank 0's state does not fit the commit format.
+            StateEncodingError: on every rank (a TypeError), when rank 0's state does not fit
+                the commit format.
             StateMismatchError: some rank's state differs from rank 0's after loading it.
         """
         data, error = None, None
@@ -229,8 +250,8 @@ class State:
         failed, size = agree([error is not None, len(data) if data is not None else 0],
                              "state.size")
         if failed:
-            raise TypeError("hvlite.elastic: rank 0's state cannot be committed: %s"
-                            % (error or "see rank 0's error"))
+            raise StateEncodingError("hvlite.elastic: rank 0's state cannot be committed: %s"
+                                     % (error or "see rank 0's error"))
         buffer = np.frombuffer(data, np.uint8) if data is not None else np.empty(size, np.uint8)
         received = broadcast(buffer, 0, name="hvlite.elastic.state.data")
         tree = codec.decode(memoryview(received))
@@ -284,6 +305,8 @@ def _copy(obj: Any, leaf: Callable[[Any, str], Any], path: str) -> Any:
     if isinstance(obj, (np.generic, codec.Array)):     # before tuple: Array is a NamedTuple
         return obj
     if isinstance(obj, dict):
+        for k in obj:                  # the commit's rule for keys, checked at save time
+            codec.encode_key(k, path)
         return {k: _copy(v, leaf, "%s[%r]" % (path, k)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         items = [_copy(v, leaf, "%s[%d]" % (path, i)) for i, v in enumerate(obj)]

@@ -12,7 +12,7 @@ so that the driver can tell an agreed re-form from a failure.
 """
 
 __all__ = ["ENV_WORLD", "ENV_STORE", "ENV_KEY", "ENV_REASON", "HOSTS_UPDATED_CODE",
-           "PEER_LOST_CODE"]
+           "PEER_LOST_CODE", "PROGRAM_ERROR_CODE"]
 
 ENV_WORLD = "HVLRUN_ELASTIC_WORLD"
 ENV_STORE = "HVLRUN_ELASTIC_STORE"
@@ -25,3 +25,6 @@ HOSTS_UPDATED_CODE = 75
 # A rank exits with this when a collective failed because a peer is gone (HorovodInternalError):
 # a consequence of another rank's failure, not a failure of this rank's host.
 PEER_LOST_CODE = 76
+# Every rank exits with this after an error the ranks agreed on that a re-formed world would
+# meet again (the state cannot be committed, or differs between ranks): the driver ends the job.
+PROGRAM_ERROR_CODE = 77

@@ -24,6 +24,8 @@ Contract:
     end); on several hosts that directory must be the same on every host (a shared file system),
     as the script's own path must be for hvlrun. Where the working directory cannot be written,
     the folder goes to the system's temporary directory (enough for one host).
+  * An interrupt of the caller (Ctrl-C) while the job runs gives hvlrun SIGINT and up to 30 s
+    to end its job and remove what it made, then SIGKILL; the interrupt is raised again.
   * A call from inside a rank (a script whose top level calls ``run`` without a main guard
     runs again there) raises ``RuntimeError`` instead of starting a job per rank.
   * Raises ``RuntimeError`` when the job fails (hvlrun's exit code, and each failed rank's
@@ -36,6 +38,7 @@ Contract:
 import os
 import pickle
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -45,6 +48,7 @@ __all__ = ["run"]
 
 _PAYLOAD = "call.pkl"
 _ENV_INSIDE = "HVLITE_RUN_RANK"      # set in the ranks: a nested run() is a missing main guard
+_STOP_GRACE = 30.0                   # seconds hvlrun gets to end its job after an interrupt
 
 
 def _dumps(call):
@@ -163,10 +167,27 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
                                  start_timeout, ssh_port, ssh_identity_file, output_filename,
                                  verbose, mpi_args, network_interfaces or network_interface)
         command += [executable or sys.executable, "-m", "hvlite.runner.func_run", folder]
-        code = subprocess.run(command, stdin=subprocess.DEVNULL).returncode
-        return _results(folder, code)
+        return _results(folder, _run_hvlrun(command))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_hvlrun(command):
+    """Run hvlrun; return its exit code. When the caller is interrupted (Ctrl-C), hvlrun gets
+    SIGINT too and up to ``_STOP_GRACE`` seconds to end its job and remove what it made (an
+    elastic job's commit folder), then SIGKILL; the interrupt is raised again."""
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    try:
+        return proc.wait()
+    except BaseException:       # KeyboardInterrupt, or anything that stops the caller here
+        try:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=_STOP_GRACE)
+        except BaseException:   # noqa: BLE001 - out of time, or interrupted again: kill
+            proc.kill()
+            proc.wait()
+        raise
 
 
 def _results(folder, code):

@@ -26,7 +26,10 @@ def test_discovery_output_is_parsed_with_default_slots():
     text = "# hosts\nh1:4\nh2 slots=2\n\nh3  # no count\n"
     assert parse_discovery(text, 3) == [Host("h1", 4), Host("h2", 2), Host("h3", 3)]
     assert parse_discovery("", 1) == []
-    for bad, message in (("h1:x", "bad slot count"), ("h1\nh1:2", "a second time"),
+    # a host named again with the same slots is one host (as Horovod); other slots: an error
+    assert parse_discovery("h1:2\nh2\nh1:2\nh2 slots=3\n", 3) == [Host("h1", 2), Host("h2", 3)]
+    for bad, message in (("h1:x", "bad slot count"),
+                         ("h1\nh1:2", "names host 'h1' a second time with 2 slots \\(first 1\\)"),
                          ("a b c", "cannot parse")):
         with pytest.raises(DiscoveryError, match=message):
             parse_discovery(bad, 1)
@@ -214,9 +217,20 @@ def test_elastic_flags_are_checked(hvlrun):
                           (["--min-np", "1", "--blacklist-cooldown-range", "5", "1"],
                            "0 <= MIN <= MAX"),
                           (["-np", "2", "--reset-limit", "3"],
-                           "--reset-limit only applies to elastic jobs")):
-        job = hvlrun(args + ["true"])
+                           "--reset-limit only applies to elastic jobs"),
+                          (["--min-np", "4", "-H", "localhost:2"],
+                           "--min-np 4 is above the 2 slots of the fixed hosts (localhost:2): "
+                           "the job could never start"),
+                          (["-H", "localhost", "--min-np", "1", "--slots-per-host", "4"],
+                           "--slots-per-host applies to the lines of --host-discovery-script")):
+        job = hvlrun(args + ["true"], env={"HOROVOD_ELASTIC_TIMEOUT": "1"})
         assert job.returncode == 2 and message in job.stderr, (args, job.stderr)
+    for name, args in (("HOROVOD_ELASTIC_TIMEOUT", ["--min-np", "1", "-np", "1"]),
+                       ("HOROVOD_START_TIMEOUT", ["-np", "1"]),
+                       ("HVLRUN_HEARTBEAT_TIMEOUT", ["-np", "1"])):
+        job = hvlrun(args + ["true"], env={name: "30s"})
+        assert job.returncode == 2 and "$%s='30s' is not a number of seconds" % name \
+            in job.stderr, (name, job.stderr)
 
 
 def test_dry_run_shows_the_first_world_of_the_discovered_hosts(hvlrun, tmp_path):
@@ -325,3 +339,68 @@ def test_a_plain_job_is_judged_by_the_same_loop_with_its_own_rules():
     assert PLAIN.start_timeout_reason([1, 2], 2) == "ranks 1,2 did not start within 2 s"
     assert ELASTIC.start_timeout_reason([1], 2) == "rank 1 did not start in time"
     assert (PLAIN.check_timeout(0), ELASTIC.check_timeout(0)) == (None, 30.0)
+
+
+@pytest.mark.parametrize("bind", ["127.0.0.2", "0.0.0.0", "127.0.0.1"])
+def test_an_all_local_world_is_told_an_address_the_store_listens_on(tmp_path, bind):
+    """With --network-interface the store listens only on that interface's address (127.0.0.2
+    stands in for it here): an all-local world must be told that address, not 127.0.0.1
+    (which was refused); a store on every address or on loopback is reached over loopback."""
+    import threading
+    from types import SimpleNamespace
+    from hvlite.runner.elastic.driver import _Driver
+    from hvlite.runner.world.spec import Launch
+    key = new_secret()
+    server = CommitStore(key, str(tmp_path), bind).start()
+    try:
+        args = SimpleNamespace(min_np=1, max_np=None, blacklist_cooldown_range=None,
+                               elastic_timeout=5.0, np=None, reset_limit=None)
+        advertise = bind if bind != "0.0.0.0" else socket.gethostname()
+        driver = _Driver(Launch(args, "mpich", "mpiexec", ["true"], {}, {}), lambda: [],
+                         server, advertise, [], threading.Event())
+        address = driver.spec(1, [Host("localhost", 2)], "start").rank_env["HVLRUN_ELASTIC_STORE"]
+        assert address == "%s:%d" % ("127.0.0.2" if bind == "127.0.0.2" else "127.0.0.1",
+                                     server.port)
+        assert CommitClient(address, key, timeout=10).connect().fetch() is None
+    finally:
+        server.close()
+
+
+def test_a_discovery_script_that_fails_at_first_ends_the_job_at_once(hvlrun, tmp_path):
+    """Horovod's rule: a script that fails on its first run ends the job with its error (it
+    waited --elastic-timeout, then said only "0 slots usable")."""
+    script = tmp_path / "hosts.sh"
+    script.write_text("#!/bin/sh\necho no inventory here >&2\nexit 4\n")
+    script.chmod(0o755)
+    started = time.monotonic()
+    job = hvlrun(["--min-np", "1", "--elastic-timeout", "60", "--host-discovery-script",
+                  str(script), "true"], timeout=30)
+    assert job.returncode == 1, job.stderr
+    assert "exited with code 4" in job.stderr and "no inventory here" in job.stderr, job.stderr
+    assert "host discovery never succeeded" in job.stderr, job.stderr
+    assert "slots usable" not in job.stderr and time.monotonic() - started < 20
+
+
+def test_the_timeout_message_names_discoverys_last_error(store, capsys):
+    """Discovery worked once, then fails: the --elastic-timeout error says why."""
+    import threading
+    from types import SimpleNamespace
+    from hvlite.runner.elastic.driver import ELASTIC_FAILED_CODE, _Driver
+    from hvlite.runner.world.spec import Launch
+    server, _ = store
+    args = SimpleNamespace(min_np=2, max_np=None, blacklist_cooldown_range=None,
+                           elastic_timeout=0.5, np=None, reset_limit=None)
+    calls = []
+
+    def source():
+        calls.append(1)
+        if len(calls) == 1:
+            return [Host("h1", 1)]
+        raise DiscoveryError("host discovery script ./d.sh exited with code 3")
+    driver = _Driver(Launch(args, "mpich", "mpiexec", ["true"], {}, {}), source, server,
+                     "127.0.0.1", [], threading.Event())
+    assert driver.run() == ELASTIC_FAILED_CODE
+    err = capsys.readouterr().err
+    assert "only 1 slot usable (h1:1; blacklisted: none) for 0.5 s, below --min-np 2" in err, err
+    assert "host discovery's last run failed: host discovery script ./d.sh exited with code 3" \
+        in err, err

@@ -259,3 +259,69 @@ def test_hvlrun_lost_with_its_output_still_ends_the_job_here(tmp_path, who):
             proc.wait()
         if child is not None and alive(child):
             os.kill(child, 9)
+
+
+@pytest.mark.parametrize("sig,elastic", [("SIGTERM", False), ("SIGINT", True)])
+def test_a_signal_during_the_host_check_ends_hvlrun_at_once(tmp_path, sig, elastic):
+    """hvlrun checking a remote host whose shell hangs: a signal ends the check (the shell is
+    killed) and hvlrun exits 128+signum at once (it waited for the check, then exited 125)."""
+    import signal
+    pidfile = tmp_path / "pid"
+    shell = "sh -c 'echo $$ > %s; exec sleep 60' {host}" % pidfile
+    argv = [sys.executable, "-m", "hvlite.runner", "-H", "fakehost:1", "--ssh-command", shell,
+            "--start-timeout", "0"] + (["--min-np", "1"] if elastic else ["-np", "1"]) + ["true"]
+    proc = subprocess.Popen(argv, env=hvlrun_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    shell_pid = None
+    try:
+        deadline = time.monotonic() + 20
+        while shell_pid is None and time.monotonic() < deadline:
+            text = pidfile.read_text() if pidfile.exists() else ""
+            shell_pid = int(text) if text.endswith("\n") else None
+            time.sleep(0.05)
+        assert shell_pid is not None, "the check never started"
+        sent = time.monotonic()
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=15)
+        assert proc.returncode == 128 + getattr(signal, sig), err
+        assert time.monotonic() - sent < 5, err
+        assert "Traceback" not in err and "mpiexec" not in err, err    # no job was started
+        deadline = time.monotonic() + 5
+        while alive(shell_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(shell_pid), "the remote shell %d lives on" % shell_pid
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if shell_pid is not None and alive(shell_pid):
+            os.kill(shell_pid, 9)
+
+
+def test_openmpi_forwards_the_users_environment_to_every_rank(capsys, monkeypatch):
+    """Open MPI forwards only what -x names: every variable but host-, shell- and
+    launcher-specific ones (hydra forwards the whole environment by itself)."""
+    given = {"NCCL_DEBUG": "INFO", "MY_VAR": "1", "HOROVOD_FUSION_THRESHOLD": "1",
+             "OMPI_MCA_btl": "tcp,self", "PATH": os.environ["PATH"]}
+    skipped = {"HOSTNAME": "here", "SSH_CLIENT": "1.2.3.4 5 6", "CUDA_VISIBLE_DEVICES": "0",
+               "OMPI_COMM_WORLD_RANK": "3", "PMIX_RANK": "3", "OLDPWD": "/", "BASH_FUNC_f%%": "x"}
+    for name, value in {**given, **skipped}.items():
+        monkeypatch.setenv(name, value)
+    _, argv = dry_run(capsys, *HOSTS, "x", flavour="openmpi")
+    forwarded = {argv[i + 1] for i, a in enumerate(argv) if a == "-x"}
+    assert set(given) <= forwarded, forwarded
+    assert not set(skipped) & forwarded, forwarded
+    _, argv = dry_run(capsys, *HOSTS, "x")                     # hydra: no list of names
+    assert "-x" not in argv and "MY_VAR" not in argv
+
+
+def test_a_slow_host_check_reads_the_secret_and_names_the_failure():
+    """A remote shell that answers after several polls (0.1 s each) gets the secret once and
+    is judged by its exit code (re-sending the secret on a later poll raised in the thread,
+    and the host counted as passed)."""
+    from hvlite.runner.hosts.host_check import check_hosts
+    template = "sh -c 'sleep 0.5; read s; echo got $s; exit 3' {host}"
+    errors = check_hosts(["hz"], template, "127.0.0.1:1", "s3cret", 30, sys.executable, None,
+                         lambda: set(), 20)
+    assert len(errors) == 1 and "host hz is not reachable" in errors[0], errors
+    assert "exit code 3" in errors[0] and "got s3cret" in errors[0], errors

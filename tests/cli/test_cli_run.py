@@ -64,6 +64,23 @@ def test_omp_num_threads_default_and_user_value(hvlrun):
     assert job.stdout.count("omp %d\n" % expected) == 2, job.stdout
     job = hvlrun(["-np", "2", PY, "-c", code], env={"OMP_NUM_THREADS": "7"})
     assert job.stdout.count("omp 7\n") == 2, job.stdout
+    code = "import os; print('auto', os.environ.get('HVLRUN_OMP_AUTO'))"
+    job = hvlrun(["-np", "2", PY, "-c", code], drop=["OMP_NUM_THREADS"])
+    assert job.stdout.count("auto None\n") == 2, job.stdout      # the wrapper's, not the rank's
+
+
+def test_omp_num_threads_is_each_hosts_own():
+    """hvlrun's value is its own host's (8 cores, 2 ranks: 4); a rank's wrapper on a 96-core
+    host with 8 ranks sets 12 (it got the launch host's value); the user's value stays."""
+    from hvlite.runner.world.rank_exec import child_environment
+    hvlrun_set = {"OMP_NUM_THREADS": "4", "HVLRUN_OMP_AUTO": "1", "HVLRUN_SECRET": "s"}
+    assert child_environment(dict(hvlrun_set, MPI_LOCALNRANKS="8"), 96) == {
+        "OMP_NUM_THREADS": "12", "MPI_LOCALNRANKS": "8"}
+    assert child_environment(dict(hvlrun_set, OMPI_COMM_WORLD_LOCAL_SIZE="200"), 96)[
+        "OMP_NUM_THREADS"] == "1"
+    assert child_environment(hvlrun_set, 96) == {"OMP_NUM_THREADS": "4"}   # no local size
+    assert child_environment({"OMP_NUM_THREADS": "7", "MPI_LOCALNRANKS": "8"}, 96) == {
+        "OMP_NUM_THREADS": "7", "MPI_LOCALNRANKS": "8"}
 
 
 def test_knob_flags_reach_every_rank(hvlrun):
@@ -112,7 +129,10 @@ def test_missing_command_is_reported(hvlrun):
     assert "cannot run '/nonexistent/program'" in job.stderr
 
 
-def test_sigterm_to_hvlrun_stops_the_job():
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_to_hvlrun_stops_the_job(signum):
+    """SIGTERM, and SIGHUP (the terminal closed; it killed hvlrun outright, leaving its job's
+    files), end the job in order with exit 128+signum."""
     cmd = [PY, "-m", "hvlite.runner", "-np", "2", PY, "-c",
            "import time; print('up', flush=True); time.sleep(600)"]
     proc = subprocess.Popen(cmd, cwd=str(REPO), env=hvlrun_env(), stdin=subprocess.DEVNULL,
@@ -120,14 +140,14 @@ def test_sigterm_to_hvlrun_stops_the_job():
     try:
         seen = [proc.stdout.readline(), proc.stdout.readline()]
         assert all("<stdout>: up" in line for line in seen), seen
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         out, err = proc.communicate(timeout=20 * MULTIPLIER)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM, err
-    assert "got SIGTERM, stopping the job" in err
+    assert proc.returncode == 128 + signum, err
+    assert "got %s, stopping the job" % signal.Signals(signum).name in err
 
 
 def test_check_build_prints_mpiexec(hvlrun):

@@ -145,6 +145,15 @@ def test_object_state_takes_horovods_arguments():
 def test_object_state_refuses_a_value_at_once():
     with pytest.raises(TypeError, match="cannot commit thing of type object"):
         ObjectState(thing=object())
+    # a dict key the commit cannot hold is refused at save time too (not at the first commit)
+    with pytest.raises(TypeError, match=r"cannot commit counts: dict key np.int64\(1\) of type int64"):
+        ObjectState(counts={np.int64(1): 2})
+    with pytest.raises(TypeError, match=r"cannot commit counts\['a'\]: dict key 1.5j"):
+        ObjectState(counts={"a": {(1, 1.5j): 0}})
+    state = ObjectState(counts={1: 2, "x": 3, (1, "y"): 4, None: 5, 2.5: 6})
+    state.counts = {np.int64(1): 2}
+    with pytest.raises(TypeError, match="dict key np.int64"):
+        state.commit()
 
 
 def test_torch_state_round_trips_model_optimizer_and_every_dtype():

@@ -10,8 +10,8 @@ name in the code is in one of them. Constants only; imports nothing but the name
 """
 from ...protocol.elastic_env import ENV_KEY, ENV_REASON, ENV_STORE, ENV_WORLD
 from ...protocol.wire import ENV_SECRET
-from ..control.names import (ENV_CONTROL_ADDR, ENV_HEARTBEAT, ENV_HOST, ENV_OUTPUT_DIR,
-                             ENV_PREFIX_TIME, ENV_RSH)
+from ..control.names import (ENV_CONTROL_ADDR, ENV_HEARTBEAT, ENV_HOST, ENV_OMP_AUTO,
+                             ENV_OUTPUT_DIR, ENV_PREFIX_TIME, ENV_RSH)
 
 __all__ = ["LAUNCHER_VARIABLES"]
 
@@ -29,6 +29,9 @@ LAUNCHER_VARIABLES = (
                              "(--prefix-output-with-timestamp)"),
     (ENV_HOST, "set", "a remote host's name in hvlrun's host list, set by its host guard"),
     (ENV_RSH, "set", "the remote shell MPI's launcher reaches other hosts with"),
+    (ENV_OMP_AUTO, "set", "1: hvlrun chose OMP_NUM_THREADS, and each rank's wrapper sets it to "
+                          "its host's cores divided by the ranks there (the program never sees "
+                          "this variable)"),
     (ENV_WORLD, "set", "elastic jobs: the world's number (1, then +1 per re-form)"),
     (ENV_STORE, "set", "elastic jobs: host:port of hvlrun's commit store"),
     (ENV_KEY, "set", "elastic jobs: the commit store's secret"),

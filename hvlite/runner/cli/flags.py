@@ -116,7 +116,8 @@ def _add_elastic_flags(parser: argparse.ArgumentParser) -> None:
     elastic.add_argument("--max-np", "--max-num-proc", type=int, metavar="N",
                          help="most ranks the job grows to (default: every usable slot)")
     elastic.add_argument("--slots-per-host", type=int, metavar="N",
-                         help="slots of a discovered host given without a count (default 1)")
+                         help="slots of a discovered host given without a count (default 1; "
+                              "--host-discovery-script only)")
     elastic.add_argument("--elastic-timeout", type=float, metavar="SECONDS",
                          help="end the job after this long below --min-np "
                               "(default: $HOROVOD_ELASTIC_TIMEOUT or 600)")
@@ -136,6 +137,19 @@ def is_elastic(args: argparse.Namespace) -> bool:
 _ELASTIC_ONLY = ("slots_per_host", "elastic_timeout", "reset_limit", "blacklist_cooldown_range")
 
 
+def _env_seconds(names: Sequence[str], default: float) -> float:
+    """The first of the variables ``names`` that is set and not empty, as seconds, else
+    ``default`` (ValueError naming the variable when it is not a number)."""
+    for name in names:
+        text = os.environ.get(name)
+        if text:
+            try:
+                return float(text)
+            except ValueError:
+                raise ValueError("$%s=%r is not a number of seconds" % (name, text)) from None
+    return float(default)
+
+
 def _check_elastic(args: argparse.Namespace) -> None:
     """Check the elastic flags; fill in --min-np and --elastic-timeout (ValueError if they do
     not fit together, or if an elastic-only flag is given to a job that is not elastic)."""
@@ -147,8 +161,13 @@ def _check_elastic(args: argparse.Namespace) -> None:
         return
     if args.host_discovery_script and (args.hosts or args.hostfile):
         raise ValueError("--host-discovery-script names the hosts: give no -H/--hostfile")
+    if args.slots_per_host is not None and not args.host_discovery_script:
+        # as horovodrun: the default count of a discovery script's bare host lines only
+        raise ValueError("--slots-per-host applies to the lines of --host-discovery-script; "
+                         "give fixed hosts their slots as -H host:N or 'host slots=N' in "
+                         "--hostfile")
     if args.elastic_timeout is None:
-        args.elastic_timeout = float(os.environ.get("HOROVOD_ELASTIC_TIMEOUT") or 600)
+        args.elastic_timeout = _env_seconds(("HOROVOD_ELASTIC_TIMEOUT",), 600)
     for name in ("np", "min_np", "max_np", "slots_per_host"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -189,15 +208,20 @@ def check_usage(args: argparse.Namespace, command: Sequence[str]) -> List[hostli
         raise ValueError("no command given")
     _check_elastic(args)
     hosts = [] if args.host_discovery_script else _resolve_hosts(args)
+    if is_elastic(args) and not args.host_discovery_script and (
+            hostlib.total_slots(hosts) < args.min_np):
+        raise ValueError("--min-np %d is above the %d slots of the fixed hosts (%s): the job "
+                         "could never start; without --host-discovery-script the hosts never "
+                         "change" % (args.min_np, hostlib.total_slots(hosts),
+                                     ",".join("%s:%d" % (h.name, h.slots) for h in hosts)))
     shlex.split(args.mpi_args)
     if args.ssh_command is not None:
         shlex.split(args.ssh_command)
     interface_names(args)
     if args.start_timeout is None:
-        args.start_timeout = float(os.environ.get("HVLRUN_START_TIMEOUT")
-                                   or os.environ.get("HOROVOD_START_TIMEOUT") or 30)
+        args.start_timeout = _env_seconds(("HVLRUN_START_TIMEOUT", "HOROVOD_START_TIMEOUT"), 30)
     if args.heartbeat_timeout is None:
-        args.heartbeat_timeout = float(os.environ.get(ENV_HEARTBEAT, DEFAULT_HEARTBEAT_TIMEOUT))
+        args.heartbeat_timeout = _env_seconds((ENV_HEARTBEAT,), DEFAULT_HEARTBEAT_TIMEOUT)
     if not args.heartbeat_timeout >= 0:
         raise ValueError("--heartbeat-timeout must be >= 0")
     return hosts

@@ -12,7 +12,8 @@ Contract:
     an elastic job, a series of worlds (``elastic/driver.py``), each run the same way.
   * Knob flags become ``HVLITE_*`` variables for every rank through the one table :data:`KNOBS`.
     horovodrun's flags and ``--config-file`` are folded in first (``horovod_flags.py``).
-    ``OMP_NUM_THREADS`` is set to cores / ranks on this host unless already set.
+    ``OMP_NUM_THREADS`` is set to cores / ranks on each rank's host unless already set (the
+    rank wrapper works it out on its host).
   * Other hosts (any host of ``-H``/``--hostfile`` that gets a rank and is not this machine)
     are reached through a remote shell: ``--ssh-command`` if given, else ``srun`` inside a Slurm
     allocation, else ``ssh`` (``--ssh-port``, ``--ssh-identity-file``); ``--remote-shell`` picks

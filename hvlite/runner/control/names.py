@@ -13,10 +13,13 @@ the line protocol (``hvlite/protocol/wire.py``: ``ENV_SECRET``).
   * ``HVLRUN_HOST``: set by a host guard for what runs below it: the host's name in hvlrun's
     host list.
   * ``HVLRUN_RSH``: the remote shell the launcher hook reaches other hosts with.
+  * ``HVLRUN_OMP_AUTO``: ``1`` when hvlrun chose ``OMP_NUM_THREADS`` (the user did not set
+    it): each rank wrapper sets it again from its own host's cores and local ranks.
 """
 
 __all__ = ["RANK_EXEC_MODULE", "REMOTE_SHELL_MODULE", "HOST_GUARD_MODULE", "ENV_CONTROL_ADDR",
-           "ENV_HEARTBEAT", "ENV_OUTPUT_DIR", "ENV_PREFIX_TIME", "ENV_HOST", "ENV_RSH"]
+           "ENV_HEARTBEAT", "ENV_OUTPUT_DIR", "ENV_PREFIX_TIME", "ENV_HOST", "ENV_RSH",
+           "ENV_OMP_AUTO"]
 
 RANK_EXEC_MODULE = "hvlite.runner.world.rank_exec"
 REMOTE_SHELL_MODULE = "hvlite.runner.hosts.remote_shell"
@@ -28,3 +31,4 @@ ENV_OUTPUT_DIR = "HVLRUN_OUTPUT_DIR"
 ENV_PREFIX_TIME = "HVLRUN_PREFIX_TIMESTAMP"
 ENV_HOST = "HVLRUN_HOST"
 ENV_RSH = "HVLRUN_RSH"
+ENV_OMP_AUTO = "HVLRUN_OMP_AUTO"

@@ -111,7 +111,7 @@ class CommitStore:
         self._listener.bind((bind_host, 0))
         self._listener.listen(16)
         self._listener.settimeout(0.2)
-        self.port = self._listener.getsockname()[1]
+        self.bind_host, self.port = self._listener.getsockname()[:2]
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._latest: Optional[CommitInfo] = None

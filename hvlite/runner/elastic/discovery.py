@@ -4,11 +4,12 @@ Contract:
   * :func:`discover` runs ``--host-discovery-script`` with ``/bin/sh -c`` (so it may carry
     arguments) and parses its standard output: one host per line, ``host:N``, ``host slots=N``
     or ``host`` (``default_slots`` slots: ``--slots-per-host``); ``#`` starts a comment; blank
-    lines are skipped. No line means no host (a valid answer: every host is gone).
+    lines are skipped; a host named again with the same slots is counted once. No line means
+    no host (a valid answer: every host is gone).
   * It raises :class:`DiscoveryError` naming the script and the cause when the script cannot be
     run, exits non-zero (with the last lines of its stderr), runs longer than ``timeout``
     seconds, is cancelled (``cancel()`` came true: hvlrun is ending), prints a line it cannot
-    parse, or names a host twice.
+    parse, or names a host twice with different slot counts.
   * The script runs in a session of its own (hvlrun's terminal signals do not reach it; the
     driver cancels it instead); a script that runs too long or is cancelled is killed with
     every process of its group (SIGKILL), so a hung script leaves nothing behind.
@@ -38,7 +39,7 @@ def parse_discovery(text: str, default_slots: int, source: str = "discovery scri
     """Parse the script's output (see the module contract).
 
     Raises:
-        DiscoveryError: on a malformed line or a host named twice.
+        DiscoveryError: on a malformed line or a host named twice with different slots.
     """
     hosts: List[Host] = []
     for number, raw in enumerate(text.splitlines(), 1):
@@ -52,8 +53,12 @@ def parse_discovery(text: str, default_slots: int, source: str = "discovery scri
             raise DiscoveryError(str(e)) from None
         if ":" not in line and "slots=" not in line:
             host = Host(host.name, default_slots)
-        if any(h.name == host.name for h in hosts):
-            raise DiscoveryError("%s names host %r a second time" % (where, host.name))
+        seen = next((h for h in hosts if h.name == host.name), None)
+        if seen == host:
+            continue                 # the same line again: as Horovod, one host
+        if seen is not None:
+            raise DiscoveryError("%s names host %r a second time with %d slots (first %d)"
+                                 % (where, host.name, host.slots, seen.slots))
         hosts.append(host)
     return hosts
 

@@ -8,14 +8,17 @@ commit store (``commit_store.py``) and check that every rank holds the same stat
 
 Contract:
   * :func:`run_elastic` runs the job and returns hvlrun's exit code: 0 when every rank of a world
-    finished; 128+signum after SIGINT/SIGTERM; the failing rank's code when a rank fails after
-    another finished; 127 when mpiexec cannot be run; :data:`ELASTIC_FAILED_CODE` when the job
-    cannot go on: fewer than ``--min-np`` usable slots for ``--elastic-timeout`` seconds,
-    ``--reset-limit`` re-forms used up, or :data:`NO_PROGRESS_LIMIT` worlds in a row failed
-    before storing a commit (a program that fails by itself, not a lost worker).
+    finished; 128+signum after SIGINT/SIGTERM/SIGHUP; the failing rank's code when a rank fails
+    after another finished; 1 when host discovery fails before it ever succeeded (Horovod's
+    rule: the script's error is told at once) or when the ranks exit with
+    ``PROGRAM_ERROR_CODE`` (an error in the program's elastic state that every world would
+    meet: ``hvlite.elastic.run``); 127 when mpiexec cannot be run; :data:`ELASTIC_FAILED_CODE`
+    when the job cannot go on: fewer than ``--min-np`` usable slots for ``--elastic-timeout``
+    seconds, ``--reset-limit`` re-forms used up, or :data:`NO_PROGRESS_LIMIT` worlds in a row
+    failed before storing a commit (a program that fails by itself, not a lost worker).
   * Hosts come from ``--host-discovery-script`` (run now and then every
     :data:`DISCOVERY_INTERVAL` seconds while a world runs; a run still going when hvlrun gets
-    SIGINT/SIGTERM or the job ends is cancelled: ``discovery.py``) or, without a script, from
+    a signal or the job ends is cancelled: ``discovery.py``) or, without a script, from
     ``-H``/``--hostfile``/localhost. A world gets the usable slots (``host_pool.py``: not
     blacklisted) in discovery order, at most ``--max-np``; the first world at most ``-np``.
   * While a world runs, a change of the usable hosts that would give it more ranks (up to
@@ -44,7 +47,8 @@ import threading
 import time
 from typing import Callable, List, Optional, Tuple
 
-from ...protocol.elastic_env import ENV_KEY, ENV_REASON, ENV_STORE, ENV_WORLD
+from ...protocol.elastic_env import (ENV_KEY, ENV_REASON, ENV_STORE, ENV_WORLD,
+                                     PROGRAM_ERROR_CODE)
 from ...protocol.wire import new_secret
 from ..hosts.hostlist import Host, interface_ipv4, is_local
 from ..world.rules import ELASTIC
@@ -87,11 +91,13 @@ class _Driver:
         self.asked_reform = False
         self.last_error = ""
         self.known: List[Host] = []           # discovery's last answer
+        self.discovered = False               # discovery succeeded once
         self.timeline = launch.knobs.get("HVLITE_TIMELINE") or os.environ.get("HVLITE_TIMELINE")
         self.trace = ElasticTrace(self.timeline, time.monotonic()) if self.timeline else None
         # for the ready log: (the last world that ran, its end, its ranks, the new world)
         self.pending_reform: Optional[Tuple[int, WorldEnd, int, WorldSpec]] = None
         self.stop = stop                      # set when the job ends (cancels discovery)
+        self.exit_code = ELASTIC_FAILED_CODE  # when no world can be chosen
 
     # --- hosts ---------------------------------------------------------------------------------
     def discover(self) -> List[Host]:
@@ -100,11 +106,12 @@ class _Driver:
         try:
             hosts = self.source()
         except DiscoveryError as e:
-            if str(e) != self.last_error and not (self.caught or self.stop.is_set()):
+            if (str(e) != self.last_error and self.discovered
+                    and not (self.caught or self.stop.is_set())):
                 say("elastic: warning: %s" % e)
             self.last_error = str(e)
             return list(self.known)
-        self.last_error, self.known = "", hosts
+        self.last_error, self.known, self.discovered = "", hosts, True
         return hosts
 
     def choose(self, first: bool) -> Optional[List[Host]]:
@@ -114,6 +121,12 @@ class _Driver:
         waiting = False
         while True:
             hosts = self.discover()
+            if not self.discovered:         # Horovod's rule: a script failing at first ends the job
+                if not self.caught:
+                    say("elastic: error: %s; ending the job (host discovery never succeeded)"
+                        % self.last_error)
+                    self.exit_code = 1
+                return None
             with self.lock:
                 usable = self.pool.usable(hosts, time.monotonic())
                 blacklisted = self.pool.blacklisted(time.monotonic())
@@ -129,9 +142,10 @@ class _Driver:
             if time.monotonic() > deadline or self.caught:
                 if not self.caught:
                     say("elastic: error: only %s for %g s, below --min-np %d "
-                        "(--elastic-timeout): ending the job%s"
+                        "(--elastic-timeout): ending the job%s%s"
                         % (state, self.launch.args.elastic_timeout, self.min_np,
-                           self._commit_note()))
+                           self._commit_note(), "; host discovery's last run failed: %s"
+                           % self.last_error if self.last_error else ""))
                 return None
             if not waiting:
                 waiting = True
@@ -174,10 +188,17 @@ class _Driver:
             return "; no commit yet"
         return "; last commit #%d (world %d)" % (info.seq, info.world)
 
-    def spec(self, number: int, hosts: List[Host], reason: str) -> WorldSpec:
+    def store_address(self, hosts: List[Host]) -> str:
+        """The commit store's ``host:port`` for a world on ``hosts``: loopback when they are
+        all local and the store listens there, else its advertised address (with
+        --network-interface the store listens only on that interface's address)."""
         local = all(is_local(h.name) for h in hosts)
+        loopback = local and self.store.bind_host in ("0.0.0.0", "127.0.0.1")
+        return "%s:%d" % ("127.0.0.1" if loopback else self.store_host, self.store.port)
+
+    def spec(self, number: int, hosts: List[Host], reason: str) -> WorldSpec:
         env = {ENV_WORLD: str(number), ENV_REASON: reason[:300],
-               ENV_STORE: "%s:%d" % ("127.0.0.1" if local else self.store_host, self.store.port)}
+               ENV_STORE: self.store_address(hosts)}
         if self.timeline:
             env["HVLITE_TIMELINE"] = world_path(self.timeline, number)
         return WorldSpec(number, hosts, env)
@@ -263,7 +284,7 @@ class _Driver:
         while True:
             hosts = self.choose(first=number == 0)
             if hosts is None:
-                return 128 + self.caught[0] if self.caught else ELASTIC_FAILED_CODE
+                return 128 + self.caught[0] if self.caught else self.exit_code
             if number > 0:
                 if args.reset_limit is not None and resets >= args.reset_limit:
                     say("elastic: error: the job re-formed %d times (--reset-limit %d); not "
@@ -295,6 +316,10 @@ class _Driver:
             if end.kind in ("done", "signal", "finished-failed") or (
                     end.kind == "launcher" and end.code == 127):
                 return end.code
+            if end.kind == "failed" and end.code == PROGRAM_ERROR_CODE:
+                say("elastic: error: the program's state cannot go on (its error is above, on "
+                    "every rank); not re-forming: a new world would fail the same way")
+                return 1
             if end.kind in _FAILURE_KINDS:
                 no_progress = 0 if progressed else no_progress + 1
                 if no_progress >= NO_PROGRESS_LIMIT or (no_progress and self.blacklisted_out()):

@@ -8,42 +8,77 @@ Contract:
     hvlite, the secret and the connection back to hvlrun all work.
   * It returns one message per failing host, naming the host and saying what failed (the
     remote shell's exit code and last lines of output, or the timeout); an empty list means
-    every host passed. It starts no job.
+    every host passed. It starts no job. ``cancel`` (asked every 0.1 s) ends every check at
+    once, killing the remote shells' sessions.
 """
 
+import os
+import signal
 import subprocess
 import threading
+import time
 from typing import Callable, List, Optional, Sequence, Set
 
 from .remote_shell import guard_command, transport_argv
 
-__all__ = ["check_hosts"]
+__all__ = ["check_hosts", "CANCELLED"]
 
 _TAIL_LINES = 3
+_POLL_SECONDS = 0.1     # how often cancel() is asked
+CANCELLED = "cancelled"
 
 
-def _check_one(host: str, argv: List[str], secret: str, timeout: float,
-               arrived: Callable[[], Set[str]]) -> Optional[str]:
-    """Check one host; return None on success, else the message."""
+def _check_one(host: str, argv: List[str], secret: str, timeout: Optional[float],
+               arrived: Callable[[], Set[str]], cancel: Callable[[], bool]) -> Optional[str]:
+    """Check one host; return None on success, else the message (``CANCELLED`` when
+    ``cancel()`` became true: the remote shell and its children are killed)."""
     shown = " ".join(argv[:-1])
     try:
-        done = subprocess.run(argv, input=(secret + "\n").encode("ascii"), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return "host %s did not answer within %g s (through `%s`)" % (host, timeout, shown)
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
     except OSError as e:
         return "host %s: cannot run the remote shell `%s`: %s" % (host, shown, e)
-    if done.returncode == 0 and host in arrived():
+    deadline = None if timeout is None else time.monotonic() + timeout
+    message: Optional[str] = None
+    data: Optional[bytes] = (secret + "\n").encode("ascii")
+    while True:
+        try:
+            out, _ = proc.communicate(data, timeout=_POLL_SECONDS)
+            break
+        except subprocess.TimeoutExpired:
+            data = None       # sent (or being sent): communicate() goes on with it
+        if cancel():
+            message = CANCELLED
+        elif deadline is not None and time.monotonic() > deadline:
+            message = "host %s did not answer within %g s (through `%s`)" % (host, timeout, shown)
+        if message is not None:
+            _kill_group(proc)
+            return message
+    if proc.returncode == 0 and host in arrived():
         return None
-    tail = done.stdout.decode("utf-8", "replace").strip().splitlines()[-_TAIL_LINES:]
+    tail = out.decode("utf-8", "replace").strip().splitlines()[-_TAIL_LINES:]
     return ("host %s is not reachable (through `%s`, exit code %d)%s"
-            % (host, shown, done.returncode, "".join("\n    " + line for line in tail)))
+            % (host, shown, proc.returncode, "".join("\n    " + line for line in tail)))
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the remote shell's session (its children too) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        proc.communicate(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def check_hosts(hosts: Sequence[str], template: str, control_addr: str, secret: str,
                 heartbeat_timeout: float, python: str, pythonpath: Optional[str],
-                arrived: Callable[[], Set[str]], timeout: float) -> List[str]:
-    """Check every host at once; return the failures' messages in host order.
+                arrived: Callable[[], Set[str]], timeout: Optional[float],
+                cancel: Callable[[], bool] = lambda: False) -> List[str]:
+    """Check every host at once; return the failures' messages in host order, or
+    ``[CANCELLED]`` when ``cancel()`` became true (every check's remote shell is killed).
 
     Args:
         hosts: the remote hosts' names as hvlrun's host list gives them.
@@ -54,7 +89,8 @@ def check_hosts(hosts: Sequence[str], template: str, control_addr: str, secret: 
         python: the interpreter to run on the far side.
         pythonpath: ``PYTHONPATH`` for the far side, or None.
         arrived: returns the hosts whose check message the control server received.
-        timeout: seconds allowed per host.
+        timeout: seconds allowed per host (None: no limit).
+        cancel: asked every 0.1 s while a check runs (hvlrun got a signal).
 
     Raises:
         ValueError: if the template cannot be split.
@@ -65,10 +101,12 @@ def check_hosts(hosts: Sequence[str], template: str, control_addr: str, secret: 
     results: List[Optional[str]] = [None] * len(hosts)
 
     def run(i: int) -> None:
-        results[i] = _check_one(hosts[i], argvs[i], secret, timeout, arrived)
+        results[i] = _check_one(hosts[i], argvs[i], secret, timeout, arrived, cancel)
     threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(hosts))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    if CANCELLED in results:
+        return [CANCELLED]
     return [r for r in results if r is not None]

@@ -13,7 +13,9 @@ Contract:
   * With ``HVLRUN_OUTPUT_DIR=DIR`` the raw output is also written to ``DIR/rank.<N>/stdout`` and
     ``DIR/rank.<N>/stderr``.
   * The child inherits the environment and the descriptors the launcher passed (e.g. hydra's
-    ``PMI_FD``), so it can initialise MPI as if started directly.
+    ``PMI_FD``), so it can initialise MPI as if started directly. Where hvlrun chose
+    ``OMP_NUM_THREADS`` (``HVLRUN_OMP_AUTO=1``), the child gets this host's cores divided by
+    the ranks the launcher says run on this host (hvlrun's value is its own host's).
   * The child gets SIGKILL when this wrapper dies (``PR_SET_PDEATHSIG``, Linux); this wrapper gets
     SIGTERM when the launcher process that started it dies. SIGTERM/SIGINT received here are
     forwarded to the child.
@@ -45,12 +47,12 @@ import subprocess
 import sys
 import threading
 import time
-from typing import BinaryIO, Callable, List, Mapping, Optional, Sequence, Set
+from typing import BinaryIO, Callable, Dict, List, Mapping, Optional, Sequence, Set
 
 from ...protocol.wire import ENV_SECRET
 from ..control.client import ControlClient, ControlError
-from ..control.names import (ENV_CONTROL_ADDR, ENV_HEARTBEAT, ENV_HOST, ENV_OUTPUT_DIR,
-                             ENV_PREFIX_TIME)
+from ..control.names import (ENV_CONTROL_ADDR, ENV_HEARTBEAT, ENV_HOST, ENV_OMP_AUTO,
+                             ENV_OUTPUT_DIR, ENV_PREFIX_TIME)
 from ..procs.proctree import descendants
 from ..procs.job_files import mapped_shm, remove_unused
 from .say import tell as _tell
@@ -282,13 +284,31 @@ def _start_pumps(proc: subprocess.Popen, rank: int,
     return pumps
 
 
+# the ranks of this host, as the launcher tells each rank (MPICH's hydra, Open MPI)
+_LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
+
+
+def child_environment(environ: Mapping[str, str], cores: int) -> Dict[str, str]:
+    """The rank's environment: ``environ`` without the job secret; where hvlrun chose
+    ``OMP_NUM_THREADS`` (``HVLRUN_OMP_AUTO=1``), this host's ``cores`` divided by the ranks on
+    this host, at least 1 (hvlrun's value is its own host's)."""
+    env = {k: v for k, v in environ.items() if k not in (ENV_SECRET, ENV_OMP_AUTO)}
+    if environ.get(ENV_OMP_AUTO) == "1":
+        for name in _LOCAL_SIZE_VARIABLES:
+            text = environ.get(name, "").strip()
+            if text.isdigit() and int(text) > 0:
+                env["OMP_NUM_THREADS"] = str(max(1, cores // int(text)))
+                break
+    return env
+
+
 def _spawn(command: Sequence[str], copies: Sequence[Optional[BinaryIO]]) -> subprocess.Popen:
     """Start the child without the job secret, its output piped to this wrapper.
 
     Raises:
         OSError: the command cannot be run (the output copies are closed then).
     """
-    child_env = {k: v for k, v in os.environ.items() if k != ENV_SECRET}
+    child_env = child_environment(os.environ, os.cpu_count() or 1)
     try:
         # close_fds=False: the child needs descriptors the launcher passed on (hydra's PMI_FD);
         # the wrapper's own files and sockets are not inheritable (PEP 446).

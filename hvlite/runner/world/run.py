@@ -11,13 +11,13 @@ Contract:
     are reported in one warning. It never raises for anything a world does.
   * :func:`run_job` runs a plain job: one world (number 0, on the hosts and rank count given),
     judged by :data:`~.rules.PLAIN`, and returns hvlrun's exit code: 0, the first failing
-    rank's code, 128+signum after SIGINT/SIGTERM, :data:`HOST_LOST_CODE` when a host or rank
-    was lost before any rank failed or a remote host cannot be reached,
+    rank's code, 128+signum after SIGINT/SIGTERM/SIGHUP, :data:`HOST_LOST_CODE` when a host or
+    rank was lost before any rank failed or a remote host cannot be reached,
     :data:`START_TIMEOUT_CODE` after a start timeout, 127 when the launcher cannot be run, 1
     when the control channel cannot be opened, else the launcher's own code (never 0 when it
     failed). The elastic driver (``elastic/driver.py``) runs worlds with
     :data:`~.rules.ELASTIC`.
-  * :func:`catching_signals` is where hvlrun takes SIGINT/SIGTERM over (only on the main
+  * :func:`catching_signals` is where hvlrun takes SIGINT/SIGTERM/SIGHUP over (only on the main
     thread) while a job runs: they are noted, the job ends, the handlers are restored after.
 """
 import contextlib
@@ -48,12 +48,12 @@ _PLAIN_CODES = {"done": 0, "lost": HOST_LOST_CODE, "unreachable": HOST_LOST_CODE
 
 @contextlib.contextmanager
 def catching_signals() -> Iterator[List[int]]:
-    """Note SIGINT/SIGTERM in the list yielded instead of dying (main thread only); restore the
-    handlers on leaving."""
+    """Note SIGINT/SIGTERM/SIGHUP in the list yielded instead of dying (main thread only);
+    restore the handlers on leaving."""
     caught: List[int] = []
     handlers = {}
     if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             handlers[signum] = signal.signal(signum, lambda s, _f: caught.append(s))
     try:
         yield caught
@@ -89,7 +89,7 @@ def run_world(launch: Launch, spec: WorldSpec, caught: List[int], rules: Rules) 
         How the world ended.
     """
     secret = new_secret()
-    server, addr, early = open_control(launch, spec, secret, rules)
+    server, addr, early = open_control(launch, spec, secret, rules, caught)
     if server is None:
         return _ended(rules, early)
     try:

@@ -7,21 +7,32 @@ Contract: pure functions of the parsed ``args``, the host list and the knob flag
 """
 import argparse
 import os
+import re
 import shutil
 import socket
 import sys
 from typing import Dict, List, Mapping, Sequence, Tuple
 
 from ..hosts import hostlist as hostlib
-from ..control.names import ENV_OUTPUT_DIR, ENV_PREFIX_TIME
+from ..control.names import ENV_OMP_AUTO, ENV_OUTPUT_DIR, ENV_PREFIX_TIME
 from .mpi_command import interface_options, launcher_env, remote_options
 from ..hosts.remote_shell import srun_template, ssh_template
 
-__all__ = ["OPENMPI_PASSTHROUGH", "rank_env", "remote_hosts", "rsh_template", "interface_names",
+__all__ = ["openmpi_exports", "rank_env", "remote_hosts", "rsh_template", "interface_names",
            "control_address", "job_settings"]
 
-# Variables Open MPI must forward explicitly (hydra forwards the whole environment).
-OPENMPI_PASSTHROUGH = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "OMP_NUM_THREADS")
+# Open MPI forwards only what -x names, hydra the whole environment: Open MPI gets every
+# variable but these, which describe this host, this shell or a launcher's own ranks (as
+# Horovod's runner skips shell functions, OLDPWD and *CUDA_VISIBLE_DEVICES).
+_NOT_FORWARDED = re.compile(r"(HOSTNAME|HOST|PWD|OLDPWD|SHLVL|_|BASH_FUNC_.*|SSH_.*|"
+                            r".*CUDA_VISIBLE_DEVICES|OMPI_(?!MCA_).*|PMIX_.*|PMI_.*|HYDRA_.*)")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def openmpi_exports(environ: Mapping[str, str]) -> List[str]:
+    """The names Open MPI's ``mpirun`` forwards to every rank with ``-x`` (sorted): every
+    variable of ``environ`` with a plain name that is not host- or launcher-specific."""
+    return sorted(n for n in environ if _NAME.fullmatch(n) and not _NOT_FORWARDED.fullmatch(n))
 
 
 def rank_env(args: argparse.Namespace, hosts: Sequence[hostlib.Host],
@@ -30,8 +41,10 @@ def rank_env(args: argparse.Namespace, hosts: Sequence[hostlib.Host],
     prefix, ``--tcp``)."""
     variables = dict(knobs)
     if "OMP_NUM_THREADS" not in os.environ:
+        # this host's value; each rank's wrapper works out its own host's (ENV_OMP_AUTO)
         local = hostlib.local_rank_count(hosts, args.np)
         variables["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // local))
+        variables[ENV_OMP_AUTO] = "1"
     if args.output_filename:
         variables[ENV_OUTPUT_DIR] = os.path.abspath(args.output_filename)
     if args.prefix_output_with_timestamp:

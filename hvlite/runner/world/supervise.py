@@ -7,7 +7,7 @@ Contract:
   * ``Supervisor(...).run()`` watches the launcher (``mpiexec``, in its own session) and the
     reports on the world's control server until the world is over, and returns its
     :class:`~.spec.WorldEnd`. Every 0.1 s it judges, in this order:
-      - hvlrun got SIGINT/SIGTERM: ``signal``, code 128+signum;
+      - hvlrun got SIGINT/SIGTERM/SIGHUP: ``signal``, code 128+signum;
       - a host or rank was lost (``ControlServer.lost``: its connection closed before it
         reported an exit, or it was silent for the heartbeat timeout) before the first rank
         whose code the rules do not agree to failed (within one server round, a rank killed by
