@@ -105,11 +105,11 @@ class _AdasumOptimizer:
         self._passes = passes
         self._passes_left = {p: passes for p in self._params}
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, *args, **kwargs):
         """The wrapped optimizer's, with the accumulation counters reset (as Horovod's), into
         the optimizer's own ``param_groups`` and ``state`` objects."""
         self._passes_left = {p: self._passes for p in self._params}
-        return load_in_place(self, super().load_state_dict, state_dict)
+        return load_in_place(self, super().load_state_dict, *args, **kwargs)
 
     def _on_gradient(self, p):
         if self._passes_left[p] <= 0:

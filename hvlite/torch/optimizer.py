@@ -160,13 +160,13 @@ class _DistributedOptimizer:
         self._passes = passes
         self._start_over()
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, *args, **kwargs):
         """The wrapped optimizer's ``load_state_dict``, after starting the step over (as
         Horovod's: a checkpoint restored mid-accumulation begins a fresh step). The values go
         into the optimizer's own ``param_groups`` and ``state`` objects, which a scheduler made
         before wrapping also holds."""
         self._start_over()
-        return load_in_place(self, super().load_state_dict, state_dict)
+        return load_in_place(self, super().load_state_dict, *args, **kwargs)
 
     def _start_over(self):
         """Forget the step in progress: wait out the allreduces already submitted (their

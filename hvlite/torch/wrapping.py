@@ -10,7 +10,7 @@ Contract:
   learning rates ``wrapped`` uses. The ``step`` a scheduler patches onto the instance is not
   taken (it would run the plain step on ``optimizer`` and bypass the wrapper's): ``wrapped``
   gets its own class's ``step``, marked so that the scheduler still sees the step called.
-* ``load_in_place(optimizer, load, state_dict)``: runs torch's ``load_state_dict`` (``load``),
+* ``load_in_place(optimizer, load, *args, **kwargs)``: runs torch's ``load_state_dict`` (``load``),
   then puts the loaded groups and state back into the objects the optimizer had, so whatever
   holds them (a scheduler on the optimizer that was wrapped) keeps seeing the live ones.
 * ``hook(param, fn)``: registers ``fn`` as ``param``'s post-accumulate-grad hook for hvlite
@@ -41,6 +41,7 @@ def _mark_step(wrapped, optimizer):
     """Give ``wrapped`` a ``step`` that is its class's, recording the call where torch's
     schedulers look (``_opt_called``, on the optimizer they were made on and on ``wrapped``)."""
     refs = (weakref.ref(wrapped), weakref.ref(optimizer))
+
     def step(*args, **kwargs):
         this, original = refs[0](), refs[1]()
         if original is not None:
@@ -52,9 +53,9 @@ def _mark_step(wrapped, optimizer):
     wrapped.step = step
 
 
-def load_in_place(optimizer, load, state_dict):
+def load_in_place(optimizer, load, *args, **kwargs):
     groups, state = optimizer.param_groups, optimizer.state
-    result = load(state_dict)
+    result = load(*args, **kwargs)
     for old, new in zip(groups, optimizer.param_groups):
         if old is not new:
             old.clear()
@@ -65,7 +66,6 @@ def load_in_place(optimizer, load, state_dict):
         state.update(loaded)
     optimizer.param_groups, optimizer.state = groups, state
     return result
-
 
 
 def hook(param, fn):
