@@ -75,10 +75,7 @@ class _AdasumOptimizer:
         """
         super().add_param_group(param_group)
         new = [p for p in self.param_groups[-1]["params"] if p.requires_grad]
-        if self._named is None:
-            names = {p: "param.%d" % (len(self._params) + i) for i, p in enumerate(new)}
-        else:
-            names = parameter_names(new, self._named)
+        names = parameter_names(new, self._named, first=len(self._params))
         self._params += new
         self._names.update(names)
         self._passes_left.update((p, self._passes) for p in new)

@@ -1,8 +1,9 @@
 """Names of an optimizer's parameters, for naming their collectives the same on every rank.
 
-Contract: ``parameter_names(params, named_parameters)`` returns {parameter: name}.
+Contract: ``parameter_names(params, named_parameters, first=0)`` returns {parameter: name}.
 ``named_parameters`` is ``model.named_parameters()`` (pairs), the bound method itself (Horovod
-accepts it uncalled), or None (names by position: ``param.<i>``). Raises ValueError when names
+accepts it uncalled), or None (names by position: ``param.<i>``, from ``first``: parameters
+added after wrapping continue the positions). Raises ValueError when names
 repeat (naming them) or when some of ``params`` are not among the named ones.
 ``find_duplicates(items)``: the set of items that occur more than once (Horovod's
 ``_DistributedOptimizer.find_duplicates``, which the optimizers expose as a static method).
@@ -16,9 +17,9 @@ def find_duplicates(items):
     return repeated
 
 
-def parameter_names(params, named_parameters):
+def parameter_names(params, named_parameters, first=0):
     if named_parameters is None:
-        return {p: "param.%d" % i for i, p in enumerate(params)}
+        return {p: "param.%d" % (first + i) for i, p in enumerate(params)}
     if callable(named_parameters):      # model.named_parameters, not called
         named_parameters = named_parameters()
     named = list(named_parameters)
